@@ -1,0 +1,621 @@
+//! Type inference: the result types of an op from its operand types.
+//!
+//! Used by the builder as a graph is built, by the parser to check declared types, and by the verifier. Rules
+//! work on symbolic dims where they can (broadcasting, elementwise, reductions, matmul batch dims); ops whose
+//! output extents need arithmetic on a symbolic dim (conv, pool, slice, pad on that dim) require it to be static
+//! and say so. Source ops (`input`, `param`) have no rule: their type is declared.
+
+use crate::op::*;
+use crate::types::{DType, Dim, Shape, TensorType, normalize_axis};
+
+/// Result types of `op` applied to operands of `ins` types, or a message saying what is wrong.
+pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
+    if !op.arity().accepts(ins.len()) {
+        return Err(format!("takes {} operand(s), got {}", op.arity(), ins.len()));
+    }
+    let one = |t: TensorType| Ok(vec![t]);
+    match op {
+        Op::Input(_) | Op::Parameter(_) => {
+            Err("the type of a graph input or parameter is declared, not inferred".into())
+        }
+        Op::Constant(c) => one(c.value.tensor_type()),
+        Op::Unary(k) => {
+            let t = &ins[0];
+            match k {
+                UnaryOp::Not => {
+                    expect_dtype(t, |d| d == DType::Bool, "bool")?;
+                    one(t.clone())
+                }
+                UnaryOp::IsNan | UnaryOp::IsInf => {
+                    expect_dtype(t, DType::is_float, "a float type")?;
+                    one(TensorType::new(DType::Bool, t.shape.clone()))
+                }
+                k if k.is_float_only() => {
+                    expect_dtype(t, DType::is_float, "a float type")?;
+                    one(t.clone())
+                }
+                _ => {
+                    expect_dtype(t, |d| d != DType::Bool, "a numeric type")?;
+                    one(t.clone())
+                }
+            }
+        }
+        Op::Binary(k) => {
+            let (a, b) = (&ins[0], &ins[1]);
+            if a.dtype != b.dtype {
+                return Err(format!("operand dtypes differ: {} and {}", a.dtype, b.dtype));
+            }
+            if k.is_logical() {
+                expect_dtype(a, |d| d == DType::Bool, "bool")?;
+            } else if *k != BinaryOp::Eq {
+                expect_dtype(a, |d| d != DType::Bool, "a numeric type")?;
+            }
+            let shape = a.shape.broadcast(&b.shape)?;
+            let dtype = if k.is_comparison() { DType::Bool } else { a.dtype };
+            one(TensorType::new(dtype, shape))
+        }
+        Op::Cast(c) => one(TensorType::new(c.to, ins[0].shape.clone())),
+        Op::Select => {
+            expect_dtype(&ins[0], |d| d == DType::Bool, "bool (the condition)")?;
+            if ins[1].dtype != ins[2].dtype {
+                return Err(format!("branch dtypes differ: {} and {}", ins[1].dtype, ins[2].dtype));
+            }
+            let shape = ins[0].shape.broadcast(&ins[1].shape)?.broadcast(&ins[2].shape)?;
+            one(TensorType::new(ins[1].dtype, shape))
+        }
+        Op::Reduce(r) => {
+            let t = &ins[0];
+            if r.kind != ReduceKind::Max && r.kind != ReduceKind::Min {
+                expect_dtype(t, |d| d != DType::Bool, "a numeric type")?;
+            }
+            let axes = normalize_axes(&r.axes, t.shape.rank())?;
+            one(TensorType::new(t.dtype, reduced_shape(&t.shape, &axes, r.keep_dims)))
+        }
+        Op::ArgReduce(r) => {
+            let t = &ins[0];
+            if t.shape.rank() == 0 {
+                return Err("needs an operand of rank 1 or more".into());
+            }
+            let axis = normalize_axis(r.axis, t.shape.rank())?;
+            one(TensorType::new(DType::I64, reduced_shape(&t.shape, &[axis], r.keep_dims)))
+        }
+        Op::MatMul => matmul(&ins[0], &ins[1]).map(|t| vec![t]),
+        Op::Conv(c) => conv(c, ins).map(|t| vec![t]),
+        Op::ConvTranspose(c) => conv_transpose(c, ins).map(|t| vec![t]),
+        Op::Pool(p) => pool(p, &ins[0]).map(|t| vec![t]),
+        Op::Reshape(r) => {
+            let t = &ins[0];
+            if let (Some(a), Some(b)) = (t.shape.num_elements(), r.shape.num_elements())
+                && a != b
+            {
+                return Err(format!("cannot reshape {} ({a} elements) to {} ({b} elements)", t.shape, r.shape));
+            }
+            if !t.shape.is_static() || !r.shape.is_static() {
+                check_symbolic_reshape(&t.shape, &r.shape)?;
+            }
+            one(TensorType::new(t.dtype, r.shape.clone()))
+        }
+        Op::Transpose(p) => {
+            let t = &ins[0];
+            let perm = check_perm(&p.perm, t.shape.rank())?;
+            one(TensorType::new(t.dtype, Shape(perm.iter().map(|&i| t.shape.0[i].clone()).collect())))
+        }
+        Op::Broadcast(b) => {
+            let t = &ins[0];
+            let out = t.shape.broadcast(&b.shape)?;
+            if out != b.shape {
+                return Err(format!("{} does not broadcast to {} (result would be {out})", t.shape, b.shape));
+            }
+            one(TensorType::new(t.dtype, out))
+        }
+        Op::Slice(s) => slice(s, &ins[0]).map(|t| vec![t]),
+        Op::Concat(c) => {
+            let rank = ins[0].shape.rank();
+            if rank == 0 {
+                return Err("cannot concatenate scalars".into());
+            }
+            let axis = normalize_axis(c.axis, rank)?;
+            let mut total = 0u64;
+            let mut sym = None;
+            for (i, t) in ins.iter().enumerate() {
+                if t.dtype != ins[0].dtype || t.shape.rank() != rank {
+                    return Err(format!("operand {i} is {t}, but operand 0 is {}", ins[0]));
+                }
+                for d in 0..rank {
+                    if d != axis && t.shape.0[d] != ins[0].shape.0[d] {
+                        return Err(format!("operand {i} is {t}, but operand 0 is {} (dim {d} differs)", ins[0]));
+                    }
+                }
+                match &t.shape.0[axis] {
+                    Dim::Static(n) => total += n,
+                    Dim::Sym(s) => sym = Some(s.clone()),
+                }
+            }
+            if let Some(s) = sym {
+                if ins.len() > 1 {
+                    return Err(format!("concatenating along symbolic dim `{s}` needs static extents"));
+                }
+                return one(ins[0].clone());
+            }
+            let mut shape = ins[0].shape.clone();
+            shape.0[axis] = Dim::Static(total);
+            one(TensorType::new(ins[0].dtype, shape))
+        }
+        Op::Split(s) => {
+            let t = &ins[0];
+            let axis = normalize_axis(s.axis, t.shape.rank())?;
+            let extent = static_dim(&t.shape, axis, "split")?;
+            if s.sizes.iter().any(|&n| n < 0) || s.sizes.iter().sum::<i64>() as u64 != extent {
+                return Err(format!("sizes {:?} do not add up to the axis extent {extent}", s.sizes));
+            }
+            Ok(s.sizes
+                .iter()
+                .map(|&n| {
+                    let mut shape = t.shape.clone();
+                    shape.0[axis] = Dim::Static(n as u64);
+                    TensorType::new(t.dtype, shape)
+                })
+                .collect())
+        }
+        Op::Pad(p) => {
+            let t = &ins[0];
+            let r = t.shape.rank();
+            if p.pads.len() != 2 * r {
+                return Err(format!("pads has {} entries; rank {r} needs {}", p.pads.len(), 2 * r));
+            }
+            let mut shape = t.shape.clone();
+            for d in 0..r {
+                let (b, e) = (p.pads[d], p.pads[d + r]);
+                if b == 0 && e == 0 {
+                    continue;
+                }
+                let n = static_dim(&t.shape, d, "pad")? as i64 + b + e;
+                if n < 0 {
+                    return Err(format!("padding dim {d} by ({b}, {e}) leaves a negative extent"));
+                }
+                if p.mode != PadMode::Constant && (b > 0 || e > 0) && static_dim(&t.shape, d, "pad")? == 0 {
+                    return Err(format!("{} padding of the empty dim {d}", p.mode.name()));
+                }
+                if p.mode == PadMode::Reflect && (b.max(e) as u64) >= static_dim(&t.shape, d, "pad")? {
+                    return Err(format!("reflect padding of {} on dim {d} needs an extent above it", b.max(e)));
+                }
+                shape.0[d] = Dim::Static(n as u64);
+            }
+            one(TensorType::new(t.dtype, shape))
+        }
+        Op::Gather(g) => {
+            let (data, idx) = (&ins[0], &ins[1]);
+            expect_index(idx)?;
+            if data.shape.rank() == 0 {
+                return Err("cannot gather from a scalar".into());
+            }
+            let axis = normalize_axis(g.axis, data.shape.rank())?;
+            let mut dims = data.shape.0[..axis].to_vec();
+            dims.extend(idx.shape.0.iter().cloned());
+            dims.extend(data.shape.0[axis + 1..].iter().cloned());
+            one(TensorType::new(data.dtype, Shape(dims)))
+        }
+        Op::GatherElements(g) => {
+            let (data, idx) = (&ins[0], &ins[1]);
+            expect_index(idx)?;
+            if data.shape.rank() != idx.shape.rank() || data.shape.rank() == 0 {
+                return Err(format!("indices {} must have the data's rank ({})", idx.shape, data.shape));
+            }
+            normalize_axis(g.axis, data.shape.rank())?;
+            one(TensorType::new(data.dtype, idx.shape.clone()))
+        }
+        Op::Scatter(s) => {
+            let (data, idx, upd) = (&ins[0], &ins[1], &ins[2]);
+            expect_index(idx)?;
+            if idx.shape != upd.shape || idx.shape.rank() != data.shape.rank() || data.shape.rank() == 0 {
+                return Err(format!(
+                    "indices {} and updates {} must match, with the data's rank",
+                    idx.shape, upd.shape
+                ));
+            }
+            if upd.dtype != data.dtype {
+                return Err(format!("updates are {}, data is {}", upd.dtype, data.dtype));
+            }
+            normalize_axis(s.axis, data.shape.rank())?;
+            one(data.clone())
+        }
+        Op::Iota(i) => {
+            normalize_axis(i.axis, i.shape.rank())?;
+            if i.shape.rank() == 0 {
+                return Err("needs a result of rank 1 or more".into());
+            }
+            one(TensorType::new(i.dtype, i.shape.clone()))
+        }
+        Op::ShapeOf => one(TensorType::of(DType::I64, &[ins[0].shape.rank() as u64])),
+        Op::Softmax(s) | Op::LogSoftmax(s) => {
+            expect_dtype(&ins[0], DType::is_float, "a float type")?;
+            normalize_axis(s.axis, ins[0].shape.rank())?;
+            one(ins[0].clone())
+        }
+        Op::LayerNorm(l) => {
+            let x = &ins[0];
+            expect_dtype(x, DType::is_float, "a float type")?;
+            let axis = normalize_axis(l.axis, x.shape.rank())?;
+            let norm = Shape(x.shape.0[axis..].to_vec());
+            for (i, t) in ins.iter().enumerate().skip(1) {
+                if t.dtype != x.dtype {
+                    return Err(format!("operand {i} is {}, x is {}", t.dtype, x.dtype));
+                }
+                let b = norm.broadcast(&t.shape)?;
+                if b != norm {
+                    return Err(format!(
+                        "operand {i} of shape {} does not broadcast to the normalized dims {norm}",
+                        t.shape
+                    ));
+                }
+            }
+            one(x.clone())
+        }
+        Op::BatchNorm(_) => {
+            let x = &ins[0];
+            expect_dtype(x, DType::is_float, "a float type")?;
+            if x.shape.rank() < 2 {
+                return Err(format!("x must be [N,C,...], got {}", x.shape));
+            }
+            for (i, t) in ins.iter().enumerate().skip(1) {
+                if t.dtype != x.dtype || t.shape.rank() != 1 || t.shape.0[0] != x.shape.0[1] {
+                    return Err(format!("operand {i} must be {}[{}], got {t}", x.dtype, x.shape.0[1]));
+                }
+            }
+            one(x.clone())
+        }
+        Op::Gelu(_) => {
+            expect_dtype(&ins[0], DType::is_float, "a float type")?;
+            one(ins[0].clone())
+        }
+        Op::Resize(r) => {
+            let t = &ins[0];
+            if r.shape.rank() != t.shape.rank() || r.scales.len() != t.shape.rank() {
+                return Err(format!(
+                    "shape {} and {} scales must match the input rank {}",
+                    r.shape,
+                    r.scales.len(),
+                    t.shape.rank()
+                ));
+            }
+            if r.mode == ResizeMode::Linear {
+                expect_dtype(t, DType::is_float, "a float type")?;
+            }
+            one(TensorType::new(t.dtype, r.shape.clone()))
+        }
+        Op::Lstm(l) => recurrent(ins, l.hidden_size, l.direction, 4, 8, true),
+        Op::Gru(g) => recurrent(ins, g.hidden_size, g.direction, 3, 6, false),
+    }
+}
+
+fn expect_dtype(t: &TensorType, ok: impl Fn(DType) -> bool, what: &str) -> Result<(), String> {
+    if ok(t.dtype) { Ok(()) } else { Err(format!("needs {what}, got {}", t.dtype)) }
+}
+
+fn expect_index(t: &TensorType) -> Result<(), String> {
+    expect_dtype(t, |d| matches!(d, DType::I32 | DType::I64), "i32 or i64 indices")
+}
+
+fn static_dim(s: &Shape, d: usize, what: &str) -> Result<u64, String> {
+    s.0[d].as_static().ok_or_else(|| format!("{what} on symbolic dim `{}` (dim {d}) needs a static extent", s.0[d]))
+}
+
+/// Normalized, sorted, de-duplicated axes.
+pub fn normalize_axes(axes: &[i64], rank: usize) -> Result<Vec<usize>, String> {
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = if rank == 0 {
+            return Err(format!("axis {a} is out of range for rank 0"));
+        } else {
+            normalize_axis(a, rank)?
+        };
+        if out.contains(&n) {
+            return Err(format!("axis {a} is repeated"));
+        }
+        out.push(n);
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+fn reduced_shape(s: &Shape, axes: &[usize], keep: bool) -> Shape {
+    Shape(
+        s.0.iter()
+            .enumerate()
+            .filter_map(|(i, d)| match (axes.contains(&i), keep) {
+                (false, _) => Some(d.clone()),
+                (true, true) => Some(Dim::Static(1)),
+                (true, false) => None,
+            })
+            .collect(),
+    )
+}
+
+fn check_perm(perm: &[i64], rank: usize) -> Result<Vec<usize>, String> {
+    let mut seen = vec![false; rank];
+    if perm.len() != rank {
+        return Err(format!("perm {perm:?} has {} entries for rank {rank}", perm.len()));
+    }
+    perm.iter()
+        .map(|&p| {
+            let i = usize::try_from(p)
+                .ok()
+                .filter(|&i| i < rank && !seen[i])
+                .ok_or_else(|| format!("perm {perm:?} is not a permutation of 0..{rank}"))?;
+            seen[i] = true;
+            Ok(i)
+        })
+        .collect()
+}
+
+fn check_symbolic_reshape(from: &Shape, to: &Shape) -> Result<(), String> {
+    // With symbols, the element counts must agree as products of symbols times a static factor.
+    fn split(s: &Shape) -> (Vec<&str>, u64) {
+        let mut syms: Vec<&str> = Vec::new();
+        let mut n = 1u64;
+        for d in &s.0 {
+            match d {
+                Dim::Static(k) => n = n.saturating_mul(*k),
+                Dim::Sym(x) => syms.push(x),
+            }
+        }
+        syms.sort_unstable();
+        (syms, n)
+    }
+    let (a, b) = (split(from), split(to));
+    if a == b || a.1 == 0 && b.1 == 0 {
+        Ok(())
+    } else {
+        Err(format!("cannot reshape {from} to {to}: element counts differ"))
+    }
+}
+
+/// numpy `matmul` typing.
+pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
+    if a.dtype != b.dtype {
+        return Err(format!("operand dtypes differ: {} and {}", a.dtype, b.dtype));
+    }
+    expect_dtype(a, |d| d != DType::Bool, "a numeric type")?;
+    let (ra, rb) = (a.shape.rank(), b.shape.rank());
+    if ra == 0 || rb == 0 {
+        return Err("operands must have rank 1 or more".into());
+    }
+    let (am, ak) = if ra == 1 { (None, &a.shape.0[0]) } else { (Some(&a.shape.0[ra - 2]), &a.shape.0[ra - 1]) };
+    let (bk, bn) = if rb == 1 { (&b.shape.0[0], None) } else { (&b.shape.0[rb - 2], Some(&b.shape.0[rb - 1])) };
+    if ak != bk {
+        return Err(format!("contraction dims differ: {} has {ak}, {} has {bk}", a.shape, b.shape));
+    }
+    let batch_a = Shape(a.shape.0[..ra.saturating_sub(2)].to_vec());
+    let batch_b = Shape(b.shape.0[..rb.saturating_sub(2)].to_vec());
+    let mut dims = batch_a.broadcast(&batch_b)?.0;
+    dims.extend(am.cloned());
+    dims.extend(bn.cloned());
+    Ok(TensorType::new(a.dtype, Shape(dims)))
+}
+
+fn spatial_static(x: &TensorType, what: &str) -> Result<Vec<i64>, String> {
+    (2..x.shape.rank()).map(|d| static_dim(&x.shape, d, what).map(|n| n as i64)).collect()
+}
+
+fn check_window(name: &str, v: &[i64], n: usize, positive: bool) -> Result<(), String> {
+    if v.len() != n {
+        return Err(format!("{name} has {} entries for {n} spatial dims", v.len()));
+    }
+    if positive && v.iter().any(|&s| s < 1) || v.iter().any(|&s| s < 0) {
+        return Err(format!("{name} {v:?} must be {}", if positive { "positive" } else { "non-negative" }));
+    }
+    Ok(())
+}
+
+fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
+    let (x, w) = (&ins[0], &ins[1]);
+    expect_dtype(x, |d| d != DType::Bool, "a numeric type")?;
+    if x.shape.rank() < 3 || w.shape.rank() != x.shape.rank() || x.dtype != w.dtype {
+        return Err(format!("needs x[N,C,*] and w[M,C/groups,*] of one dtype and rank ≥ 3, got {x} and {w}"));
+    }
+    let n = x.shape.rank() - 2;
+    check_window("strides", &c.strides, n, true)?;
+    check_window("dilations", &c.dilations, n, true)?;
+    check_window("pads", &c.pads, 2 * n, false)?;
+    let wd = w.shape.as_static().ok_or("weights need a static shape")?;
+    let ch = static_dim(&x.shape, 1, "conv")? as usize;
+    if c.groups < 1
+        || !ch.is_multiple_of(c.groups as usize)
+        || wd[0] % c.groups as usize != 0
+        || wd[1] * c.groups as usize != ch
+    {
+        return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
+    }
+    check_bias(ins.get(2), wd[0], x.dtype)?;
+    let sp = spatial_static(x, "conv")?;
+    let mut dims = vec![x.shape.0[0].clone(), Dim::Static(wd[0] as u64)];
+    for i in 0..n {
+        let eff = (wd[2 + i] as i64 - 1) * c.dilations[i] + 1;
+        let span = sp[i] + c.pads[i] + c.pads[i + n] - eff;
+        if span < 0 {
+            return Err(format!(
+                "kernel extent {eff} exceeds padded input {} on spatial dim {i}",
+                sp[i] + c.pads[i] + c.pads[i + n]
+            ));
+        }
+        dims.push(Dim::Static((span / c.strides[i] + 1) as u64));
+    }
+    Ok(TensorType::new(x.dtype, Shape(dims)))
+}
+
+fn check_bias(bias: Option<&TensorType>, m: usize, dtype: DType) -> Result<(), String> {
+    match bias {
+        Some(b) if b.dtype != dtype || b.shape != Shape::of(&[m as u64]) => {
+            Err(format!("bias must be {dtype}[{m}], got {b}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn conv_transpose(c: &ConvTranspose, ins: &[TensorType]) -> Result<TensorType, String> {
+    let (x, w) = (&ins[0], &ins[1]);
+    expect_dtype(x, DType::is_float, "a float type")?;
+    if x.shape.rank() < 3 || w.shape.rank() != x.shape.rank() || x.dtype != w.dtype {
+        return Err(format!("needs x[N,C,*] and w[C,M/groups,*] of one dtype and rank ≥ 3, got {x} and {w}"));
+    }
+    let n = x.shape.rank() - 2;
+    check_window("strides", &c.strides, n, true)?;
+    check_window("dilations", &c.dilations, n, true)?;
+    check_window("pads", &c.pads, 2 * n, false)?;
+    check_window("output_padding", &c.output_padding, n, false)?;
+    let wd = w.shape.as_static().ok_or("weights need a static shape")?;
+    let ch = static_dim(&x.shape, 1, "conv_transpose")? as usize;
+    if c.groups < 1 || wd[0] != ch || !ch.is_multiple_of(c.groups as usize) {
+        return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
+    }
+    let m = wd[1] * c.groups as usize;
+    check_bias(ins.get(2), m, x.dtype)?;
+    let sp = spatial_static(x, "conv_transpose")?;
+    let mut dims = vec![x.shape.0[0].clone(), Dim::Static(m as u64)];
+    for i in 0..n {
+        let out = c.strides[i] * (sp[i] - 1) + c.output_padding[i] + (wd[2 + i] as i64 - 1) * c.dilations[i] + 1
+            - c.pads[i]
+            - c.pads[i + n];
+        if out < 0 {
+            return Err(format!("spatial dim {i} would have negative extent {out}"));
+        }
+        dims.push(Dim::Static(out as u64));
+    }
+    Ok(TensorType::new(x.dtype, Shape(dims)))
+}
+
+/// Output extent of one pooled dim (shared with the interpreter so the two cannot disagree).
+pub fn pool_extent(
+    input: i64,
+    k: i64,
+    stride: i64,
+    dilation: i64,
+    pad_begin: i64,
+    pad_end: i64,
+    ceil_mode: bool,
+) -> i64 {
+    let eff = (k - 1) * dilation + 1;
+    let span = input + pad_begin + pad_end - eff;
+    if span < 0 {
+        return 0;
+    }
+    let mut out = if ceil_mode { (span + stride - 1) / stride + 1 } else { span / stride + 1 };
+    // A ceil-mode window must start inside the input or the left padding.
+    if ceil_mode && (out - 1) * stride >= input + pad_begin {
+        out -= 1;
+    }
+    out
+}
+
+fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
+    expect_dtype(x, |d| d != DType::Bool, "a numeric type")?;
+    if p.kind == PoolKind::Avg {
+        expect_dtype(x, DType::is_float, "a float type (average pooling)")?;
+    }
+    if x.shape.rank() < 3 {
+        return Err(format!("needs x[N,C,*] of rank ≥ 3, got {}", x.shape));
+    }
+    let n = x.shape.rank() - 2;
+    check_window("kernel", &p.kernel, n, true)?;
+    check_window("strides", &p.strides, n, true)?;
+    check_window("dilations", &p.dilations, n, true)?;
+    check_window("pads", &p.pads, 2 * n, false)?;
+    let sp = spatial_static(x, "pool")?;
+    let mut dims = x.shape.0[..2].to_vec();
+    for i in 0..n {
+        let eff = (p.kernel[i] - 1) * p.dilations[i] + 1;
+        if sp[i] + p.pads[i] + p.pads[i + n] < eff {
+            return Err(format!("window extent {eff} exceeds padded input on spatial dim {i}"));
+        }
+        if p.pads[i] >= eff || p.pads[i + n] >= eff {
+            return Err(format!("pads {:?} must be smaller than the window extent {eff}", p.pads));
+        }
+        dims.push(Dim::Static(pool_extent(
+            sp[i],
+            p.kernel[i],
+            p.strides[i],
+            p.dilations[i],
+            p.pads[i],
+            p.pads[i + n],
+            p.ceil_mode,
+        ) as u64));
+    }
+    Ok(TensorType::new(x.dtype, Shape(dims)))
+}
+
+/// The clamped (start, step, count) of an ONNX slice on an axis of extent `n`.
+pub fn slice_range(start: i64, end: i64, step: i64, n: i64) -> (i64, i64, i64) {
+    let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
+    let norm = |v: i64| if v < 0 { v.saturating_add(n) } else { v };
+    if step > 0 {
+        let s = clamp(norm(start), 0, n);
+        let e = clamp(norm(end), 0, n);
+        let count = if e > s { (e - s + step - 1) / step } else { 0 };
+        (s, step, count)
+    } else {
+        let s = clamp(norm(start), -1, n - 1);
+        let e = clamp(norm(end), -1, n - 1);
+        let count = if s > e { (s - e + (-step) - 1) / (-step) } else { 0 };
+        (s, step, count)
+    }
+}
+
+fn slice(s: &Slice, x: &TensorType) -> Result<TensorType, String> {
+    let k = s.axes.len();
+    if s.starts.len() != k || s.ends.len() != k || s.steps.len() != k {
+        return Err("starts, ends, axes and steps must have one entry per sliced axis".into());
+    }
+    let axes = normalize_axes(&s.axes, x.shape.rank())?;
+    let mut shape = x.shape.clone();
+    for (i, &a) in s.axes.iter().enumerate() {
+        let axis = normalize_axis(a, x.shape.rank())?;
+        debug_assert!(axes.contains(&axis));
+        if s.steps[i] == 0 {
+            return Err("slice steps must be nonzero".into());
+        }
+        let n = static_dim(&x.shape, axis, "slice")? as i64;
+        let (_, _, count) = slice_range(s.starts[i], s.ends[i], s.steps[i], n);
+        shape.0[axis] = Dim::Static(count as u64);
+    }
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn recurrent(
+    ins: &[TensorType],
+    hidden: i64,
+    dir: RnnDirection,
+    gates: u64,
+    bias: u64,
+    has_cell: bool,
+) -> Result<Vec<TensorType>, String> {
+    let x = &ins[0];
+    expect_dtype(x, DType::is_float, "a float type")?;
+    if x.shape.rank() != 3 || hidden < 1 {
+        return Err(format!("needs x[seq,batch,input] and hidden_size ≥ 1, got {} and {hidden}", x.shape));
+    }
+    let dirs = if dir == RnnDirection::Bidirectional { 2 } else { 1 };
+    let h = hidden as u64;
+    let input = x.shape.0[2].clone();
+    let batch = x.shape.0[1].clone();
+    let want = |dims: Vec<Dim>| TensorType::new(x.dtype, Shape(dims));
+    let mut expected = vec![
+        ("w", want(vec![Dim::Static(dirs), Dim::Static(gates * h), input])),
+        ("r", want(vec![Dim::Static(dirs), Dim::Static(gates * h), Dim::Static(h)])),
+        ("b", want(vec![Dim::Static(dirs), Dim::Static(bias * h)])),
+        ("h0", want(vec![Dim::Static(dirs), batch.clone(), Dim::Static(h)])),
+    ];
+    if has_cell {
+        expected.push(("c0", want(vec![Dim::Static(dirs), batch.clone(), Dim::Static(h)])));
+    }
+    for (i, (name, t)) in expected.iter().enumerate() {
+        if &ins[i + 1] != t {
+            return Err(format!("{name} must be {t}, got {}", ins[i + 1]));
+        }
+    }
+    let state = want(vec![Dim::Static(dirs), batch.clone(), Dim::Static(h)]);
+    let mut out = vec![want(vec![x.shape.0[0].clone(), Dim::Static(dirs), batch, Dim::Static(h)]), state.clone()];
+    if has_cell {
+        out.push(state);
+    }
+    Ok(out)
+}

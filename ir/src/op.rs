@@ -1,0 +1,616 @@
+//! The closed set of ops, defined once.
+//!
+//! [`define_ops!`] is the op table: each row names a variant, its `.kir` mnemonic (or a family of mnemonics for
+//! the elementwise kinds), its operand arity, and its typed attribute struct. From that one table come the
+//! [`Op`] enum, [`Op::mnemonic`], [`Op::arity`], attribute printing, and parsing by mnemonic. Adding an op is a row
+//! here, an attribute struct below, a type rule in `infer.rs` and semantics in `interp/`; the compiler points at
+//! every other `match` that needs an arm.
+//!
+//! Semantics (the interpreter is the reference) are stated on each attribute struct.
+
+use serde::{Deserialize, Serialize};
+
+use crate::attr::{AttrSet, AttrSource};
+use crate::tensor::Tensor;
+use crate::types::{DType, Shape};
+use crate::{attrs, named_enum};
+
+/// How many operands an op takes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Arity {
+    /// Exactly this many.
+    Exact(usize),
+    /// Between `min` and `max` inclusive.
+    Range(usize, usize),
+    /// This many or more.
+    AtLeast(usize),
+}
+
+impl Arity {
+    /// Whether `n` operands are acceptable.
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exact(k) => n == k,
+            Arity::Range(lo, hi) => (lo..=hi).contains(&n),
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+impl std::fmt::Display for Arity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arity::Exact(k) => write!(f, "{k}"),
+            Arity::Range(lo, hi) => write!(f, "{lo} to {hi}"),
+            Arity::AtLeast(k) => write!(f, "at least {k}"),
+        }
+    }
+}
+
+macro_rules! define_ops {
+    (
+        $( $(#[$m:meta])* $var:ident $( ( $attrs:ty ) )? = $mn:tt, $arity:expr; )*
+    ) => {
+        /// A tensor operation. See the module docs: this enum is generated from the op table.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "op", content = "attrs", rename_all = "snake_case")]
+        pub enum Op { $( $(#[$m])* $var $( ($attrs) )?, )* }
+
+        impl Op {
+            /// The `.kir` mnemonic.
+            pub fn mnemonic(&self) -> &'static str {
+                match self { $( define_ops!(@pat $var $( ($attrs) )?, _a) => define_ops!(@mn $mn, _a), )* }
+            }
+
+            /// How many operands the op takes.
+            pub fn arity(&self) -> Arity {
+                match self { $( define_ops!(@pat $var $( ($attrs) )?, _a) => $arity, )* }
+            }
+
+            /// Appends the attribute block (`{…}`), if the op has attributes.
+            pub fn print_attrs(&self, out: &mut String) {
+                match self { $( define_ops!(@pat $var $( ($attrs) )?, _a) => define_ops!(@print $mn $( ($attrs) )?, _a, out), )* }
+            }
+
+            /// Every mnemonic the parser accepts, in table order.
+            pub fn mnemonics() -> Vec<&'static str> {
+                let mut v = Vec::new();
+                $( define_ops!(@list $mn, v); )*
+                v
+            }
+
+            /// Builds the op named by `mnemonic`, reading its attribute block from `src`. `None` if no op has that
+            /// mnemonic.
+            pub fn parse(mnemonic: &str, src: &mut dyn AttrSource) -> Option<Result<Op, String>> {
+                $( if let Some(r) = define_ops!(@parse $var $mn $( ($attrs) )?, mnemonic, src) { return Some(r); } )*
+                None
+            }
+        }
+    };
+    (@pat $var:ident ($attrs:ty), $a:ident) => { Op::$var($a) };
+    (@pat $var:ident, $a:ident) => { Op::$var };
+    (@mn $mn:literal, $a:ident) => { $mn };
+    (@mn [$fam:ty], $a:ident) => { $a.name() };
+    (@print $mn:literal ($attrs:ty), $a:ident, $out:ident) => { AttrSet::print_attrs($a, $out) };
+    (@print [$fam:ty] ($attrs:ty), $a:ident, $out:ident) => { { let _ = $a; } };
+    (@print $mn:literal, $a:ident, $out:ident) => { () };
+    (@list $mn:literal, $v:ident) => { $v.push($mn) };
+    (@list [$fam:ty], $v:ident) => { $v.extend(<$fam>::ALL.iter().map(|k| k.name())) };
+    (@parse $var:ident $mn:literal ($attrs:ty), $name:ident, $src:ident) => {
+        ($name == $mn).then(|| <$attrs as AttrSet>::parse_attrs($src).map(Op::$var))
+    };
+    (@parse $var:ident [$fam:ty] ($attrs:ty), $name:ident, $src:ident) => {
+        <$fam>::from_name($name).map(Op::$var).map(Ok)
+    };
+    (@parse $var:ident $mn:literal, $name:ident, $src:ident) => {
+        ($name == $mn).then(|| Ok(Op::$var))
+    };
+}
+
+define_ops! {
+    /// A named graph input; the result type is the input's declared type.
+    Input(Input) = "input", Arity::Exact(0);
+    /// A named weight whose bytes live outside the graph text (the graph's weight store).
+    Parameter(Parameter) = "param", Arity::Exact(0);
+    /// A small inline constant.
+    Constant(Constant) = "constant", Arity::Exact(0);
+    /// Elementwise unary math; mnemonic is the kind (`exp`, `relu`, …).
+    Unary(UnaryOp) = [UnaryOp], Arity::Exact(1);
+    /// Elementwise binary math with numpy broadcasting; mnemonic is the kind (`add`, `lt`, …).
+    Binary(BinaryOp) = [BinaryOp], Arity::Exact(2);
+    /// Elementwise conversion to another dtype.
+    Cast(Cast) = "cast", Arity::Exact(1);
+    /// `select(cond, a, b)`: `a` where `cond` (bool) is true, else `b`; all three broadcast.
+    Select = "select", Arity::Exact(3);
+    /// Reduction over a set of axes.
+    Reduce(Reduce) = "reduce", Arity::Exact(1);
+    /// Index of the largest or smallest element along one axis (i64 result).
+    ArgReduce(ArgReduce) = "arg_reduce", Arity::Exact(1);
+    /// Batched matrix product with numpy broadcasting of the batch dims; rank-1 operands are promoted as numpy does.
+    MatMul = "matmul", Arity::Exact(2);
+    /// N-d convolution `conv(x[N,C,*], w[M,C/groups,*])`, optional `bias[M]` as a third operand.
+    Conv(Conv) = "conv", Arity::Range(2, 3);
+    /// N-d transposed convolution `conv_transpose(x[N,C,*], w[C,M/groups,*])`, optional `bias[M]`.
+    ConvTranspose(ConvTranspose) = "conv_transpose", Arity::Range(2, 3);
+    /// Max or average pooling over the spatial dims of `x[N,C,*]`.
+    Pool(Pool) = "pool", Arity::Exact(1);
+    /// Same elements, new shape (row-major order).
+    Reshape(Reshape) = "reshape", Arity::Exact(1);
+    /// Permutes dims: `out.shape[i] = in.shape[perm[i]]`.
+    Transpose(Transpose) = "transpose", Arity::Exact(1);
+    /// Broadcasts (numpy rules) to a target shape.
+    Broadcast(Broadcast) = "broadcast", Arity::Exact(1);
+    /// Strided slice.
+    Slice(Slice) = "slice", Arity::Exact(1);
+    /// Joins operands along an axis.
+    Concat(Concat) = "concat", Arity::AtLeast(1);
+    /// Splits along an axis into `sizes.len()` results.
+    Split(Split) = "split", Arity::Exact(1);
+    /// Pads with a constant, by reflection, or by repeating the edge.
+    Pad(Pad) = "pad", Arity::Exact(1);
+    /// `gather(data, indices)` along an axis (numpy `take`).
+    Gather(Gather) = "gather", Arity::Exact(2);
+    /// `gather_elements(data, indices)`: `out[i][j][k] = data[i][indices[i][j][k]][k]` for axis 1.
+    GatherElements(GatherElements) = "gather_elements", Arity::Exact(2);
+    /// `scatter(data, indices, updates)`: ONNX ScatterElements with an optional reduction.
+    Scatter(Scatter) = "scatter", Arity::Exact(3);
+    /// Index values along one axis of a static result shape: `out[..., i, ...] = start + i * step`.
+    Iota(Iota) = "iota", Arity::Exact(0);
+    /// The shape of the operand as an i64 vector.
+    ShapeOf = "shape_of", Arity::Exact(1);
+    /// `exp(x - max) / sum(exp(x - max))` along an axis.
+    Softmax(Softmax) = "softmax", Arity::Exact(1);
+    /// `x - max - log(sum(exp(x - max)))` along an axis.
+    LogSoftmax(Softmax) = "log_softmax", Arity::Exact(1);
+    /// `layer_norm(x, scale[, bias])`: normalizes over the dims from `axis` to the end.
+    LayerNorm(LayerNorm) = "layer_norm", Arity::Range(2, 3);
+    /// Inference batch norm `batch_norm(x[N,C,*], scale[C], bias[C], mean[C], var[C])`.
+    BatchNorm(BatchNorm) = "batch_norm", Arity::Exact(5);
+    /// GELU, exact (erf) or tanh-approximated.
+    Gelu(Gelu) = "gelu", Arity::Exact(1);
+    /// Nearest or linear resize to a static output shape.
+    Resize(Resize) = "resize", Arity::Exact(1);
+    /// ONNX LSTM (layout 0): `lstm(x, w, r, b, h0, c0)` → `y, y_h, y_c`.
+    Lstm(Lstm) = "lstm", Arity::Exact(6);
+    /// ONNX GRU (layout 0): `gru(x, w, r, b, h0)` → `y, y_h`.
+    Gru(Gru) = "gru", Arity::Exact(5);
+}
+
+named_enum! {
+    /// Elementwise unary kinds. Float-only kinds reject integer operands at build time; `not` takes bool;
+    /// `is_nan`/`is_inf` return bool.
+    pub enum UnaryOp {
+        /// `-x` (wrapping for integers).
+        Neg = "neg",
+        /// `|x|` (wrapping: `abs(i8::MIN) == i8::MIN`).
+        Abs = "abs",
+        /// `e^x`.
+        Exp = "exp",
+        /// Natural log; `log(0) = -inf`, negative → NaN.
+        Log = "log",
+        /// Square root.
+        Sqrt = "sqrt",
+        /// `1 / sqrt(x)`.
+        Rsqrt = "rsqrt",
+        /// `1 / x`.
+        Reciprocal = "reciprocal",
+        /// Hyperbolic tangent.
+        Tanh = "tanh",
+        /// `1 / (1 + e^-x)`.
+        Sigmoid = "sigmoid",
+        /// The error function.
+        Erf = "erf",
+        /// `max(x, 0)`; NaN stays NaN.
+        Relu = "relu",
+        /// Sine.
+        Sin = "sin",
+        /// Cosine.
+        Cos = "cos",
+        /// Tangent.
+        Tan = "tan",
+        /// Arc sine.
+        Asin = "asin",
+        /// Arc cosine.
+        Acos = "acos",
+        /// Arc tangent.
+        Atan = "atan",
+        /// Hyperbolic sine.
+        Sinh = "sinh",
+        /// Hyperbolic cosine.
+        Cosh = "cosh",
+        /// Inverse hyperbolic sine.
+        Asinh = "asinh",
+        /// Inverse hyperbolic cosine.
+        Acosh = "acosh",
+        /// Inverse hyperbolic tangent.
+        Atanh = "atanh",
+        /// Round toward -inf.
+        Floor = "floor",
+        /// Round toward +inf.
+        Ceil = "ceil",
+        /// Round half to even.
+        Round = "round",
+        /// -1, 0 or 1 (NaN stays NaN).
+        Sign = "sign",
+        /// Logical not (bool only).
+        Not = "not",
+        /// True where NaN.
+        IsNan = "is_nan",
+        /// True where ±inf.
+        IsInf = "is_inf",
+    }
+}
+
+named_enum! {
+    /// Elementwise binary kinds. Comparisons return bool; `and`/`or`/`xor` take bool.
+    pub enum BinaryOp {
+        /// `a + b` (wrapping for integers).
+        Add = "add",
+        /// `a - b` (wrapping).
+        Sub = "sub",
+        /// `a * b` (wrapping).
+        Mul = "mul",
+        /// `a / b`; integers truncate toward zero, and division by zero (or `MIN / -1`) is an error.
+        Div = "div",
+        /// `a ^ b`; integer exponents below zero are an error.
+        Pow = "pow",
+        /// Larger of the two; NaN if either is NaN.
+        Max = "max",
+        /// Smaller of the two; NaN if either is NaN.
+        Min = "min",
+        /// Remainder with the sign of the divisor (Python `%`); integer `mod 0` is an error.
+        Mod = "mod",
+        /// Remainder with the sign of the dividend (C `fmod`); integer `rem 0` is an error.
+        Rem = "rem",
+        /// `a == b`.
+        Eq = "eq",
+        /// `a < b`.
+        Lt = "lt",
+        /// `a <= b`.
+        Le = "le",
+        /// `a > b`.
+        Gt = "gt",
+        /// `a >= b`.
+        Ge = "ge",
+        /// Logical and.
+        And = "and",
+        /// Logical or.
+        Or = "or",
+        /// Logical exclusive or.
+        Xor = "xor",
+    }
+}
+
+impl BinaryOp {
+    /// True for kinds whose result is bool.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Eq | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+    }
+
+    /// True for the logical kinds, which take bool operands.
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    }
+}
+
+impl UnaryOp {
+    /// True for kinds that only make sense on floats.
+    pub fn is_float_only(self) -> bool {
+        !matches!(
+            self,
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Relu
+                | UnaryOp::Sign
+                | UnaryOp::Not
+                | UnaryOp::IsNan
+                | UnaryOp::IsInf
+        ) && !self.is_rounding()
+    }
+
+    /// Floor, ceil and round: identity on integers.
+    pub fn is_rounding(self) -> bool {
+        matches!(self, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round)
+    }
+}
+
+attrs! {
+    /// A graph input's name.
+    pub struct Input { name: String }
+}
+
+attrs! {
+    /// A weight's name (its key in the weight store and in checkpoints) and type.
+    pub struct Parameter { name: String }
+}
+
+attrs! {
+    /// An inline constant's value.
+    pub struct Constant { value: Tensor }
+}
+
+attrs! {
+    /// Target dtype. Float → int truncates toward zero and saturates (NaN → 0); int → int wraps; → bool is `!= 0`.
+    pub struct Cast { to: DType }
+}
+
+named_enum! {
+    /// Reduction kinds.
+    pub enum ReduceKind {
+        /// Sum (0 for an empty set).
+        Sum = "sum",
+        /// Mean (NaN for an empty set of floats).
+        Mean = "mean",
+        /// Maximum; NaN propagates; an empty set is an error.
+        Max = "max",
+        /// Minimum; NaN propagates; an empty set is an error.
+        Min = "min",
+        /// Product (1 for an empty set).
+        Prod = "prod",
+    }
+}
+
+attrs! {
+    /// Reduces over `axes` (negative counts from the end; empty means no axes, i.e. identity); with `keep_dims`
+    /// the reduced dims stay as 1.
+    pub struct Reduce { kind: ReduceKind, axes: Vec<i64>, keep_dims: bool }
+}
+
+named_enum! {
+    /// Arg-reduction kinds.
+    pub enum ArgKind {
+        /// Index of the maximum.
+        Max = "max",
+        /// Index of the minimum.
+        Min = "min",
+    }
+}
+
+attrs! {
+    /// Index (i64) of the extreme value along `axis`; ties take the first index, or the last with
+    /// `select_last_index`. A NaN counts as the extreme value.
+    pub struct ArgReduce { kind: ArgKind, axis: i64, keep_dims: bool, select_last_index: bool }
+}
+
+attrs! {
+    /// Convolution: `strides`, `dilations` per spatial dim; `pads` is all begins then all ends; `groups` divides
+    /// the channels.
+    pub struct Conv { strides: Vec<i64>, pads: Vec<i64>, dilations: Vec<i64>, groups: i64 }
+}
+
+attrs! {
+    /// Transposed convolution (the gradient of `conv`): output extent per spatial dim is
+    /// `stride*(in-1) + output_padding + (k-1)*dilation + 1 - pad_begin - pad_end`.
+    pub struct ConvTranspose {
+        strides: Vec<i64>,
+        pads: Vec<i64>,
+        dilations: Vec<i64>,
+        output_padding: Vec<i64>,
+        groups: i64,
+    }
+}
+
+named_enum! {
+    /// Pooling kinds.
+    pub enum PoolKind {
+        /// Maximum (padding never wins).
+        Max = "max",
+        /// Average.
+        Avg = "avg",
+    }
+}
+
+attrs! {
+    /// Pooling window `kernel` per spatial dim. Output extent is `floor((in + pads - ((k-1)*d+1)) / s) + 1`, or
+    /// `ceil` with `ceil_mode` (a window must start inside the input or left padding). For `avg`,
+    /// `count_include_pad` divides by the full window (pads counted, the ceil-mode overhang not); otherwise by the
+    /// number of real elements.
+    pub struct Pool {
+        kind: PoolKind,
+        kernel: Vec<i64>,
+        strides: Vec<i64>,
+        pads: Vec<i64>,
+        dilations: Vec<i64>,
+        ceil_mode: bool,
+        count_include_pad: bool,
+    }
+}
+
+attrs! {
+    /// Target shape; the element count must match.
+    pub struct Reshape { shape: Shape }
+}
+
+attrs! {
+    /// Permutation of the dims.
+    pub struct Transpose { perm: Vec<i64> }
+}
+
+attrs! {
+    /// Target shape of the broadcast.
+    pub struct Broadcast { shape: Shape }
+}
+
+attrs! {
+    /// Slice along `axes` (ONNX semantics): negative starts/ends count from the end and are clamped into range;
+    /// `steps` are nonzero, and negative steps walk backwards.
+    pub struct Slice { starts: Vec<i64>, ends: Vec<i64>, axes: Vec<i64>, steps: Vec<i64> }
+}
+
+attrs! {
+    /// Concatenation axis.
+    pub struct Concat { axis: i64 }
+}
+
+attrs! {
+    /// Split axis and the extent of each piece (they sum to the axis extent).
+    pub struct Split { axis: i64, sizes: Vec<i64> }
+}
+
+named_enum! {
+    /// Padding modes.
+    pub enum PadMode {
+        /// Fill with `value`.
+        Constant = "constant",
+        /// Mirror without repeating the edge (`[1,2,3]` padded by 2 → `[3,2,1,2,3,2,1]`).
+        Reflect = "reflect",
+        /// Repeat the edge element.
+        Edge = "edge",
+    }
+}
+
+attrs! {
+    /// Padding: `pads` is all begins then all ends (negative values crop); `value` fills in constant mode.
+    pub struct Pad { mode: PadMode, pads: Vec<i64>, value: f64 }
+}
+
+attrs! {
+    /// Gather axis. Indices (i32/i64) may be negative (counted from the end); out of range is an error.
+    pub struct Gather { axis: i64 }
+}
+
+attrs! {
+    /// Gather-elements axis; `indices` has the data's rank.
+    pub struct GatherElements { axis: i64 }
+}
+
+named_enum! {
+    /// How scattered updates combine with existing values.
+    pub enum ScatterReduction {
+        /// Overwrite (the last update wins).
+        None = "none",
+        /// Add.
+        Add = "add",
+        /// Multiply.
+        Mul = "mul",
+        /// Maximum.
+        Max = "max",
+        /// Minimum.
+        Min = "min",
+    }
+}
+
+attrs! {
+    /// ONNX ScatterElements: `out = data; out[..indices[i]..] (op)= updates[i]` along `axis`.
+    pub struct Scatter { axis: i64, reduction: ScatterReduction }
+}
+
+attrs! {
+    /// Result type and axis; elements are `start + index * step` converted to the dtype.
+    pub struct Iota { dtype: DType, shape: Shape, axis: i64, start: f64, step: f64 }
+}
+
+attrs! {
+    /// Softmax axis.
+    pub struct Softmax { axis: i64 }
+}
+
+attrs! {
+    /// Normalizes over dims `axis..rank`: `(x - mean) / sqrt(var + epsilon) * scale + bias`, with `scale` and
+    /// `bias` broadcast against those trailing dims.
+    pub struct LayerNorm { axis: i64, epsilon: f64 }
+}
+
+attrs! {
+    /// `(x - mean) / sqrt(var + epsilon) * scale + bias`, per channel (dim 1).
+    pub struct BatchNorm { epsilon: f64 }
+}
+
+named_enum! {
+    /// GELU variants.
+    pub enum GeluApprox {
+        /// `x/2 * (1 + erf(x/√2))`.
+        None = "none",
+        /// `x/2 * (1 + tanh(√(2/π) * (x + 0.044715 x³)))`.
+        Tanh = "tanh",
+    }
+}
+
+attrs! {
+    /// GELU variant.
+    pub struct Gelu { approximate: GeluApprox }
+}
+
+named_enum! {
+    /// Resize interpolation.
+    pub enum ResizeMode {
+        /// Nearest neighbour.
+        Nearest = "nearest",
+        /// (Multi-)linear.
+        Linear = "linear",
+    }
+}
+
+named_enum! {
+    /// How an output coordinate maps to an input coordinate (ONNX `coordinate_transformation_mode`).
+    pub enum CoordMode {
+        /// `(o + 0.5) / scale - 0.5`.
+        HalfPixel = "half_pixel",
+        /// Like half_pixel, but 0 when the output extent is 1.
+        PytorchHalfPixel = "pytorch_half_pixel",
+        /// `o * (in - 1) / (out - 1)`.
+        AlignCorners = "align_corners",
+        /// `o / scale`.
+        Asymmetric = "asymmetric",
+    }
+}
+
+named_enum! {
+    /// Rounding of a fractional coordinate in nearest mode.
+    pub enum NearestMode {
+        /// Round, ties down.
+        RoundPreferFloor = "round_prefer_floor",
+        /// Round, ties up.
+        RoundPreferCeil = "round_prefer_ceil",
+        /// Floor.
+        Floor = "floor",
+        /// Ceil.
+        Ceil = "ceil",
+    }
+}
+
+attrs! {
+    /// Resize to `shape` (same rank as the input). `scales` per dim are used for the coordinate mapping (ONNX
+    /// passes them explicitly; when derived from sizes they are `out/in`).
+    pub struct Resize { mode: ResizeMode, coord: CoordMode, nearest: NearestMode, shape: Shape, scales: Vec<f64> }
+}
+
+named_enum! {
+    /// Direction of a recurrent layer.
+    pub enum RnnDirection {
+        /// First to last.
+        Forward = "forward",
+        /// Last to first.
+        Reverse = "reverse",
+        /// Both; results stack forward then reverse on the direction dim.
+        Bidirectional = "bidirectional",
+    }
+}
+
+attrs! {
+    /// LSTM with ONNX's default activations (sigmoid, tanh, tanh), gate order i, o, f, c, no peepholes.
+    /// `x[seq,batch,in]`, `w[dirs,4h,in]`, `r[dirs,4h,h]`, `b[dirs,8h]`, `h0`/`c0[dirs,batch,h]`;
+    /// results `y[seq,dirs,batch,h]`, `y_h`, `y_c[dirs,batch,h]`. `clip` bounds the cell input when finite.
+    pub struct Lstm { hidden_size: i64, direction: RnnDirection, clip: f64, input_forget: bool }
+}
+
+attrs! {
+    /// GRU with ONNX's default activations (sigmoid, tanh), gate order z, r, h.
+    /// `x[seq,batch,in]`, `w[dirs,3h,in]`, `r[dirs,3h,h]`, `b[dirs,6h]`, `h0[dirs,batch,h]`;
+    /// results `y[seq,dirs,batch,h]`, `y_h[dirs,batch,h]`.
+    pub struct Gru { hidden_size: i64, direction: RnnDirection, clip: f64, linear_before_reset: bool }
+}
+
+impl Op {
+    /// True for ops with no operands whose value is known without inputs (constants, iota).
+    pub fn is_source(&self) -> bool {
+        matches!(self, Op::Input(_) | Op::Parameter(_) | Op::Constant(_) | Op::Iota(_))
+    }
+
+    /// The op's attributes as `.kir` text (empty when it has none).
+    pub fn attrs_text(&self) -> String {
+        let mut s = String::new();
+        self.print_attrs(&mut s);
+        s
+    }
+}

@@ -1,0 +1,548 @@
+//! Concrete tensors: a static shape and typed, row-major element storage.
+//!
+//! Used for constants in the graph, weights, interpreter values and the inputs/outputs of every backend's tests.
+//! Storage is one `Vec` per dtype ([`Data`]); generic code reaches the elements through [`Element`] and the
+//! [`dispatch_data!`](crate::dispatch_data) macro, so adding a dtype is one arm per match.
+
+use std::fmt;
+
+use half::{bf16, f16};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::types::{DType, Shape, TensorType};
+
+/// Typed element storage.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub enum Data {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F64(Vec<f64>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+}
+
+/// Runs `$body` with `$v` bound to the `Vec` inside a [`Data`] (or `&Data` / `&mut Data`), whatever its dtype.
+#[macro_export]
+macro_rules! dispatch_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::tensor::Data::F32($v) => $body,
+            $crate::tensor::Data::F16($v) => $body,
+            $crate::tensor::Data::BF16($v) => $body,
+            $crate::tensor::Data::F64($v) => $body,
+            $crate::tensor::Data::I8($v) => $body,
+            $crate::tensor::Data::U8($v) => $body,
+            $crate::tensor::Data::I32($v) => $body,
+            $crate::tensor::Data::I64($v) => $body,
+            $crate::tensor::Data::Bool($v) => $body,
+        }
+    };
+}
+
+/// A scalar element type that a [`Tensor`] can hold.
+pub trait Element: Copy + PartialEq + PartialOrd + Default + fmt::Debug + Send + Sync + 'static {
+    /// The matching dtype.
+    const DTYPE: DType;
+    /// Lossless for every type but i64 beyond 2^53.
+    fn to_f64(self) -> f64;
+    /// Conversion with the semantics of `cast` (saturating for floats to ints, NaN to 0, wrapping never).
+    fn from_f64(v: f64) -> Self;
+    /// Exact integer view, for integer and bool types (floats truncate toward zero).
+    fn to_i64(self) -> i64;
+    /// Exact conversion from an integer (wrapping for narrower integer types, as C casts do).
+    fn from_i64(v: i64) -> Self;
+    /// Wraps a vector as storage.
+    fn wrap(v: Vec<Self>) -> Data;
+    /// The vector inside storage of this dtype.
+    fn unwrap(d: &Data) -> Option<&Vec<Self>>;
+    /// Mutable access to storage of this dtype.
+    fn unwrap_mut(d: &mut Data) -> Option<&mut Vec<Self>>;
+    /// Little-endian bytes of one element.
+    fn write_le(self, out: &mut Vec<u8>);
+    /// Reads one element from little-endian bytes (exactly `DTYPE.size_bytes()` long).
+    fn read_le(b: &[u8]) -> Self;
+}
+
+macro_rules! element_num {
+    ($t:ty, $dt:ident, $var:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dt;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+            fn wrap(v: Vec<Self>) -> Data {
+                Data::$var(v)
+            }
+            fn unwrap(d: &Data) -> Option<&Vec<Self>> {
+                if let Data::$var(v) = d { Some(v) } else { None }
+            }
+            fn unwrap_mut(d: &mut Data) -> Option<&mut Vec<Self>> {
+                if let Data::$var(v) = d { Some(v) } else { None }
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().expect("element byte width"))
+            }
+        }
+    };
+}
+
+element_num!(f32, F32, F32);
+element_num!(f64, F64, F64);
+element_num!(i8, I8, I8);
+element_num!(u8, U8, U8);
+element_num!(i32, I32, I32);
+element_num!(i64, I64, I64);
+
+macro_rules! element_half {
+    ($t:ty, $dt:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dt;
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f64(v)
+            }
+            fn to_i64(self) -> i64 {
+                <$t>::to_f64(self) as i64
+            }
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f64(v as f64)
+            }
+            fn wrap(v: Vec<Self>) -> Data {
+                Data::$dt(v)
+            }
+            fn unwrap(d: &Data) -> Option<&Vec<Self>> {
+                if let Data::$dt(v) = d { Some(v) } else { None }
+            }
+            fn unwrap_mut(d: &mut Data) -> Option<&mut Vec<Self>> {
+                if let Data::$dt(v) = d { Some(v) } else { None }
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().expect("element byte width"))
+            }
+        }
+    };
+}
+
+element_half!(f16, F16);
+element_half!(bf16, BF16);
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        if self { 1.0 } else { 0.0 }
+    }
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    fn from_i64(v: i64) -> Self {
+        v != 0
+    }
+    fn wrap(v: Vec<Self>) -> Data {
+        Data::Bool(v)
+    }
+    fn unwrap(d: &Data) -> Option<&Vec<Self>> {
+        if let Data::Bool(v) = d { Some(v) } else { None }
+    }
+    fn unwrap_mut(d: &mut Data) -> Option<&mut Vec<Self>> {
+        if let Data::Bool(v) = d { Some(v) } else { None }
+    }
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.push(self as u8);
+    }
+    fn read_le(b: &[u8]) -> Self {
+        b[0] != 0
+    }
+}
+
+impl Data {
+    /// The dtype of this storage.
+    pub fn dtype(&self) -> DType {
+        fn dt<T: Element>(_: &[T]) -> DType {
+            T::DTYPE
+        }
+        dispatch_data!(self, v => dt(v))
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        dispatch_data!(self, v => v.len())
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `n` zeros (false for bool) of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        Data::from_f64_iter(dtype, std::iter::repeat_n(0.0, n))
+    }
+
+    /// Storage of `dtype` from f64 values, converted as `cast` does.
+    pub fn from_f64_iter(dtype: DType, it: impl Iterator<Item = f64>) -> Data {
+        fn go<T: Element>(it: impl Iterator<Item = f64>) -> Data {
+            T::wrap(it.map(T::from_f64).collect())
+        }
+        with_dtype!(dtype, T => go::<T>(it))
+    }
+
+    /// Storage of `dtype` from i64 values (exact for integers).
+    pub fn from_i64_iter(dtype: DType, it: impl Iterator<Item = i64>) -> Data {
+        fn go<T: Element>(it: impl Iterator<Item = i64>) -> Data {
+            T::wrap(it.map(T::from_i64).collect())
+        }
+        with_dtype!(dtype, T => go::<T>(it))
+    }
+
+    /// Element `i` as f64.
+    pub fn get_f64(&self, i: usize) -> f64 {
+        dispatch_data!(self, v => v[i].to_f64())
+    }
+
+    /// Element `i` as i64 (exact for integer types).
+    pub fn get_i64(&self, i: usize) -> i64 {
+        dispatch_data!(self, v => v[i].to_i64())
+    }
+
+    /// Gathers elements by index into new storage of the same dtype.
+    pub fn gather(&self, idx: impl Iterator<Item = usize>) -> Data {
+        fn go<T: Element>(v: &[T], idx: impl Iterator<Item = usize>) -> Data {
+            T::wrap(idx.map(|i| v[i]).collect())
+        }
+        dispatch_data!(self, v => go(v, idx))
+    }
+
+    /// Little-endian bytes, row-major.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        fn go<T: Element>(v: &[T]) -> Vec<u8> {
+            let mut out = Vec::with_capacity(v.len() * T::DTYPE.size_bytes());
+            for &x in v {
+                x.write_le(&mut out);
+            }
+            out
+        }
+        dispatch_data!(self, v => go(v))
+    }
+
+    /// Storage from little-endian bytes; `None` if the byte count is not a multiple of the element size.
+    pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<Data> {
+        fn go<T: Element>(b: &[u8]) -> Data {
+            T::wrap(b.chunks_exact(T::DTYPE.size_bytes()).map(T::read_le).collect())
+        }
+        if !bytes.len().is_multiple_of(dtype.size_bytes()) {
+            return None;
+        }
+        Some(with_dtype!(dtype, T => go::<T>(bytes)))
+    }
+}
+
+/// Runs `$body` with the type alias `$t` bound to the Rust element type of a runtime [`DType`].
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::types::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::types::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            $crate::types::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            $crate::types::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::types::DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            $crate::types::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::types::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::types::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::types::DType::Bool => {
+                type $t = bool;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;
+
+/// A concrete tensor: static shape plus row-major data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Data,
+}
+
+/// Why a tensor could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tensor of shape {shape:?} needs {expected} elements, got {got}")]
+pub struct ShapeDataMismatch {
+    /// Requested shape.
+    pub shape: Vec<usize>,
+    /// Elements the shape needs.
+    pub expected: usize,
+    /// Elements supplied.
+    pub got: usize,
+}
+
+impl Tensor {
+    /// A tensor from shape and storage; the element count must match.
+    pub fn new(shape: Vec<usize>, data: Data) -> Result<Tensor, ShapeDataMismatch> {
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(ShapeDataMismatch { shape, expected, got: data.len() });
+        }
+        Ok(Tensor { shape, data })
+    }
+
+    /// A tensor from a typed vector.
+    pub fn from_vec<T: Element>(shape: Vec<usize>, v: Vec<T>) -> Result<Tensor, ShapeDataMismatch> {
+        Tensor::new(shape, T::wrap(v))
+    }
+
+    /// A scalar.
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Tensor { shape: Vec::new(), data: T::wrap(vec![v]) }
+    }
+
+    /// Zeros of the given dtype and shape.
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Tensor {
+        let n = shape.iter().product();
+        Tensor { shape, data: Data::zeros(dtype, n) }
+    }
+
+    /// Deterministic pseudo-random values for `seed`: floats uniform in [-1, 1), integers in [0, 10), bools fair.
+    pub fn random(dtype: DType, shape: Vec<usize>, seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            // splitmix64: tiny, well distributed, and stable across platforms and versions.
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let data = if dtype.is_float() {
+            Data::from_f64_iter(dtype, (0..n).map(|_| (next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0))
+        } else if dtype == DType::Bool {
+            Data::from_i64_iter(dtype, (0..n).map(|_| (next() >> 63) as i64))
+        } else {
+            Data::from_i64_iter(dtype, (0..n).map(|_| (next() % 10) as i64))
+        };
+        Tensor { shape, data }
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The extents.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The storage.
+    pub fn data(&self) -> &Data {
+        &self.data
+    }
+
+    /// Consumes the tensor, returning shape and storage.
+    pub fn into_parts(self) -> (Vec<usize>, Data) {
+        (self.shape, self.data)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// True when the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The elements as a typed slice, if the dtype is `T`.
+    pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
+        T::unwrap(&self.data).map(|v| v.as_slice())
+    }
+
+    /// The static [`TensorType`] of this tensor.
+    pub fn tensor_type(&self) -> TensorType {
+        TensorType::new(self.dtype(), Shape(self.shape.iter().map(|&d| (d as u64).into()).collect()))
+    }
+
+    /// Same data, new shape of the same element count.
+    pub fn reshaped(self, shape: Vec<usize>) -> Result<Tensor, ShapeDataMismatch> {
+        Tensor::new(shape, self.data)
+    }
+
+    /// Elements as f64 (lossless except for i64 beyond 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        (0..self.len()).map(|i| self.data.get_f64(i)).collect()
+    }
+
+    /// Elements as i64 (floats truncate).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        (0..self.len()).map(|i| self.data.get_i64(i)).collect()
+    }
+
+    /// Row-major strides in elements.
+    pub fn strides(&self) -> Vec<usize> {
+        strides_of(&self.shape)
+    }
+}
+
+/// Row-major strides (in elements) of a static shape.
+pub fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// One element in the JSON form of a tensor: numbers, booleans, or `"nan"`/`"inf"`/`"-inf"` for non-finite floats.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum JsonElem {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Special(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct TensorJson {
+    dtype: DType,
+    shape: Vec<usize>,
+    values: Vec<JsonElem>,
+}
+
+impl Serialize for Tensor {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let dtype = self.dtype();
+        let values = (0..self.len())
+            .map(|i| match dtype {
+                DType::Bool => JsonElem::Bool(self.data.get_i64(i) != 0),
+                d if d.is_int() => JsonElem::Int(self.data.get_i64(i)),
+                _ => {
+                    let v = self.data.get_f64(i);
+                    if v.is_nan() {
+                        JsonElem::Special("nan".into())
+                    } else if v.is_infinite() {
+                        JsonElem::Special(if v > 0.0 { "inf" } else { "-inf" }.into())
+                    } else {
+                        JsonElem::Float(v)
+                    }
+                }
+            })
+            .collect();
+        TensorJson { dtype, shape: self.shape.clone(), values }.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Tensor {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Tensor, D::Error> {
+        use serde::de::Error;
+        let j = TensorJson::deserialize(d)?;
+        let mut floats = Vec::with_capacity(j.values.len());
+        let mut ints = Vec::with_capacity(j.values.len());
+        for v in &j.values {
+            let (f, i) = match v {
+                JsonElem::Int(i) => (*i as f64, *i),
+                JsonElem::Float(f) => (*f, *f as i64),
+                JsonElem::Bool(b) => (*b as i64 as f64, *b as i64),
+                JsonElem::Special(s) => match s.as_str() {
+                    "nan" => (f64::NAN, 0),
+                    "inf" => (f64::INFINITY, 0),
+                    "-inf" => (f64::NEG_INFINITY, 0),
+                    other => return Err(D::Error::custom(format!("bad tensor element {other:?}"))),
+                },
+            };
+            floats.push(f);
+            ints.push(i);
+        }
+        let data = if j.dtype.is_float() {
+            Data::from_f64_iter(j.dtype, floats.into_iter())
+        } else {
+            Data::from_i64_iter(j.dtype, ints.into_iter())
+        };
+        Tensor::new(j.shape, data).map_err(D::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_every_dtype() {
+        for dt in DType::ALL {
+            let t = Tensor::random(dt, vec![2, 3], 7);
+            let bytes = t.data().to_le_bytes();
+            assert_eq!(bytes.len(), 6 * dt.size_bytes());
+            let back = Data::from_le_bytes(dt, &bytes).unwrap();
+            assert_eq!(&back, t.data(), "{dt}");
+        }
+        assert!(Data::from_le_bytes(DType::F32, &[0, 1, 2]).is_none());
+    }
+
+    #[test]
+    fn json_round_trip_keeps_non_finite() {
+        let t = Tensor::from_vec(vec![3], vec![1.5f32, f32::NAN, f32::NEG_INFINITY]).unwrap();
+        let s = serde_json::to_string(&t).unwrap();
+        let back: Tensor = serde_json::from_str(&s).unwrap();
+        assert_eq!(back.as_slice::<f32>().unwrap()[0], 1.5);
+        assert!(back.as_slice::<f32>().unwrap()[1].is_nan());
+        assert_eq!(back.as_slice::<f32>().unwrap()[2], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn shape_mismatch_is_an_error() {
+        assert!(Tensor::from_vec(vec![2, 2], vec![1i32, 2, 3]).is_err());
+        assert_eq!(strides_of(&[2, 3, 4]), vec![12, 4, 1]);
+    }
+}

@@ -1,0 +1,2 @@
+//! The `kiln` command-line tool.
+fn main() {}
