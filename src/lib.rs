@@ -1,6 +1,336 @@
-//! `kiln`: the library facade over the compiler crates.
+//! `kiln`: the library facade over the compiler crates, and the home of the `kiln` CLI.
 //!
-//! Load a model (`.kir` text or a builder graph; ONNX with the front-end issue), then run it. Today the only
-//! executor is the reference interpreter.
+//! ```no_run
+//! use std::collections::BTreeMap;
+//! let model = kiln::Model::load("model.kir".as_ref(), &kiln::LoadOptions::default())?;
+//! let inputs = model.random_inputs(&BTreeMap::new(), 0)?;
+//! let outputs = model.run(&inputs, &kiln::RunOptions::default())?;
+//! for (name, t) in &outputs {
+//!     println!("{name}: {}", t.tensor_type());
+//! }
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
+//! Models come from `.kir` text (weights beside it in `NAME.safetensors`, or from a file you name), from the
+//! graph's JSON form, or from a [`ir::Builder`] graph via [`Model::from_graph`]. Today the only executor is the
+//! reference interpreter; the CPU and CUDA backends plug in behind [`Backend`] as they land.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 pub use kiln_ir as ir;
+use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
+
+pub mod npy;
+pub mod weights;
+
+/// Errors a kiln user can see.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading a file failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// The model file's format is not one kiln reads (yet).
+    #[error("{path}: {message}")]
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// `.kir` text did not parse.
+    #[error("{path}:{0}", path = .1)]
+    Parse(kiln_ir::ParseError, String),
+    /// The graph is malformed.
+    #[error("{path}: {source}")]
+    Invalid {
+        /// The model file.
+        path: String,
+        /// Every verifier error.
+        source: kiln_ir::Error,
+    },
+    /// A weight file could not be used.
+    #[error("weights {path}: {message}")]
+    Weights {
+        /// The weight file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Inputs given to `run` do not fit the model.
+    #[error("{0}")]
+    Input(String),
+    /// The chosen backend cannot run this model (or is not built yet).
+    #[error("backend `{backend}`: {message}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why it cannot run.
+        message: String,
+    },
+    /// Execution failed.
+    #[error("execution failed at {0}")]
+    Exec(#[from] kiln_ir::interp::InterpError),
+    /// An `.npy` file could not be read or written.
+    #[error(transparent)]
+    Npy(#[from] npy::NpyError),
+}
+
+/// Where a model runs.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The reference interpreter (`ir::interp`): slow, obviously correct, every op.
+    #[default]
+    Interp,
+    /// Cranelift-compiled code on the host CPU.
+    Cpu,
+    /// PTX kernels on an NVIDIA GPU.
+    Cuda,
+}
+
+impl Backend {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Interp => "interp",
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+impl FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Backend, String> {
+        match s {
+            "interp" => Ok(Backend::Interp),
+            "cpu" => Ok(Backend::Cpu),
+            "cuda" => Ok(Backend::Cuda),
+            _ => Err(format!("unknown backend `{s}` (expected interp, cpu or cuda)")),
+        }
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// A safetensors file with the weights; by default `NAME.safetensors` beside a `.kir` file, when present.
+    pub weights: Option<PathBuf>,
+}
+
+/// How to run a model.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// The executor.
+    pub backend: Backend,
+    /// Worker threads (0: all cores). The interpreter is single-threaded.
+    pub threads: usize,
+}
+
+/// A loaded model: a verified graph with its weights.
+#[derive(Clone, Debug)]
+pub struct Model {
+    graph: Graph,
+}
+
+/// Reads a file into a string, naming it in the error.
+fn read_text(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.display().to_string(), message: e.to_string() })
+}
+
+impl Model {
+    /// Loads a `.kir` or graph-JSON model; weights come from `options.weights` or a `.safetensors` sibling.
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Model, Error> {
+        let shown = path.display().to_string();
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let mut graph = match ext {
+            "kir" => kiln_ir::parse(&read_text(path)?).map_err(|e| Error::Parse(e, shown.clone()))?,
+            "json" => Graph::from_json(&read_text(path)?)
+                .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a kiln graph JSON document: {e}") })?,
+            "onnx" => {
+                return Err(Error::Format {
+                    path: shown,
+                    message: "ONNX models are not supported yet: the ONNX front end has not landed; convert to .kir".into(),
+                });
+            }
+            _ if path.is_dir() => {
+                return Err(Error::Format { path: shown, message: "compiled artifacts are not supported yet".into() });
+            }
+            _ => {
+                return Err(Error::Format {
+                    path: shown,
+                    message: "unknown model format (expected a .kir file or a kiln graph .json)".into(),
+                });
+            }
+        };
+        let weights_path = options.weights.clone().or_else(|| {
+            let sibling = path.with_extension("safetensors");
+            sibling.is_file().then_some(sibling)
+        });
+        if let Some(w) = weights_path {
+            for (name, t) in weights::load(&w)?.iter() {
+                graph.weights.insert(name, t.clone());
+            }
+        }
+        kiln_ir::verify(&graph).map_err(|errs| Error::Invalid { path: shown, source: kiln_ir::Error::Verify(errs) })?;
+        Ok(Model { graph })
+    }
+
+    /// Wraps a graph (from the builder, say), verifying it.
+    pub fn from_graph(graph: Graph) -> Result<Model, Error> {
+        kiln_ir::verify(&graph)
+            .map_err(|errs| Error::Invalid { path: format!("graph `{}`", graph.name()), source: kiln_ir::Error::Verify(errs) })?;
+        Ok(Model { graph })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Input names and declared types, in order.
+    pub fn inputs(&self) -> Vec<(String, kiln_ir::TensorType)> {
+        self.graph
+            .inputs()
+            .iter()
+            .filter_map(|&id| {
+                let n = self.graph.node(id);
+                match &n.op {
+                    Op::Input(i) => Some((i.name.clone(), n.outputs[0].clone())),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Deterministic pseudo-random values for every input not in `given`, using `shapes` (name → extents) for
+    /// inputs with symbolic dims; symbols already bound by `given` or earlier inputs are reused.
+    pub fn random_inputs(&self, shapes: &BTreeMap<String, Vec<usize>>, seed: u64) -> Result<BTreeMap<String, Tensor>, Error> {
+        self.complete_inputs(BTreeMap::new(), shapes, seed)
+    }
+
+    /// `given` plus random values for the inputs it lacks (see [`Model::random_inputs`]).
+    pub fn complete_inputs(
+        &self,
+        mut given: BTreeMap<String, Tensor>,
+        shapes: &BTreeMap<String, Vec<usize>>,
+        seed: u64,
+    ) -> Result<BTreeMap<String, Tensor>, Error> {
+        let inputs = self.inputs();
+        for name in given.keys().chain(shapes.keys()) {
+            if !inputs.iter().any(|(n, _)| n == name) {
+                return Err(Error::Input(format!("the model has no input `{name}` (inputs: {})", names(&inputs))));
+            }
+        }
+        let mut symbols = bind_symbols(&inputs, &given)?;
+        for (i, (name, ty)) in inputs.iter().enumerate() {
+            if given.contains_key(name) {
+                continue;
+            }
+            let dims = match shapes.get(name) {
+                Some(d) => {
+                    check_dims(name, &ty.shape, d, &mut symbols)?;
+                    d.clone()
+                }
+                None => ty
+                    .shape
+                    .0
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Static(n) => Ok(*n as usize),
+                        Dim::Sym(s) => symbols.get(s).copied().ok_or_else(|| {
+                            Error::Input(format!(
+                                "input `{name}` has symbolic dim `{s}`: give its value with --input {name}=FILE.npy or --shape {name}={}",
+                                example_shape(&ty.shape)
+                            ))
+                        }),
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            given.insert(name.clone(), Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64)));
+        }
+        Ok(given)
+    }
+
+    /// Runs the model. Every input must be given, with the declared dtype and a shape that fits.
+    pub fn run(&self, inputs: &BTreeMap<String, Tensor>, options: &RunOptions) -> Result<Vec<(String, Tensor)>, Error> {
+        let declared = self.inputs();
+        for name in inputs.keys() {
+            if !declared.iter().any(|(n, _)| n == name) {
+                return Err(Error::Input(format!("the model has no input `{name}` (inputs: {})", names(&declared))));
+            }
+        }
+        if let Some((missing, _)) = declared.iter().find(|(n, _)| !inputs.contains_key(n)) {
+            return Err(Error::Input(format!("input `{missing}` is missing")));
+        }
+        bind_symbols(&declared, inputs)?;
+        match options.backend {
+            Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
+            b @ (Backend::Cpu | Backend::Cuda) => Err(Error::Backend {
+                backend: b.name(),
+                message: "this backend is not built yet; run with --backend interp".into(),
+            }),
+        }
+    }
+}
+
+fn names(inputs: &[(String, kiln_ir::TensorType)]) -> String {
+    inputs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+fn example_shape(s: &Shape) -> String {
+    s.0.iter().map(|d| d.as_static().unwrap_or(1).to_string()).collect::<Vec<_>>().join("x")
+}
+
+/// Checks given tensors against the declared input types and binds symbolic dims consistently.
+fn bind_symbols(
+    inputs: &[(String, kiln_ir::TensorType)],
+    given: &BTreeMap<String, Tensor>,
+) -> Result<BTreeMap<String, usize>, Error> {
+    let mut symbols = BTreeMap::new();
+    for (name, ty) in inputs {
+        let Some(t) = given.get(name) else { continue };
+        if t.dtype() != ty.dtype {
+            return Err(Error::Input(format!("input `{name}` must be {}, got {} (expected {ty})", ty.dtype, t.dtype())));
+        }
+        check_dims(name, &ty.shape, t.shape(), &mut symbols)?;
+    }
+    Ok(symbols)
+}
+
+fn check_dims(name: &str, declared: &Shape, got: &[usize], symbols: &mut BTreeMap<String, usize>) -> Result<(), Error> {
+    let shown = || format!("[{}]", got.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
+    if declared.rank() != got.len() {
+        return Err(Error::Input(format!("input `{name}` must have shape {declared}, got {}", shown())));
+    }
+    for (d, &n) in declared.0.iter().zip(got) {
+        match d {
+            Dim::Static(k) if *k as usize != n => {
+                return Err(Error::Input(format!("input `{name}` must have shape {declared}, got {}", shown())));
+            }
+            Dim::Sym(s) => {
+                if let Some(&prev) = symbols.get(s)
+                    && prev != n
+                {
+                    return Err(Error::Input(format!(
+                        "input `{name}` gives symbolic dim `{s}` = {n}, but another input bound it to {prev}"
+                    )));
+                }
+                symbols.insert(s.clone(), n);
+            }
+            Dim::Static(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The dtypes a CLI user can name, for messages.
+pub fn dtype_names() -> String {
+    DType::ALL.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
+}

@@ -1,2 +1,31 @@
-//! The `kiln` command-line tool.
-fn main() {}
+//! The `kiln` command-line tool: `run`, `opt`, `inspect`.
+//!
+//! Every user error becomes one readable line on stderr and exit code 1 (usage errors: 2, from clap). A panic is
+//! a kiln bug; the hook turns it into a one-line report instead of a backtrace.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("internal error: {msg}{at}\nthis is a bug in kiln; please report it with the command that caused it");
+    }));
+    let args = cli::Cli::parse();
+    match cli::dispatch(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `kiln run`: load, bind inputs, execute, write `.npy` outputs and a manifest.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use kiln::{Backend, RunOptions, npy};
+use kiln_ir::Tensor;
+use serde::Serialize;
+
+use super::{ModelArgs, parse_shapes, split_assignment};
+
+/// Arguments of `kiln run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
+    #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// The shape of a pseudo-random input with symbolic dims: NAME=DxDxD (repeatable).
+    #[arg(long = "shape", value_name = "NAME=DxD")]
+    shapes: Vec<String>,
+    /// Where to write `<output>.npy` files and `manifest.json`.
+    #[arg(long, short = 'o', value_name = "DIR", default_value = "kiln-out")]
+    output_dir: PathBuf,
+    /// The executor: interp (reference interpreter), cpu or cuda.
+    #[arg(long, default_value = "interp", value_parser = parse_backend)]
+    backend: Backend,
+    /// Worker threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Seed for pseudo-random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    s.parse()
+}
+
+/// One entry of `manifest.json`.
+#[derive(Serialize)]
+struct ManifestEntry<'a> {
+    name: &'a str,
+    file: String,
+    dtype: &'static str,
+    shape: &'a [usize],
+}
+
+/// `<name>.npy` with every character outside `[A-Za-z0-9_.-]` replaced by `_`.
+pub fn output_file_name(name: &str) -> String {
+    let clean: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '_' }).collect();
+    format!("{clean}.npy")
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let model = a.model.load()?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut given = BTreeMap::new();
+    for spec in &a.inputs {
+        let (name, file) = split_assignment(spec, "--input")?;
+        let t = npy::read(Path::new(file))?;
+        if given.insert(name.to_string(), t).is_some() {
+            bail!("--input `{name}` is given twice");
+        }
+    }
+    let shapes = parse_shapes(&a.shapes)?;
+    let inputs = model.complete_inputs(given, &shapes, a.seed)?;
+    let t1 = Instant::now();
+    let outputs = model.run(&inputs, &RunOptions { backend: a.backend, threads: a.threads })?;
+    let run_ms = t1.elapsed().as_secs_f64() * 1e3;
+    write_outputs(&a.output_dir, &outputs)?;
+    println!("model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms", a.model.model.display(), a.backend.name());
+    for (name, t) in &outputs {
+        println!("  {name}: {} {}", t.tensor_type(), summary(t));
+    }
+    println!("wrote {} output(s) and manifest.json to {}", outputs.len(), a.output_dir.display());
+    Ok(())
+}
+
+fn write_outputs(dir: &Path, outputs: &[(String, Tensor)]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    let mut files: BTreeMap<String, &str> = BTreeMap::new();
+    let mut manifest = Vec::new();
+    for (name, t) in outputs {
+        let file = output_file_name(name);
+        if let Some(other) = files.insert(file.clone(), name) {
+            bail!("outputs `{other}` and `{name}` would both be written to {file}");
+        }
+        npy::write(&dir.join(&file), t)?;
+        manifest.push(ManifestEntry { name, file, dtype: t.dtype().name(), shape: t.shape() });
+    }
+    let path = dir.join("manifest.json");
+    let text = serde_json::to_string_pretty(&manifest).context("serializing the manifest")?;
+    std::fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// A one-line look at a tensor: a few leading values and, for numbers, min/max/mean.
+fn summary(t: &Tensor) -> String {
+    if t.is_empty() {
+        return "(empty)".into();
+    }
+    let v = t.to_f64_vec();
+    let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.4}")).collect();
+    let more = if v.len() > 4 { ", …" } else { "" };
+    let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &x in &v {
+        lo = lo.min(x);
+        hi = hi.max(x);
+        sum += x;
+    }
+    format!("[{}{more}] min {lo:.4} max {hi:.4} mean {:.4}", head.join(", "), sum / v.len() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::output_file_name;
+
+    #[test]
+    fn output_names_are_sanitized() {
+        assert_eq!(output_file_name("logits"), "logits.npy");
+        assert_eq!(output_file_name("present.0/key:0"), "present.0_key_0.npy");
+        assert_eq!(output_file_name("a b-c_d"), "a_b-c_d.npy");
+    }
+}

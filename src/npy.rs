@@ -1,0 +1,192 @@
+//! `.npy` files ↔ [`Tensor`]s, through the `npyz` crate.
+//!
+//! Every kiln dtype round-trips: the numeric types and bool use numpy's own type strings; bf16, which numpy lacks,
+//! is written as two raw bytes per element (`|V2`, what `ml_dtypes.bfloat16` arrays save as) and read back from
+//! that. Fortran-order files are reordered to row-major on read. Anything else (structured arrays, strings,
+//! complex numbers, unsigned types wider than a byte) is refused with the file's type string in the message.
+
+use std::io::{self, BufWriter, Read, Write};
+use std::path::Path;
+
+use half::{bf16, f16};
+use kiln_ir::tensor::strides_of;
+use kiln_ir::{DType, Data, Element, Tensor};
+use npyz::{TypeChar, WriterBuilder};
+
+/// Why an `.npy` file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum NpyError {
+    /// Reading or writing the file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The file holds a dtype kiln does not support.
+    #[error("{path}: unsupported .npy dtype `{descr}` (kiln reads f32, f16, bf16 as |V2, f64, i8, u8, i32, i64, bool)")]
+    Dtype {
+        /// The file.
+        path: String,
+        /// numpy's type string.
+        descr: String,
+    },
+}
+
+/// Reads an `.npy` file.
+pub fn read(path: &Path) -> Result<Tensor, NpyError> {
+    let io_err = |source| NpyError::Io { path: path.display().to_string(), source };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io_err)?;
+    from_bytes(&bytes).map_err(|e| match e {
+        FromBytes::Io(source) => io_err(source),
+        FromBytes::Dtype(descr) => NpyError::Dtype { path: path.display().to_string(), descr },
+    })
+}
+
+enum FromBytes {
+    Io(io::Error),
+    Dtype(String),
+}
+
+fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
+    let file = npyz::NpyFile::new(bytes).map_err(FromBytes::Io)?;
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    let fortran = file.order() == npyz::Order::Fortran && shape.len() > 1;
+    let descr = file.dtype().descr();
+    let npyz::DType::Plain(ts) = file.dtype() else { return Err(FromBytes::Dtype(descr)) };
+    let dtype = match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Float, 4) => DType::F32,
+        (TypeChar::Float, 2) => DType::F16,
+        (TypeChar::Float, 8) => DType::F64,
+        (TypeChar::Int, 1) => DType::I8,
+        (TypeChar::Uint, 1) => DType::U8,
+        (TypeChar::Int, 4) => DType::I32,
+        (TypeChar::Int, 8) => DType::I64,
+        (TypeChar::Bool, 1) => DType::Bool,
+        (TypeChar::RawData, 2) => DType::BF16,
+        _ => return Err(FromBytes::Dtype(descr)),
+    };
+    fn typed<T: Element + npyz::Deserialize>(f: npyz::NpyFile<&[u8]>) -> io::Result<Data> {
+        f.into_vec::<T>().map(T::wrap)
+    }
+    let data = match dtype {
+        DType::F32 => typed::<f32>(file),
+        DType::F16 => typed::<f16>(file),
+        DType::F64 => typed::<f64>(file),
+        DType::I8 => typed::<i8>(file),
+        DType::U8 => typed::<u8>(file),
+        DType::I32 => typed::<i32>(file),
+        DType::I64 => typed::<i64>(file),
+        DType::Bool => typed::<bool>(file),
+        DType::BF16 => file.into_vec::<Vec<u8>>().map(|rows| {
+            Data::BF16(rows.iter().map(|b| bf16::from_le_bytes([b[0], b.get(1).copied().unwrap_or(0)])).collect())
+        }),
+    }
+    .map_err(FromBytes::Io)?;
+    let n: usize = shape.iter().product();
+    if data.len() != n {
+        return Err(FromBytes::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("shape {shape:?} needs {n} elements, the file has {}", data.len()),
+        )));
+    }
+    let data = if fortran { fortran_to_c(&data, &shape) } else { data };
+    Tensor::new(shape, data).map_err(|e| FromBytes::Io(io::Error::new(io::ErrorKind::InvalidData, e.to_string())))
+}
+
+/// Reorders column-major storage to row-major.
+fn fortran_to_c(data: &Data, shape: &[usize]) -> Data {
+    let c_strides = strides_of(shape);
+    let mut f_strides = vec![1usize; shape.len()];
+    for k in 1..shape.len() {
+        f_strides[k] = f_strides[k - 1] * shape[k - 1];
+    }
+    let n: usize = shape.iter().product();
+    data.gather((0..n).map(|i| {
+        let mut rem = i;
+        let mut off = 0;
+        for k in 0..shape.len() {
+            off += rem / c_strides[k] * f_strides[k];
+            rem %= c_strides[k];
+        }
+        off
+    }))
+}
+
+/// Writes `t` as an `.npy` file (row-major, little-endian).
+pub fn write(path: &Path, t: &Tensor) -> Result<(), NpyError> {
+    let io_err = |source| NpyError::Io { path: path.display().to_string(), source };
+    let file = std::fs::File::create(path).map_err(io_err)?;
+    let mut w = BufWriter::new(file);
+    write_to(&mut w, t).and_then(|_| w.flush()).map_err(io_err)
+}
+
+fn write_to<W: Write>(w: W, t: &Tensor) -> io::Result<()> {
+    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+    fn typed<T: Element + npyz::AutoSerialize, W: Write>(w: W, shape: &[u64], v: &[T]) -> io::Result<()> {
+        let mut out = npyz::WriteOptions::new().default_dtype().shape(shape).writer(w).begin_nd()?;
+        out.extend(v.iter().copied())?;
+        out.finish()
+    }
+    match t.data() {
+        Data::F32(v) => typed(w, &shape, v),
+        Data::F16(v) => typed(w, &shape, v),
+        Data::F64(v) => typed(w, &shape, v),
+        Data::I8(v) => typed(w, &shape, v),
+        Data::U8(v) => typed(w, &shape, v),
+        Data::I32(v) => typed(w, &shape, v),
+        Data::I64(v) => typed(w, &shape, v),
+        Data::Bool(v) => typed(w, &shape, v),
+        Data::BF16(v) => {
+            let dtype = npyz::DType::Plain("|V2".parse().expect("a valid type string"));
+            let mut out = npyz::WriteOptions::<[u8]>::new().dtype(dtype).shape(&shape).writer(w).begin_nd()?;
+            for x in v {
+                out.push(&x.to_le_bytes())?;
+            }
+            out.finish()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips() {
+        for dt in DType::ALL {
+            let t = Tensor::random(dt, vec![2, 3], 3);
+            let mut buf = Vec::new();
+            write_to(&mut buf, &t).unwrap();
+            let back = from_bytes(&buf).unwrap_or_else(|_| panic!("{dt} did not read back"));
+            assert_eq!(back, t, "{dt}");
+        }
+    }
+
+    #[test]
+    fn scalars_and_empty_tensors_round_trip() {
+        for t in [Tensor::scalar(2.5f32), Tensor::zeros(DType::I64, vec![0, 4])] {
+            let mut buf = Vec::new();
+            write_to(&mut buf, &t).unwrap();
+            assert_eq!(from_bytes(&buf).ok().unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn fortran_order_is_reordered() {
+        let data = Data::I32(vec![1, 4, 2, 5, 3, 6]); // [[1,2,3],[4,5,6]] stored column-major
+        assert_eq!(fortran_to_c(&data, &[2, 3]), Data::I32(vec![1, 2, 3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(from_bytes(b"not an npy file").is_err());
+        let t = Tensor::random(DType::F32, vec![4], 1);
+        let mut buf = Vec::new();
+        write_to(&mut buf, &t).unwrap();
+        buf.truncate(buf.len() - 3);
+        assert!(from_bytes(&buf).is_err());
+    }
+}

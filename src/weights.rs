@@ -1,0 +1,100 @@
+//! Weight files: safetensors ↔ the graph's [`Weights`] store.
+//!
+//! A `.kir` model keeps its weights beside it (`model.kir` + `model.safetensors`), or takes them from
+//! `--weights FILE`. safetensors is the checkpoint format of the field (no code execution on load, a JSON header
+//! and raw little-endian bytes) and holds every kiln dtype.
+
+use std::path::Path;
+
+use kiln_ir::{DType, Data, Tensor, Weights};
+use safetensors::Dtype as St;
+
+use crate::Error;
+
+fn to_st(d: DType) -> St {
+    match d {
+        DType::F32 => St::F32,
+        DType::F16 => St::F16,
+        DType::BF16 => St::BF16,
+        DType::F64 => St::F64,
+        DType::I8 => St::I8,
+        DType::U8 => St::U8,
+        DType::I32 => St::I32,
+        DType::I64 => St::I64,
+        DType::Bool => St::BOOL,
+    }
+}
+
+fn from_st(d: St) -> Option<DType> {
+    Some(match d {
+        St::F32 => DType::F32,
+        St::F16 => DType::F16,
+        St::BF16 => DType::BF16,
+        St::F64 => DType::F64,
+        St::I8 => DType::I8,
+        St::U8 => DType::U8,
+        St::I32 => DType::I32,
+        St::I64 => DType::I64,
+        St::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Reads every tensor of a safetensors file.
+pub fn load(path: &Path) -> Result<Weights, Error> {
+    let bad = |message: String| Error::Weights { path: path.display().to_string(), message };
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut w = Weights::default();
+    for (name, view) in st.iter() {
+        let dtype = from_st(view.dtype()).ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", view.dtype())))?;
+        let data = Data::from_le_bytes(dtype, view.data()).ok_or_else(|| bad(format!("tensor `{name}` has a ragged byte length")))?;
+        let t = Tensor::new(view.shape().to_vec(), data).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        w.insert(name, t);
+    }
+    Ok(w)
+}
+
+/// Writes every weight to a safetensors file.
+pub fn save(path: &Path, weights: &Weights) -> Result<(), Error> {
+    let bad = |message: String| Error::Weights { path: path.display().to_string(), message };
+    let owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = weights
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.dtype(), t.shape().to_vec(), t.data().to_le_bytes()))
+        .collect();
+    let views = owned
+        .iter()
+        .map(|(n, d, s, b)| safetensors::tensor::TensorView::new(to_st(*d), s.clone(), b).map(|v| (n.as_str(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    safetensors::serialize_to_file(views, None, path).map_err(|e| bad(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_every_dtype() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let mut w = Weights::default();
+        for (i, dt) in DType::ALL.into_iter().enumerate() {
+            w.insert(format!("t{i}"), Tensor::random(dt, vec![2, 3], i as u64));
+        }
+        save(&path, &w).unwrap();
+        assert_eq!(load(&path).unwrap(), w);
+    }
+
+    #[test]
+    fn truncated_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let mut w = Weights::default();
+        w.insert("a", Tensor::random(DType::F32, vec![16], 0));
+        save(&path, &w).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+        assert!(matches!(load(&path), Err(Error::Weights { .. })));
+    }
+}

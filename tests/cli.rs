@@ -1,0 +1,238 @@
+//! The `kiln` CLI end to end: `run`, `opt`, `inspect` on every fixture, and every kind of bad input getting one
+//! clear error line, a non-zero exit and no panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kiln_ir::{DType, Tensor};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("the kiln binary runs")
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "kir"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 10, "expected the fixture set in {}", dir.display());
+    v
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A failed command: exit code 1, one `error:` line first, and nothing that looks like a panic.
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "expected exit 1, stderr:\n{err}");
+    assert!(err.starts_with("error: "), "stderr should start with `error: `:\n{err}");
+    assert!(!err.contains("panicked") && !err.contains("internal error") && !err.contains("RUST_BACKTRACE"), "{err}");
+    assert!(err.contains(needle), "stderr should mention `{needle}`:\n{err}");
+}
+
+fn is_runnable(path: &Path) -> bool {
+    // Fixtures with parameters need weights; the rest run on pseudo-random inputs, with symbolic dims set to 2.
+    let text = std::fs::read_to_string(path).unwrap();
+    !text.contains(" = param ")
+}
+
+fn shape_args(path: &Path) -> Vec<String> {
+    let model = kiln::Model::load(path, &kiln::LoadOptions::default()).unwrap();
+    model
+        .inputs()
+        .into_iter()
+        .filter(|(_, t)| !t.shape.is_static())
+        .map(|(n, t)| {
+            let dims: Vec<String> = t.shape.0.iter().map(|d| d.as_static().unwrap_or(2).to_string()).collect();
+            format!("{n}={}", dims.join("x"))
+        })
+        .flat_map(|s| ["--shape".to_string(), s])
+        .collect()
+}
+
+#[test]
+fn run_writes_outputs_and_manifest_for_every_fixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut ran = 0;
+    for f in fixtures().iter().filter(|f| is_runnable(f)) {
+        let out = tmp.path().join(f.file_stem().unwrap());
+        let mut args = vec!["run".to_string(), f.display().to_string(), "--output-dir".into(), out.display().to_string()];
+        args.extend(shape_args(f));
+        let o = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        let entries = manifest.as_array().expect("manifest is a list");
+        let model = kiln::Model::load(f, &kiln::LoadOptions::default()).unwrap();
+        assert_eq!(entries.len(), model.graph().outputs().len(), "{}", f.display());
+        for (entry, (name, _)) in entries.iter().zip(model.graph().outputs()) {
+            assert_eq!(entry["name"], name.as_str());
+            let file = entry["file"].as_str().unwrap();
+            let t = kiln::npy::read(&out.join(file)).unwrap();
+            assert_eq!(entry["dtype"], t.dtype().name());
+            assert_eq!(entry["shape"].as_array().unwrap().len(), t.shape().len());
+            for (d, &n) in entry["shape"].as_array().unwrap().iter().zip(t.shape()) {
+                assert_eq!(d.as_u64(), Some(n as u64));
+            }
+        }
+        ran += 1;
+    }
+    assert!(ran >= 8, "only {ran} fixtures were runnable");
+}
+
+#[test]
+fn run_output_equals_the_library_interpreter() {
+    let f = fixtures().into_iter().find(|f| is_runnable(f) && shape_args(f).is_empty()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = kiln(&["run", f.to_str().unwrap(), "--seed", "5", "--output-dir", tmp.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let model = kiln::Model::load(&f, &kiln::LoadOptions::default()).unwrap();
+    let inputs = model.random_inputs(&Default::default(), 5).unwrap();
+    let expected = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
+    for (name, t) in expected {
+        let got = kiln::npy::read(&tmp.path().join(format!("{name}.npy").replace(|c: char| !c.is_ascii_alphanumeric() && !"_.-".contains(c), "_"))).unwrap();
+        assert_eq!(got, t, "{name}");
+    }
+}
+
+#[test]
+fn given_inputs_are_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_path = tmp.path().join("double.kir");
+    std::fs::write(
+        &model_path,
+        "graph \"double\" {\n  %0 = input {name=\"x\"} : f32[3]\n  %1 = add %0, %0 : f32[3]\n  output \"y\" = %1\n}\n",
+    )
+    .unwrap();
+    let x = tmp.path().join("x.npy");
+    kiln::npy::write(&x, &Tensor::from_vec(vec![3], vec![1.0f32, -2.0, 0.5]).unwrap()).unwrap();
+    let out = tmp.path().join("out");
+    let o = kiln(&["run", model_path.to_str().unwrap(), "--input", &format!("x={}", x.display()), "--output-dir", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let y = kiln::npy::read(&out.join("y.npy")).unwrap();
+    assert_eq!(y.as_slice::<f32>().unwrap(), &[2.0, -4.0, 1.0]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("y: f32[3]"), "{stdout}");
+}
+
+#[test]
+fn opt_round_trip_is_a_fixed_point_on_every_fixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in fixtures() {
+        let y = tmp.path().join("y.kir");
+        let z = tmp.path().join("z.kir");
+        let o = kiln(&["opt", f.to_str().unwrap(), "-o", y.to_str().unwrap()]);
+        assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+        let o = kiln(&["opt", y.to_str().unwrap(), "-o", z.to_str().unwrap()]);
+        assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
+        assert_eq!(std::fs::read_to_string(&y).unwrap(), std::fs::read_to_string(&z).unwrap(), "{}", f.display());
+        // Without -o the same text goes to stdout.
+        let o = kiln(&["opt", y.to_str().unwrap()]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), std::fs::read_to_string(&y).unwrap());
+    }
+}
+
+#[test]
+fn opt_writes_weights_beside_the_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("m.kir");
+    std::fs::write(
+        &src,
+        "graph \"m\" {\n  %0 = input {name=\"x\"} : f32[2,3]\n  %1 = param {name=\"w\"} : f32[3,2]\n  %2 = matmul %0, %1 : f32[2,2]\n  output \"y\" = %2\n}\n",
+    )
+    .unwrap();
+    let mut w = kiln_ir::Weights::default();
+    w.insert("w", Tensor::random(DType::F32, vec![3, 2], 1));
+    kiln::weights::save(&tmp.path().join("m.safetensors"), &w).unwrap();
+    let out = tmp.path().join("copy.kir");
+    let o = kiln(&["opt", src.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(kiln::weights::load(&tmp.path().join("copy.safetensors")).unwrap(), w);
+    let o = kiln(&["run", out.to_str().unwrap(), "--output-dir", tmp.path().join("o").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn inspect_reports_inputs_outputs_ops_and_parameters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("m.kir");
+    std::fs::write(
+        &src,
+        "graph \"m\" {\n  %0 = input {name=\"x\"} : f32[batch,3]\n  %1 = param {name=\"w\"} : f32[3,4]\n  %2 = matmul %0, %1 : f32[batch,4]\n  %3 = relu %2 : f32[batch,4]\n  %4 = relu %3 : f32[batch,4]\n  output \"y\" = %4\n}\n",
+    )
+    .unwrap();
+    let o = kiln(&["inspect", src.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for needle in ["x: f32[batch,3]", "y: f32[batch,4]", "2  relu", "1  matmul", "parameters: 1 tensors, 12 elements, 48 bytes"] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
+    let o = kiln(&["inspect", src.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["parameter_bytes"], 48);
+    assert_eq!(v["ops"][0]["op"], "relu");
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in [&["--help"][..], &["run", "--help"], &["opt", "--help"], &["inspect", "--help"]] {
+        let o = kiln(sub);
+        assert!(o.status.success());
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"));
+    }
+}
+
+struct BadCase {
+    name: &'static str,
+    args: Vec<String>,
+    needle: &'static str,
+}
+
+#[test]
+fn bad_input_is_one_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).display().to_string();
+    std::fs::write(p("ok.kir"), "graph \"ok\" {\n  %0 = input {name=\"x\"} : f32[2,3]\n  %1 = exp %0 : f32[2,3]\n  output \"y\" = %1\n}\n").unwrap();
+    std::fs::write(p("bad.kir"), "graph \"bad\" {\n  %0 = input {name=\"x\"} : f32[2]\n  %1 = frobnicate %0 : f32[2]\n}\n").unwrap();
+    std::fs::write(p("garbage.kir"), [0xffu8, 0xfe, 0x00, 0x41]).unwrap();
+    std::fs::write(p("sym.kir"), "graph \"sym\" {\n  %0 = input {name=\"x\"} : f32[batch,3]\n  output \"y\" = %0\n}\n").unwrap();
+    std::fs::write(p("noweights.kir"), "graph \"nw\" {\n  %0 = param {name=\"w\"} : f32[2]\n  output \"y\" = %0\n}\n").unwrap();
+    std::fs::write(p("model.onnx"), b"\x08\x07").unwrap();
+    std::fs::write(p("junk.npy"), b"definitely not numpy").unwrap();
+    kiln::npy::write(Path::new(&p("i64.npy")), &Tensor::zeros(DType::I64, vec![2, 3])).unwrap();
+    kiln::npy::write(Path::new(&p("wrongshape.npy")), &Tensor::zeros(DType::F32, vec![3, 2])).unwrap();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let out = p("out");
+    let cases = vec![
+        BadCase { name: "malformed kir", args: s(&["run", &p("bad.kir")]), needle: "3:" },
+        BadCase { name: "binary garbage", args: s(&["opt", &p("garbage.kir")]), needle: "garbage.kir" },
+        BadCase { name: "missing model", args: s(&["inspect", &p("nope.kir")]), needle: "nope.kir" },
+        BadCase { name: "unknown input", args: s(&["run", &p("ok.kir"), "--input", &format!("z={}", p("i64.npy")), "--output-dir", &out]), needle: "no input `z`" },
+        BadCase { name: "wrong dtype", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("i64.npy")), "--output-dir", &out]), needle: "must be f32" },
+        BadCase { name: "wrong shape", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("wrongshape.npy")), "--output-dir", &out]), needle: "must have shape [2,3]" },
+        BadCase { name: "missing npy", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("absent.npy")), "--output-dir", &out]), needle: "absent.npy" },
+        BadCase { name: "junk npy", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("junk.npy")), "--output-dir", &out]), needle: "junk.npy" },
+        BadCase { name: "input without =", args: s(&["run", &p("ok.kir"), "--input", "x", "--output-dir", &out]), needle: "NAME=VALUE" },
+        BadCase { name: "symbolic dim without shape", args: s(&["run", &p("sym.kir"), "--output-dir", &out]), needle: "--shape x=1x3" },
+        BadCase { name: "bad --shape", args: s(&["run", &p("sym.kir"), "--shape", "x=2xq", "--output-dir", &out]), needle: "bad dimension" },
+        BadCase { name: "shape of wrong rank", args: s(&["run", &p("sym.kir"), "--shape", "x=2", "--output-dir", &out]), needle: "must have shape" },
+        BadCase { name: "missing weights", args: s(&["run", &p("noweights.kir"), "--output-dir", &out]), needle: "`w`" },
+        BadCase { name: "onnx not yet", args: s(&["run", &p("model.onnx")]), needle: "ONNX" },
+        BadCase { name: "cpu backend not built", args: s(&["run", &p("ok.kir"), "--backend", "cpu", "--output-dir", &out]), needle: "backend `cpu`" },
+        BadCase { name: "missing weights file", args: s(&["run", &p("ok.kir"), "--weights", &p("w.safetensors")]), needle: "w.safetensors" },
+    ];
+    for c in cases {
+        let o = kiln(&c.args.iter().map(String::as_str).collect::<Vec<_>>());
+        eprintln!("case `{}`: {}", c.name, stderr(&o).trim_end());
+        assert_clean_failure(&o, c.needle);
+    }
+    // A usage error (unknown backend name) is clap's: exit 2, still no panic.
+    let o = kiln(&["run", &p("ok.kir"), "--backend", "tpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown backend `tpu`"));
+}
