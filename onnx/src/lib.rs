@@ -1,6 +1,99 @@
-//! `kiln-onnx`: the ONNX front end, turning an ONNX `ModelProto` into a `kiln_ir::Graph`.
+//! `kiln-onnx`: the ONNX front end, turning an ONNX `ModelProto` into a [`kiln_ir::Graph`].
 //!
-//! Owns opset handling, initializers and external data, shape-arithmetic chains, and the complete list of
-//! unsupported ops reported in one error. The importer arrives with the ONNX issue.
+//! Import walks the graph once in node order. Each ONNX op has a handler (`ops/`) that maps it onto IR ops through
+//! the builder, so every node is type-checked as it lands. Values whose contents are known at import time
+//! (initializers, `Constant` nodes, and anything computed only from them — the `Shape`→`Gather`→`Concat` chains
+//! exporters emit) are folded on the spot with the reference interpreter, so with static input shapes shape
+//! arithmetic resolves to constants. Shape tensors of inputs with symbolic dims are tracked dim by dim, so a
+//! `Reshape` to `[batch, -1]` still resolves.
+//!
+//! Nothing stops at the first problem: an unsupported op, attribute value or dtype is recorded with its node, the
+//! node's results are marked unavailable (their users are not reported again), and the walk goes on. Import then
+//! fails with the complete list ([`ImportError::Unsupported`]); [`check`] returns it.
 
-pub use kiln_ir as ir;
+mod import;
+mod node;
+mod ops;
+pub mod tensor;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+pub use import::import_model;
+
+/// Options for import.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Static extents for graph inputs (name → dims), replacing symbolic or unknown dims.
+    pub shapes: BTreeMap<String, Vec<usize>>,
+}
+
+/// One thing kiln cannot import, located by node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsupported {
+    /// The node's name (or `#index` when it has none).
+    pub node: String,
+    /// Its op type, with the domain when not the default one.
+    pub op_type: String,
+    /// What is not supported.
+    pub message: String,
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (node `{}`): {}", self.op_type, self.node, self.message)
+    }
+}
+
+/// Why an ONNX model could not be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file could not be read.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// The bytes are not a valid ONNX model.
+    #[error("not a valid ONNX model: {0}")]
+    Decode(String),
+    /// The model is malformed (undefined values, inconsistent initializers…).
+    #[error("invalid model: {0}")]
+    Invalid(String),
+    /// Every unsupported op, attribute value and dtype, by node.
+    #[error("the model uses {} unsupported feature(s):\n{}", .0.len(), .0.iter().map(|u| format!("  {u}")).collect::<Vec<_>>().join("\n"))]
+    Unsupported(Vec<Unsupported>),
+}
+
+/// Reads and imports an ONNX file; external data resolves against its folder.
+pub fn import(path: &Path, options: &ImportOptions) -> Result<kiln_ir::Graph, ImportError> {
+    let bytes = std::fs::read(path).map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    import_bytes(&bytes, base, options)
+}
+
+/// Imports ONNX bytes; `base_dir` is where external data files live (`None` refuses external data).
+pub fn import_bytes(bytes: &[u8], base_dir: Option<&Path>, options: &ImportOptions) -> Result<kiln_ir::Graph, ImportError> {
+    use protobuf::Message;
+    let model = onnx_protobuf::ModelProto::parse_from_bytes(bytes).map_err(|e| ImportError::Decode(e.to_string()))?;
+    import_model(&model, base_dir, options)
+}
+
+/// Every unsupported feature of a model (empty when it imports), or an error for unreadable/invalid models.
+pub fn check(path: &Path, options: &ImportOptions) -> Result<Vec<Unsupported>, ImportError> {
+    match import(path, options) {
+        Ok(_) => Ok(Vec::new()),
+        Err(ImportError::Unsupported(list)) => Ok(list),
+        Err(e) => Err(e),
+    }
+}
+
+/// The ONNX op types kiln imports, sorted.
+pub fn supported_ops() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = ops::TABLE.iter().map(|(n, _)| *n).collect();
+    v.sort_unstable();
+    v
+}

@@ -1,0 +1,373 @@
+//! The import walk: graph inputs, initializers, nodes in order, outputs; constant folding and problem collection.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use kiln_ir::{Builder, DType, Dim, Graph, Op, Shape, Tensor, TensorType, Value};
+use onnx_protobuf::{GraphProto, ModelProto, NodeProto, ValueInfoProto};
+
+use crate::node::OnnxNode;
+use crate::tensor::{dtype_from_onnx, tensor_from_proto};
+use crate::{ImportError, ImportOptions, Unsupported, ops};
+
+/// Lowest and highest default-domain opset kiln imports.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=21;
+
+/// Operand sets at most this large are folded at import time when all their values are known.
+const FOLD_LIMIT: usize = 1 << 16;
+
+/// An imported ONNX value: its IR value and type, plus what is known about its contents.
+#[derive(Clone, Debug)]
+pub(crate) struct Val {
+    pub v: Value,
+    pub ty: TensorType,
+    /// The value, when known at import time.
+    pub konst: Option<Arc<Tensor>>,
+    /// For a rank-0/1 integer tensor holding extents: each element, possibly symbolic.
+    pub dims: Option<Vec<DimArg>>,
+}
+
+impl Val {
+    pub fn dtype(&self) -> DType {
+        self.ty.dtype
+    }
+
+    pub fn rank(&self) -> usize {
+        self.ty.shape.rank()
+    }
+
+    /// The static extents of this value's type.
+    pub fn static_shape(&self) -> Option<Vec<usize>> {
+        self.ty.shape.as_static()
+    }
+
+    /// The known contents as integers.
+    pub fn ints(&self) -> Option<Vec<i64>> {
+        self.konst.as_ref().map(|t| t.to_i64_vec())
+    }
+
+    /// The known contents as floats.
+    pub fn floats(&self) -> Option<Vec<f64>> {
+        self.konst.as_ref().map(|t| t.to_f64_vec())
+    }
+
+    /// The elements of a rank-0/1 integer tensor as shape arguments: known integers, or tracked symbolic dims.
+    pub fn dim_args(&self) -> Option<Vec<DimArg>> {
+        match self.ints() {
+            Some(v) => Some(v.into_iter().map(DimArg::Int).collect()),
+            None => self.dims.clone(),
+        }
+    }
+}
+
+/// One element of a shape argument.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum DimArg {
+    Int(i64),
+    Sym(String),
+}
+
+impl From<Dim> for DimArg {
+    fn from(d: Dim) -> DimArg {
+        match d {
+            Dim::Static(n) => DimArg::Int(n as i64),
+            Dim::Sym(s) => DimArg::Sym(s),
+        }
+    }
+}
+
+/// Import state.
+pub(crate) struct Ctx<'m> {
+    pub b: Builder,
+    scopes: Vec<HashMap<String, Option<Val>>>,
+    pub problems: Vec<Unsupported>,
+    pub opset: i64,
+    pub base_dir: Option<&'m Path>,
+    node_name: Option<String>,
+}
+
+impl<'m> Ctx<'m> {
+    fn lookup(&self, name: &str) -> Option<&Option<Val>> {
+        self.scopes.iter().rev().find_map(|s| s.get(name))
+    }
+
+    fn define(&mut self, name: &str, v: Option<Val>) {
+        self.scopes.last_mut().expect("a scope").insert(name.to_string(), v);
+    }
+
+    fn wrap(&self, v: Value, konst: Option<Arc<Tensor>>) -> Val {
+        let ty = self.b.graph().value_type(v).expect("a value just built").clone();
+        Val { v, ty, konst, dims: None }
+    }
+
+    /// A constant value.
+    pub fn constant(&mut self, t: Tensor) -> Result<Val, String> {
+        let t = Arc::new(t);
+        let v = self.b.constant((*t).clone()).map_err(|e| e.to_string())?;
+        Ok(self.wrap(v, Some(t)))
+    }
+
+    /// A scalar constant of `dtype`.
+    pub fn scalar(&mut self, dtype: DType, v: f64) -> Result<Val, String> {
+        self.constant(Tensor::new(vec![], kiln_ir::Data::from_f64_iter(dtype, std::iter::once(v))).expect("one element"))
+    }
+
+    /// Applies a single-result op, folding it when every operand is known and small.
+    pub fn op(&mut self, op: Op, ins: &[&Val]) -> Result<Val, String> {
+        let mut out = self.op_multi(op, ins)?;
+        if out.len() != 1 {
+            return Err(format!("internal: expected one result, got {}", out.len()));
+        }
+        Ok(out.remove(0))
+    }
+
+    /// Applies an op, folding it when every operand is known and small.
+    pub fn op_multi(&mut self, op: Op, ins: &[&Val]) -> Result<Vec<Val>, String> {
+        let known: Option<Vec<&Tensor>> = ins.iter().map(|v| v.konst.as_deref()).collect();
+        if let Some(known) = known
+            && !ins.is_empty()
+            && known.iter().map(|t| t.len()).sum::<usize>() <= FOLD_LIMIT
+        {
+            let results = kiln_ir::interp::eval_op(&op, &known).map_err(|e| format!("{}: {e}", op.mnemonic()))?;
+            if results.iter().all(|t| t.len() <= FOLD_LIMIT) {
+                // Type-check as if built, so folding never hides a type error.
+                let types: Vec<TensorType> = ins.iter().map(|v| v.ty.clone()).collect();
+                kiln_ir::infer::infer(&op, &types).map_err(|e| format!("{}: {e}", op.mnemonic()))?;
+                return results.into_iter().map(|t| self.constant(t)).collect();
+            }
+        }
+        let values: Vec<Value> = ins.iter().map(|v| v.v).collect();
+        let outs = self.b.named_op(op, &values, self.node_name.clone()).map_err(|e| e.to_string())?;
+        Ok(outs.into_iter().map(|v| self.wrap(v, None)).collect())
+    }
+
+    /// Imports a subgraph (an `If` branch) in a new scope that sees the enclosing values; returns its outputs.
+    pub fn subgraph(&mut self, g: &GraphProto) -> Result<Vec<Val>, String> {
+        self.scopes.push(HashMap::new());
+        let result = self.walk(g).and_then(|_| {
+            g.output
+                .iter()
+                .map(|o| match self.lookup(&o.name) {
+                    Some(Some(v)) => Ok(v.clone()),
+                    Some(None) => Err(format!("subgraph output `{}` depends on an unsupported node", o.name)),
+                    None => Err(format!("subgraph output `{}` is not defined", o.name)),
+                })
+                .collect()
+        });
+        self.scopes.pop();
+        result
+    }
+
+    fn walk(&mut self, g: &GraphProto) -> Result<(), String> {
+        for init in &g.initializer {
+            let t = tensor_from_proto(init, self.base_dir).map_err(|e| format!("initializer `{}`: {e}", init.name))?;
+            let v = self.initializer(&init.name, t)?;
+            self.define(&init.name, Some(v));
+        }
+        for (i, node) in g.node.iter().enumerate() {
+            self.node(i, node)?;
+        }
+        Ok(())
+    }
+
+    fn initializer(&mut self, name: &str, t: Tensor) -> Result<Val, String> {
+        if t.len() <= kiln_ir::builder::INLINE_CONSTANT_LIMIT {
+            return self.constant(t);
+        }
+        let t = Arc::new(t);
+        let v = self.b.weight(name, t.clone()).map_err(|e| e.to_string())?;
+        Ok(self.wrap(v, Some(t)))
+    }
+
+    /// Imports one node. `Err` only for malformed models; unsupported features become problems.
+    fn node(&mut self, index: usize, node: &NodeProto) -> Result<(), String> {
+        let label = if node.name.is_empty() { format!("#{index}") } else { node.name.clone() };
+        let op_type = if node.domain.is_empty() || node.domain == "ai.onnx" {
+            node.op_type.clone()
+        } else {
+            format!("{}.{}", node.domain, node.op_type)
+        };
+        let mut inputs = Vec::with_capacity(node.input.len());
+        let mut poisoned = false;
+        for name in &node.input {
+            if name.is_empty() {
+                inputs.push(None);
+                continue;
+            }
+            match self.lookup(name) {
+                Some(Some(v)) => inputs.push(Some(v.clone())),
+                Some(None) => {
+                    poisoned = true;
+                    inputs.push(None);
+                }
+                None => return Err(format!("node `{label}` ({op_type}) uses `{name}`, which is not defined before it")),
+            }
+        }
+        let handler = if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
+        let problem = |message: String| Unsupported { node: label.clone(), op_type: op_type.clone(), message };
+        let Some(handler) = handler else {
+            let message = if node.domain.is_empty() || node.domain == "ai.onnx" {
+                "op is not supported".to_string()
+            } else {
+                format!("domain `{}` is not supported", node.domain)
+            };
+            self.problems.push(problem(message));
+            self.poison(node);
+            return Ok(());
+        };
+        if poisoned {
+            // The cause is already reported upstream; don't cascade.
+            self.poison(node);
+            return Ok(());
+        }
+        let n = OnnxNode::new(node, inputs, self.opset, self.base_dir);
+        self.node_name = Some(label.clone());
+        let result = handler(self, &n);
+        self.node_name = None;
+        let unread = n.unread_attributes();
+        match result {
+            Ok(_) if !unread.is_empty() => {
+                for a in unread {
+                    self.problems.push(problem(format!("attribute `{a}` is not supported")));
+                }
+                self.poison(node);
+            }
+            Ok(outs) => {
+                for (i, name) in node.output.iter().enumerate() {
+                    if name.is_empty() {
+                        continue;
+                    }
+                    match outs.get(i) {
+                        Some(v) => self.define(name, Some(v.clone())),
+                        None => {
+                            self.problems.push(problem(format!("output {i} (`{name}`) is not supported")));
+                            self.define(name, None);
+                        }
+                    }
+                }
+            }
+            Err(message) => {
+                self.problems.push(problem(message));
+                self.poison(node);
+            }
+        }
+        Ok(())
+    }
+
+    fn poison(&mut self, node: &NodeProto) {
+        for o in node.output.iter().filter(|o| !o.is_empty()) {
+            self.define(o, None);
+        }
+    }
+}
+
+fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType, String> {
+    use onnx_protobuf::type_proto::Value as Tv;
+    use onnx_protobuf::tensor_shape_proto::dimension::Value as Dv;
+    let Some(Tv::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Err("only tensor inputs are supported".into());
+    };
+    let dtype = dtype_from_onnx(tt.elem_type)?;
+    let dims: Vec<Dim> = match tt.shape.as_ref() {
+        None => return Err("has no shape: give one with --shape".into()),
+        Some(s) => s
+            .dim
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match &d.value {
+                Some(Dv::DimValue(n)) if *n >= 0 => Dim::Static(*n as u64),
+                Some(Dv::DimParam(p)) if is_ident(p) => Dim::Sym(p.clone()),
+                Some(Dv::DimParam(p)) => Dim::Sym(sanitize(p)),
+                _ => Dim::Sym(format!("{}_{i}", sanitize(&vi.name))),
+            })
+            .collect(),
+    };
+    let shape = match options.shapes.get(&vi.name) {
+        Some(given) => {
+            if given.len() != dims.len() {
+                return Err(format!("is declared with rank {}, but the given shape has rank {}", dims.len(), given.len()));
+            }
+            for (d, &g) in dims.iter().zip(given) {
+                if let Dim::Static(n) = d
+                    && *n as usize != g
+                {
+                    return Err(format!("is declared {}, which the given shape {given:?} contradicts", Shape(dims.clone())));
+                }
+            }
+            Shape::of(&given.iter().map(|&g| g as u64).collect::<Vec<_>>())
+        }
+        None => Shape(dims),
+    };
+    Ok(TensorType::new(dtype, shape))
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|f| f.is_ascii_alphabetic() || f == '_') && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+}
+
+fn sanitize(s: &str) -> String {
+    let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        out.insert(0, 'd');
+    }
+    out
+}
+
+/// Imports a decoded model.
+pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version);
+    let g = model.graph.as_ref().ok_or_else(|| ImportError::Invalid("the model has no graph".into()))?;
+    let name = if g.name.is_empty() { "main".to_string() } else { g.name.clone() };
+    let mut cx = Ctx { b: Builder::new(name), scopes: vec![HashMap::new()], problems: Vec::new(), opset, base_dir, node_name: None };
+    if !OPSETS.contains(&opset) {
+        cx.problems.push(Unsupported {
+            node: "(model)".into(),
+            op_type: "opset".into(),
+            message: format!("default-domain opset {opset} is not supported (kiln imports {}–{})", OPSETS.start(), OPSETS.end()),
+        });
+    }
+    let initializer_names: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    for (name, _) in &options.shapes {
+        if !g.input.iter().any(|i| &i.name == name && !initializer_names.contains(i.name.as_str())) {
+            return Err(ImportError::Invalid(format!("the model has no input `{name}` to give a shape to")));
+        }
+    }
+    for vi in g.input.iter().filter(|i| !initializer_names.contains(i.name.as_str())) {
+        match input_type(vi, options) {
+            Ok(ty) => {
+                let v = cx.b.input(&vi.name, ty.dtype, ty.shape).map_err(|e| ImportError::Invalid(e.to_string()))?;
+                let val = cx.wrap(v, None);
+                cx.define(&vi.name, Some(val));
+            }
+            Err(message) => {
+                cx.problems.push(Unsupported { node: vi.name.clone(), op_type: "graph input".into(), message });
+                cx.define(&vi.name, None);
+            }
+        }
+    }
+    cx.walk(g).map_err(ImportError::Invalid)?;
+    for o in &g.output {
+        match cx.lookup(&o.name).cloned() {
+            Some(Some(v)) => cx.b.output(&o.name, v.v),
+            Some(None) => {}
+            None => return Err(ImportError::Invalid(format!("graph output `{}` is not produced by any node", o.name))),
+        }
+    }
+    if !cx.problems.is_empty() {
+        return Err(ImportError::Unsupported(cx.problems));
+    }
+    let graph = cx.b.finish();
+    kiln_ir::verify(&graph).map_err(|errs| {
+        ImportError::Invalid(format!(
+            "the imported graph does not verify (a kiln bug):\n{}",
+            errs.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n")
+        ))
+    })?;
+    Ok(graph)
+}

@@ -1,0 +1,328 @@
+//! Elementwise ONNX ops: unary math, binary math and comparisons, activations composed from IR primitives,
+//! casts, clip, where, variadic max/min/sum/mean.
+
+use kiln_ir::op::{BinaryOp as B, Cast, Gelu, GeluApprox, UnaryOp as U};
+use kiln_ir::{DType, Op};
+
+use super::{bin, onnx_dtype, scalar_like, un};
+use crate::import::{Ctx, Val};
+use crate::node::OnnxNode;
+
+pub(crate) fn unary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let kind = match n.proto.op_type.as_str() {
+        "Abs" => U::Abs,
+        "Acos" => U::Acos,
+        "Acosh" => U::Acosh,
+        "Asin" => U::Asin,
+        "Asinh" => U::Asinh,
+        "Atan" => U::Atan,
+        "Atanh" => U::Atanh,
+        "Ceil" => U::Ceil,
+        "Cos" => U::Cos,
+        "Cosh" => U::Cosh,
+        "Erf" => U::Erf,
+        "Exp" => U::Exp,
+        "Floor" => U::Floor,
+        "IsNaN" => U::IsNan,
+        "Log" => U::Log,
+        "Neg" => U::Neg,
+        "Not" => U::Not,
+        "Reciprocal" => U::Reciprocal,
+        "Relu" => U::Relu,
+        "Round" => U::Round,
+        "Sigmoid" => U::Sigmoid,
+        "Sign" => U::Sign,
+        "Sin" => U::Sin,
+        "Sinh" => U::Sinh,
+        "Sqrt" => U::Sqrt,
+        "Tan" => U::Tan,
+        "Tanh" => U::Tanh,
+        other => return Err(format!("internal: `{other}` is not a unary op")),
+    };
+    n.ignore(&["consumed_inputs"]);
+    let x = n.input(0)?;
+    Ok(vec![un(cx, kind, x)?])
+}
+
+pub(crate) fn binary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let kind = match n.proto.op_type.as_str() {
+        "Add" => B::Add,
+        "Sub" => B::Sub,
+        "Mul" => B::Mul,
+        "Div" => B::Div,
+        "Pow" => B::Pow,
+        "And" => B::And,
+        "Or" => B::Or,
+        "Xor" => B::Xor,
+        "Equal" => B::Eq,
+        "Less" => B::Lt,
+        "LessOrEqual" => B::Le,
+        "Greater" => B::Gt,
+        "GreaterOrEqual" => B::Ge,
+        other => return Err(format!("internal: `{other}` is not a binary op")),
+    };
+    // Opsets before 7 had explicit broadcast attributes; kiln imports 7 and later, where broadcasting is numpy's.
+    n.ignore(&["consumed_inputs"]);
+    if n.opt_int("broadcast").is_some_and(|b| b != 0) || n.opt_int("axis").is_some() {
+        return Err("legacy broadcast/axis attributes are not supported".into());
+    }
+    let (a, b) = (n.input(0)?, n.input(1)?);
+    let b = if kind == B::Pow && b.dtype() != a.dtype() {
+        // Pow allows an exponent of another type; the IR wants one dtype.
+        cx.op(Op::Cast(Cast { to: a.dtype() }), &[b])?
+    } else {
+        b.clone()
+    };
+    let mut out = bin(cx, kind, a, &b)?;
+    if kind == B::Mul || kind == B::Add || kind == B::Sub {
+        out.dims = None;
+    }
+    Ok(vec![out])
+}
+
+pub(crate) fn modulo(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let fmod = n.int("fmod", 0);
+    let (a, b) = (n.input(0)?, n.input(1)?);
+    if fmod == 0 && a.dtype().is_float() {
+        return Err("fmod=0 on floats is not allowed by ONNX".into());
+    }
+    Ok(vec![bin(cx, if fmod == 0 { B::Mod } else { B::Rem }, a, b)?])
+}
+
+pub(crate) fn identity(_cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    Ok(vec![n.input(0)?.clone()])
+}
+
+pub(crate) fn dropout(_cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    n.ignore(&["ratio", "seed", "is_test"]);
+    if let Some(mode) = n.opt_input(2)
+        && mode.ints().is_none_or(|v| v.iter().any(|&m| m != 0))
+    {
+        return Err("training mode is not supported (inference only)".into());
+    }
+    if n.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
+        return Err("the mask output is not supported".into());
+    }
+    Ok(vec![n.input(0)?.clone()])
+}
+
+pub(crate) fn cast(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let to = onnx_dtype(n.opt_int("to").ok_or("the `to` attribute is required")?)?;
+    if n.int("saturate", 1) != 1 {
+        return Err("saturate=0 (float8 only) is not supported".into());
+    }
+    cast_to(cx, n.input(0)?, to)
+}
+
+fn cast_to(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Vec<Val>, String> {
+    if x.dtype() == to {
+        return Ok(vec![x.clone()]);
+    }
+    let mut out = cx.op(Op::Cast(Cast { to }), &[x])?;
+    if to.is_int() && x.dtype().is_int() {
+        out.dims = x.dims.clone();
+    }
+    Ok(vec![out])
+}
+
+pub(crate) fn cast_like(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    if n.int("saturate", 1) != 1 {
+        return Err("saturate=0 (float8 only) is not supported".into());
+    }
+    let to = n.input(1)?.dtype();
+    cast_to(cx, n.input(0)?, to)
+}
+
+pub(crate) fn where_(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (c, a, b) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    Ok(vec![cx.op(Op::Select, &[c, a, b])?])
+}
+
+pub(crate) fn variadic(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let ins = n.all_inputs()?;
+    let (first, rest) = ins.split_first().ok_or("needs at least one input")?;
+    let kind = match n.proto.op_type.as_str() {
+        "Max" => B::Max,
+        "Min" => B::Min,
+        _ => B::Add,
+    };
+    let mut acc = (*first).clone();
+    for x in rest {
+        acc = bin(cx, kind, &acc, x)?;
+    }
+    if n.proto.op_type == "Mean" {
+        if ins.len() > 1 {
+            let k = scalar_like(cx, &acc, ins.len() as f64)?;
+            acc = bin(cx, B::Div, &acc, &k)?;
+        } else {
+            // Mean of one input must still broadcast nothing and return it unchanged.
+            acc = (*first).clone();
+        }
+    }
+    Ok(vec![acc])
+}
+
+pub(crate) fn clip(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let (lo, hi) = if n.opset < 11 {
+        let lo = n.float("min", f32::NEG_INFINITY);
+        let hi = n.float("max", f32::INFINITY);
+        (Some(scalar_like(cx, x, lo as f64)?), Some(scalar_like(cx, x, hi as f64)?))
+    } else {
+        (n.opt_input(1).cloned(), n.opt_input(2).cloned())
+    };
+    let mut y = x.clone();
+    if let Some(lo) = lo {
+        y = bin(cx, B::Max, &y, &lo)?;
+    }
+    if let Some(hi) = hi {
+        y = bin(cx, B::Min, &y, &hi)?;
+    }
+    Ok(vec![y])
+}
+
+pub(crate) fn is_inf(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let (neg, pos) = (n.int("detect_negative", 1) != 0, n.int("detect_positive", 1) != 0);
+    let inf = un(cx, U::IsInf, x)?;
+    let zero = scalar_like(cx, x, 0.0)?;
+    let y = match (neg, pos) {
+        (true, true) => inf,
+        (false, true) => {
+            let p = bin(cx, B::Gt, x, &zero)?;
+            bin(cx, B::And, &inf, &p)?
+        }
+        (true, false) => {
+            let p = bin(cx, B::Lt, x, &zero)?;
+            bin(cx, B::And, &inf, &p)?
+        }
+        (false, false) => {
+            let f = cx.scalar(DType::Bool, 0.0)?;
+            bin(cx, B::And, &inf, &f)?
+        }
+    };
+    Ok(vec![y])
+}
+
+pub(crate) fn prelu(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, slope) = (n.input(0)?, n.input(1)?);
+    let zero = scalar_like(cx, x, 0.0)?;
+    let neg = bin(cx, B::Lt, x, &zero)?;
+    let scaled = bin(cx, B::Mul, x, slope)?;
+    // select broadcasts all three, so the slope's shape joins the result's as ONNX requires.
+    Ok(vec![cx.op(Op::Select, &[&neg, &scaled, x])?])
+}
+
+/// Activations that are compositions of IR primitives (or `gelu`).
+pub(crate) fn activation(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    if !x.dtype().is_float() {
+        return Err(format!("needs a float input, got {}", x.dtype()));
+    }
+    let c = |cx: &mut Ctx<'_>, v: f64| scalar_like(cx, x, v);
+    let y = match n.proto.op_type.as_str() {
+        "Celu" => {
+            // max(0,x) + min(0, alpha*(exp(x/alpha)-1))
+            let alpha = n.float("alpha", 1.0) as f64;
+            let a = c(cx, alpha)?;
+            let zero = c(cx, 0.0)?;
+            let one = c(cx, 1.0)?;
+            let pos = bin(cx, B::Max, x, &zero)?;
+            let xa = bin(cx, B::Div, x, &a)?;
+            let e = un(cx, U::Exp, &xa)?;
+            let em1 = bin(cx, B::Sub, &e, &one)?;
+            let s = bin(cx, B::Mul, &a, &em1)?;
+            let negp = bin(cx, B::Min, &zero, &s)?;
+            bin(cx, B::Add, &pos, &negp)?
+        }
+        "Elu" | "Selu" => {
+            let selu = n.proto.op_type == "Selu";
+            let alpha = n.float("alpha", if selu { 1.673_263_2 } else { 1.0 }) as f64;
+            let gamma = if selu { n.float("gamma", 1.050_701) as f64 } else { 1.0 };
+            let zero = c(cx, 0.0)?;
+            let one = c(cx, 1.0)?;
+            let a = c(cx, alpha)?;
+            let e = un(cx, U::Exp, x)?;
+            let em1 = bin(cx, B::Sub, &e, &one)?;
+            let negv = bin(cx, B::Mul, &a, &em1)?;
+            let is_pos = bin(cx, B::Gt, x, &zero)?;
+            let y = cx.op(Op::Select, &[&is_pos, x, &negv])?;
+            if selu {
+                let g = c(cx, gamma)?;
+                bin(cx, B::Mul, &g, &y)?
+            } else {
+                y
+            }
+        }
+        "HardSigmoid" => {
+            let alpha = n.float("alpha", 0.2) as f64;
+            let beta = n.float("beta", 0.5) as f64;
+            hard_sigmoid(cx, x, alpha, beta)?
+        }
+        "HardSwish" => {
+            let h = hard_sigmoid(cx, x, 1.0 / 6.0, 0.5)?;
+            bin(cx, B::Mul, x, &h)?
+        }
+        "LeakyRelu" => {
+            let alpha = n.float("alpha", 0.01) as f64;
+            let a = c(cx, alpha)?;
+            let zero = c(cx, 0.0)?;
+            let neg = bin(cx, B::Lt, x, &zero)?;
+            let ax = bin(cx, B::Mul, x, &a)?;
+            cx.op(Op::Select, &[&neg, &ax, x])?
+        }
+        "Mish" => {
+            let sp = softplus(cx, x)?;
+            let t = un(cx, U::Tanh, &sp)?;
+            bin(cx, B::Mul, x, &t)?
+        }
+        "Softplus" => softplus(cx, x)?,
+        "Softsign" => {
+            let one = c(cx, 1.0)?;
+            let a = un(cx, U::Abs, x)?;
+            let d = bin(cx, B::Add, &one, &a)?;
+            bin(cx, B::Div, x, &d)?
+        }
+        "ThresholdedRelu" => {
+            let alpha = n.float("alpha", 1.0) as f64;
+            let a = c(cx, alpha)?;
+            let zero = c(cx, 0.0)?;
+            let keep = bin(cx, B::Gt, x, &a)?;
+            cx.op(Op::Select, &[&keep, x, &zero])?
+        }
+        "Gelu" => {
+            let approximate = match n.string("approximate").as_deref().unwrap_or("none") {
+                "none" => GeluApprox::None,
+                "tanh" => GeluApprox::Tanh,
+                other => return Err(format!("approximate=`{other}` is not supported")),
+            };
+            cx.op(Op::Gelu(Gelu { approximate }), &[x])?
+        }
+        other => return Err(format!("internal: `{other}` is not an activation")),
+    };
+    Ok(vec![y])
+}
+
+fn hard_sigmoid(cx: &mut Ctx<'_>, x: &Val, alpha: f64, beta: f64) -> Result<Val, String> {
+    let a = scalar_like(cx, x, alpha)?;
+    let b = scalar_like(cx, x, beta)?;
+    let zero = scalar_like(cx, x, 0.0)?;
+    let one = scalar_like(cx, x, 1.0)?;
+    let ax = bin(cx, B::Mul, x, &a)?;
+    let axb = bin(cx, B::Add, &ax, &b)?;
+    let lo = bin(cx, B::Min, &axb, &one)?;
+    bin(cx, B::Max, &lo, &zero)
+}
+
+/// `log(1 + exp(x))`, computed as `max(x, 0) + log(1 + exp(-|x|))` so large inputs do not overflow.
+fn softplus(cx: &mut Ctx<'_>, x: &Val) -> Result<Val, String> {
+    let zero = scalar_like(cx, x, 0.0)?;
+    let one = scalar_like(cx, x, 1.0)?;
+    let pos = bin(cx, B::Max, x, &zero)?;
+    let a = un(cx, U::Abs, x)?;
+    let na = un(cx, U::Neg, &a)?;
+    let e = un(cx, U::Exp, &na)?;
+    let ope = bin(cx, B::Add, &one, &e)?;
+    let l = un(cx, U::Log, &ope)?;
+    bin(cx, B::Add, &pos, &l)
+}

@@ -1,0 +1,238 @@
+//! ONNX op handlers: the table from op type to handler, and the small IR-building helpers they share.
+//!
+//! A handler reads its node's inputs and attributes through [`OnnxNode`] (every attribute it does not read is
+//! reported as unsupported) and returns the node's results, in output order. It may return fewer results than
+//! the node declares when only trailing optional outputs are unsupported and unused.
+
+mod elementwise;
+mod nn;
+mod reduce;
+mod shape;
+
+use kiln_ir::op::{BinaryOp, Reshape, Transpose, UnaryOp};
+use kiln_ir::{DType, Data, Dim, Op, Shape, Tensor};
+
+use crate::import::{Ctx, DimArg, Val};
+use crate::node::OnnxNode;
+
+/// A handler: maps one ONNX node onto IR ops.
+pub(crate) type Handler = fn(&mut Ctx<'_>, &OnnxNode<'_>) -> Result<Vec<Val>, String>;
+
+/// Every supported ONNX op type and its handler.
+pub(crate) const TABLE: &[(&str, Handler)] = &[
+    ("Abs", elementwise::unary),
+    ("Acos", elementwise::unary),
+    ("Acosh", elementwise::unary),
+    ("Add", elementwise::binary),
+    ("And", elementwise::binary),
+    ("ArgMax", reduce::arg_reduce),
+    ("ArgMin", reduce::arg_reduce),
+    ("Asin", elementwise::unary),
+    ("Asinh", elementwise::unary),
+    ("Atan", elementwise::unary),
+    ("Atanh", elementwise::unary),
+    ("AveragePool", nn::pool),
+    ("BatchNormalization", nn::batch_norm),
+    ("Cast", elementwise::cast),
+    ("CastLike", elementwise::cast_like),
+    ("Ceil", elementwise::unary),
+    ("Celu", elementwise::activation),
+    ("Clip", elementwise::clip),
+    ("Concat", shape::concat),
+    ("Constant", shape::constant),
+    ("ConstantOfShape", shape::constant_of_shape),
+    ("Conv", nn::conv),
+    ("ConvTranspose", nn::conv_transpose),
+    ("Cos", elementwise::unary),
+    ("Cosh", elementwise::unary),
+    ("CumSum", reduce::cumsum),
+    ("DepthToSpace", shape::depth_to_space),
+    ("Div", elementwise::binary),
+    ("Dropout", elementwise::dropout),
+    ("Einsum", reduce::einsum),
+    ("Elu", elementwise::activation),
+    ("Equal", elementwise::binary),
+    ("Erf", elementwise::unary),
+    ("Exp", elementwise::unary),
+    ("Expand", shape::expand),
+    ("Flatten", shape::flatten),
+    ("Floor", elementwise::unary),
+    ("Gather", shape::gather),
+    ("GatherElements", shape::gather_elements),
+    ("GatherND", shape::gather_nd),
+    ("Gelu", elementwise::activation),
+    ("Gemm", reduce::gemm),
+    ("GlobalAveragePool", nn::global_pool),
+    ("GlobalMaxPool", nn::global_pool),
+    ("Greater", elementwise::binary),
+    ("GreaterOrEqual", elementwise::binary),
+    ("GroupNormalization", nn::group_norm),
+    ("GRU", nn::gru),
+    ("HardSigmoid", elementwise::activation),
+    ("HardSwish", elementwise::activation),
+    ("Identity", elementwise::identity),
+    ("If", shape::if_),
+    ("InstanceNormalization", nn::instance_norm),
+    ("IsInf", elementwise::is_inf),
+    ("IsNaN", elementwise::unary),
+    ("LayerNormalization", nn::layer_norm),
+    ("LeakyRelu", elementwise::activation),
+    ("Less", elementwise::binary),
+    ("LessOrEqual", elementwise::binary),
+    ("Log", elementwise::unary),
+    ("LogSoftmax", nn::softmax),
+    ("LRN", nn::lrn),
+    ("LSTM", nn::lstm),
+    ("MatMul", reduce::matmul),
+    ("Max", elementwise::variadic),
+    ("MaxPool", nn::pool),
+    ("Mean", elementwise::variadic),
+    ("Min", elementwise::variadic),
+    ("Mish", elementwise::activation),
+    ("Mod", elementwise::modulo),
+    ("Mul", elementwise::binary),
+    ("Neg", elementwise::unary),
+    ("Not", elementwise::unary),
+    ("OneHot", shape::one_hot),
+    ("Or", elementwise::binary),
+    ("Pad", shape::pad),
+    ("Pow", elementwise::binary),
+    ("PRelu", elementwise::prelu),
+    ("Range", shape::range),
+    ("Reciprocal", elementwise::unary),
+    ("ReduceL1", reduce::reduce),
+    ("ReduceL2", reduce::reduce),
+    ("ReduceLogSumExp", reduce::reduce),
+    ("ReduceMax", reduce::reduce),
+    ("ReduceMean", reduce::reduce),
+    ("ReduceMin", reduce::reduce),
+    ("ReduceProd", reduce::reduce),
+    ("ReduceSum", reduce::reduce),
+    ("ReduceSumSquare", reduce::reduce),
+    ("Relu", elementwise::unary),
+    ("Reshape", shape::reshape),
+    ("Resize", nn::resize),
+    ("Round", elementwise::unary),
+    ("ScatterElements", shape::scatter_elements),
+    ("ScatterND", shape::scatter_nd),
+    ("Selu", elementwise::activation),
+    ("Shape", shape::shape),
+    ("Sigmoid", elementwise::unary),
+    ("Sign", elementwise::unary),
+    ("Sin", elementwise::unary),
+    ("Sinh", elementwise::unary),
+    ("Size", shape::size),
+    ("Slice", shape::slice),
+    ("Softmax", nn::softmax),
+    ("Softplus", elementwise::activation),
+    ("Softsign", elementwise::activation),
+    ("SpaceToDepth", shape::space_to_depth),
+    ("Split", shape::split),
+    ("Sqrt", elementwise::unary),
+    ("Squeeze", shape::squeeze),
+    ("Sub", elementwise::binary),
+    ("Sum", elementwise::variadic),
+    ("Tan", elementwise::unary),
+    ("Tanh", elementwise::unary),
+    ("ThresholdedRelu", elementwise::activation),
+    ("Tile", shape::tile),
+    ("Transpose", shape::transpose),
+    ("Trilu", shape::trilu),
+    ("Unsqueeze", shape::unsqueeze),
+    ("Where", elementwise::where_),
+    ("Xor", elementwise::binary),
+];
+
+/// The handler for a default-domain op type.
+pub(crate) fn handler(op_type: &str) -> Option<Handler> {
+    TABLE.iter().find(|(n, _)| *n == op_type).map(|(_, h)| *h)
+}
+
+/// `kind(x)`.
+pub(crate) fn un(cx: &mut Ctx<'_>, kind: UnaryOp, x: &Val) -> Result<Val, String> {
+    cx.op(Op::Unary(kind), &[x])
+}
+
+/// `kind(a, b)` with broadcasting.
+pub(crate) fn bin(cx: &mut Ctx<'_>, kind: BinaryOp, a: &Val, b: &Val) -> Result<Val, String> {
+    cx.op(Op::Binary(kind), &[a, b])
+}
+
+/// A scalar constant with `like`'s dtype.
+pub(crate) fn scalar_like(cx: &mut Ctx<'_>, like: &Val, v: f64) -> Result<Val, String> {
+    cx.scalar(like.dtype(), v)
+}
+
+/// Reshape to `dims` (no-op when the type already has them).
+pub(crate) fn reshape(cx: &mut Ctx<'_>, x: &Val, dims: Vec<Dim>) -> Result<Val, String> {
+    if x.ty.shape.0 == dims {
+        return Ok(x.clone());
+    }
+    cx.op(Op::Reshape(Reshape { shape: Shape(dims) }), &[x])
+}
+
+/// Transpose by `perm` (no-op for the identity permutation).
+pub(crate) fn transpose(cx: &mut Ctx<'_>, x: &Val, perm: Vec<i64>) -> Result<Val, String> {
+    if perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
+        return Ok(x.clone());
+    }
+    cx.op(Op::Transpose(Transpose { perm }), &[x])
+}
+
+/// Normalizes an axis against `rank`, as a message-friendly error.
+pub(crate) fn axis(a: i64, rank: usize) -> Result<usize, String> {
+    kiln_ir::types::normalize_axis(a, rank)
+}
+
+/// The static extents of `x`, or an error naming what needs them.
+pub(crate) fn static_shape(x: &Val, what: &str) -> Result<Vec<usize>, String> {
+    x.static_shape().ok_or_else(|| format!("{what} needs a static input shape, got {}", x.ty.shape))
+}
+
+/// A known integer input (`what` names it in errors), or `None` when the optional input is absent.
+pub(crate) fn const_ints(n: &OnnxNode<'_>, i: usize, what: &str) -> Result<Option<Vec<i64>>, String> {
+    match n.opt_input(i) {
+        None => Ok(None),
+        Some(v) => v.ints().map(Some).ok_or_else(|| format!("input `{what}` must be known at import time (a constant or computed from constants)")),
+    }
+}
+
+/// Product of dims: static, or a single symbol times static 1s.
+pub(crate) fn dim_product(dims: &[Dim]) -> Option<Dim> {
+    let mut n = 1u64;
+    let mut sym = None;
+    for d in dims {
+        match d {
+            Dim::Static(k) => n *= k,
+            Dim::Sym(s) if sym.is_none() => sym = Some(s.clone()),
+            Dim::Sym(_) => return None,
+        }
+    }
+    match sym {
+        None => Some(Dim::Static(n)),
+        Some(s) if n == 1 => Some(Dim::Sym(s)),
+        Some(_) => None,
+    }
+}
+
+/// A rank-1 i64 constant.
+pub(crate) fn i64_tensor(v: Vec<i64>) -> Tensor {
+    let n = v.len();
+    Tensor::new(vec![n], Data::I64(v)).expect("length matches")
+}
+
+/// Extents (possibly symbolic) from a shape argument: `-1`/`0` are not allowed here.
+pub(crate) fn dims_from_args(args: &[DimArg], what: &str) -> Result<Vec<Dim>, String> {
+    args.iter()
+        .map(|a| match a {
+            DimArg::Int(n) if *n >= 0 => Ok(Dim::Static(*n as u64)),
+            DimArg::Int(n) => Err(format!("{what} has negative extent {n}")),
+            DimArg::Sym(s) => Ok(Dim::Sym(s.clone())),
+        })
+        .collect()
+}
+
+/// The dtype an ONNX `to` attribute names.
+pub(crate) fn onnx_dtype(code: i64) -> Result<DType, String> {
+    crate::tensor::dtype_from_onnx(code as i32)
+}

@@ -1,0 +1,442 @@
+//! Neural-network ONNX ops: convolutions, pooling, normalizations, softmax, resize, recurrent layers.
+
+use kiln_ir::op::{
+    BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, LayerNorm, Lstm, Gru, NearestMode, Pool, PoolKind,
+    Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, Softmax, UnaryOp as U,
+};
+use kiln_ir::{Dim, Op, Shape, Tensor};
+
+use super::{bin, const_ints, dim_product, reshape, scalar_like, static_shape, un};
+use crate::import::{Ctx, Val};
+use crate::node::OnnxNode;
+
+/// Explicit begin/end pads for `auto_pad`, given input extents, kernel, strides and dilations.
+fn auto_pads(n: &OnnxNode<'_>, input: &[usize], kernel: &[i64], strides: &[i64], dilations: &[i64]) -> Result<Vec<i64>, String> {
+    let k = input.len();
+    let explicit = n.ints("pads");
+    match n.string("auto_pad").as_deref().unwrap_or("NOTSET") {
+        "NOTSET" => {
+            let p = explicit.unwrap_or_else(|| vec![0; 2 * k]);
+            if p.len() != 2 * k {
+                return Err(format!("pads has {} entries for {k} spatial dims", p.len()));
+            }
+            Ok(p)
+        }
+        "VALID" => Ok(vec![0; 2 * k]),
+        mode @ ("SAME_UPPER" | "SAME_LOWER") => {
+            let mut p = vec![0; 2 * k];
+            for i in 0..k {
+                let out = (input[i] as i64 + strides[i] - 1) / strides[i];
+                let eff = (kernel[i] - 1) * dilations[i] + 1;
+                let total = ((out - 1) * strides[i] + eff - input[i] as i64).max(0);
+                let (small, big) = (total / 2, total - total / 2);
+                (p[i], p[i + k]) = if mode == "SAME_UPPER" { (small, big) } else { (big, small) };
+            }
+            Ok(p)
+        }
+        other => Err(format!("auto_pad `{other}` is not supported")),
+    }
+}
+
+fn spatial(x: &Val, what: &str) -> Result<Vec<usize>, String> {
+    let d = static_shape(x, what)?;
+    if d.len() < 3 {
+        return Err(format!("needs an input of rank ≥ 3, got {}", x.ty.shape));
+    }
+    Ok(d[2..].to_vec())
+}
+
+pub(crate) fn conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, w) = (n.input(0)?, n.input(1)?);
+    let sp = spatial(x, "Conv")?;
+    let wd = static_shape(w, "Conv weights")?;
+    let k = sp.len();
+    let kernel = n.ints("kernel_shape").unwrap_or_else(|| wd[2..].iter().map(|&d| d as i64).collect());
+    if kernel.len() != k || kernel.iter().zip(&wd[2..]).any(|(&a, &b)| a != b as i64) {
+        return Err(format!("kernel_shape {kernel:?} disagrees with the weights {:?}", wd));
+    }
+    let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
+    let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
+    let pads = auto_pads(n, &sp, &kernel, &strides, &dilations)?;
+    let attrs = Conv { strides, pads, dilations, groups: n.int("group", 1) };
+    let mut ins = vec![x, w];
+    ins.extend(n.opt_input(2));
+    Ok(vec![cx.op(Op::Conv(attrs), &ins)?])
+}
+
+pub(crate) fn conv_transpose(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, w) = (n.input(0)?, n.input(1)?);
+    let sp = spatial(x, "ConvTranspose")?;
+    let wd = static_shape(w, "ConvTranspose weights")?;
+    let k = sp.len();
+    let kernel: Vec<i64> = n.ints("kernel_shape").unwrap_or_else(|| wd[2..].iter().map(|&d| d as i64).collect());
+    let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
+    let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
+    let mut output_padding = n.ints("output_padding").unwrap_or_else(|| vec![0; k]);
+    let auto = n.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
+    let explicit = n.ints("pads");
+    let pads = if let Some(out_shape) = n.ints("output_shape") {
+        // Pads follow from the requested output size (ONNX: SAME_UPPER-style split unless SAME_LOWER).
+        let out_shape = if out_shape.len() == k + 2 { out_shape[2..].to_vec() } else { out_shape };
+        if out_shape.len() != k {
+            return Err(format!("output_shape {out_shape:?} does not have {k} spatial dims"));
+        }
+        let mut p = vec![0; 2 * k];
+        for i in 0..k {
+            let full = strides[i] * (sp[i] as i64 - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1;
+            let total = full - out_shape[i];
+            if total < 0 {
+                // A larger output than the full extent is reached with output padding.
+                output_padding[i] -= total;
+                continue;
+            }
+            let (small, big) = (total / 2, total - total / 2);
+            (p[i], p[i + k]) = if auto == "SAME_LOWER" { (big, small) } else { (small, big) };
+        }
+        p
+    } else {
+        match auto.as_str() {
+            "NOTSET" => explicit.unwrap_or_else(|| vec![0; 2 * k]),
+            "VALID" => vec![0; 2 * k],
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let mut p = vec![0; 2 * k];
+                for i in 0..k {
+                    let full = strides[i] * (sp[i] as i64 - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1;
+                    let total = (full - sp[i] as i64 * strides[i]).max(0);
+                    let (small, big) = (total / 2, total - total / 2);
+                    (p[i], p[i + k]) = if auto == "SAME_UPPER" { (small, big) } else { (big, small) };
+                }
+                p
+            }
+            other => return Err(format!("auto_pad `{other}` is not supported")),
+        }
+    };
+    let attrs = ConvTranspose { strides, pads, dilations, output_padding, groups: n.int("group", 1) };
+    let mut ins = vec![x, w];
+    ins.extend(n.opt_input(2));
+    Ok(vec![cx.op(Op::ConvTranspose(attrs), &ins)?])
+}
+
+pub(crate) fn pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let sp = spatial(x, &n.proto.op_type)?;
+    let k = sp.len();
+    let kind = if n.proto.op_type == "MaxPool" { PoolKind::Max } else { PoolKind::Avg };
+    let kernel = n.ints("kernel_shape").ok_or("`kernel_shape` is required")?;
+    if kernel.len() != k {
+        return Err(format!("kernel_shape {kernel:?} does not have {k} spatial dims"));
+    }
+    let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
+    let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
+    let pads = auto_pads(n, &sp, &kernel, &strides, &dilations)?;
+    if n.int("storage_order", 0) != 0 {
+        return Err("storage_order=1 is not supported".into());
+    }
+    if n.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
+        return Err("the Indices output is not supported".into());
+    }
+    let attrs = Pool {
+        kind,
+        kernel,
+        strides,
+        pads,
+        dilations,
+        ceil_mode: n.int("ceil_mode", 0) != 0,
+        count_include_pad: n.int("count_include_pad", 0) != 0,
+    };
+    Ok(vec![cx.op(Op::Pool(attrs), &[x])?])
+}
+
+pub(crate) fn global_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let kind = if n.proto.op_type == "GlobalMaxPool" { ReduceKind::Max } else { ReduceKind::Mean };
+    let axes: Vec<i64> = (2..x.rank() as i64).collect();
+    Ok(vec![cx.op(Op::Reduce(Reduce { kind, axes, keep_dims: true }), &[x])?])
+}
+
+pub(crate) fn batch_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    if n.int("training_mode", 0) != 0 || n.proto.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err("training mode (running statistics outputs) is not supported".into());
+    }
+    n.ignore(&["momentum", "spatial", "is_test", "consumed_inputs"]);
+    let ins = n.all_inputs()?;
+    if ins.len() != 5 {
+        return Err(format!("needs 5 inputs, got {}", ins.len()));
+    }
+    let eps = n.float("epsilon", 1e-5) as f64;
+    Ok(vec![cx.op(Op::BatchNorm(BatchNorm { epsilon: eps }), &ins)?])
+}
+
+/// `(x - mean) / sqrt(var + eps)` over `axes` (kept as size 1).
+fn normalize(cx: &mut Ctx<'_>, x: &Val, axes: Vec<i64>, eps: f64) -> Result<Val, String> {
+    let mean = cx.op(Op::Reduce(Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keep_dims: true }), &[x])?;
+    let c = bin(cx, B::Sub, x, &mean)?;
+    let sq = bin(cx, B::Mul, &c, &c)?;
+    let var = cx.op(Op::Reduce(Reduce { kind: ReduceKind::Mean, axes, keep_dims: true }), &[&sq])?;
+    let e = scalar_like(cx, x, eps)?;
+    let ve = bin(cx, B::Add, &var, &e)?;
+    let r = un(cx, U::Rsqrt, &ve)?;
+    bin(cx, B::Mul, &c, &r)
+}
+
+/// A per-channel vector `[C]` reshaped to `[C, 1, …]` for broadcasting against `[N, C, *]`.
+fn per_channel(cx: &mut Ctx<'_>, v: &Val, rank: usize) -> Result<Val, String> {
+    let mut dims = v.ty.shape.0.clone();
+    dims.extend(std::iter::repeat_n(Dim::Static(1), rank - 2));
+    reshape(cx, v, dims)
+}
+
+pub(crate) fn instance_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, scale, bias) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let rank = x.rank();
+    if rank < 3 {
+        return Err("needs an input of rank ≥ 3".into());
+    }
+    let y = normalize(cx, x, (2..rank as i64).collect(), n.float("epsilon", 1e-5) as f64)?;
+    let s = per_channel(cx, scale, rank)?;
+    let b = per_channel(cx, bias, rank)?;
+    let y = bin(cx, B::Mul, &y, &s)?;
+    Ok(vec![bin(cx, B::Add, &y, &b)?])
+}
+
+pub(crate) fn group_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, scale, bias) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let groups = n.opt_int("num_groups").ok_or("`num_groups` is required")?;
+    n.ignore(&["stash_type"]);
+    let d = static_shape(x, "GroupNormalization")?;
+    if d.len() < 3 || groups < 1 || d[1] as i64 % groups != 0 {
+        return Err(format!("channels of {:?} must divide into {groups} groups", d));
+    }
+    let (nb, c) = (d[0] as u64, d[1] as u64);
+    let g = groups as u64;
+    let rest: u64 = d[2..].iter().map(|&v| v as u64).product::<u64>() * (c / g);
+    let grouped = reshape(cx, x, vec![Dim::Static(nb), Dim::Static(g), Dim::Static(rest)])?;
+    let y = normalize(cx, &grouped, vec![2], n.float("epsilon", 1e-5) as f64)?;
+    let y = reshape(cx, &y, d.iter().map(|&v| Dim::Static(v as u64)).collect())?;
+    // Opset 18 scales per group, opset 21 per channel; the scale's length says which.
+    let expand = |cx: &mut Ctx<'_>, v: &Val| -> Result<Val, String> {
+        let len = v.static_shape().and_then(|s| s.first().copied()).ok_or("scale and bias must be rank-1")? as u64;
+        let v = if len == g && g != c {
+            let v = reshape(cx, v, vec![Dim::Static(g), Dim::Static(1)])?;
+            let v = cx.op(Op::Broadcast(kiln_ir::op::Broadcast { shape: Shape::of(&[g, c / g]) }), &[&v])?;
+            reshape(cx, &v, vec![Dim::Static(c)])?
+        } else if len == c {
+            v.clone()
+        } else {
+            return Err(format!("scale/bias of length {len} fit neither {g} groups nor {c} channels"));
+        };
+        per_channel(cx, &v, d.len())
+    };
+    let s = expand(cx, scale)?;
+    let b = expand(cx, bias)?;
+    let y = bin(cx, B::Mul, &y, &s)?;
+    Ok(vec![bin(cx, B::Add, &y, &b)?])
+}
+
+pub(crate) fn layer_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    if n.proto.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err("the Mean and InvStdDev outputs are not supported".into());
+    }
+    n.ignore(&["stash_type"]);
+    let attrs = LayerNorm { axis: n.int("axis", -1), epsilon: n.float("epsilon", 1e-5) as f64 };
+    let mut ins = vec![n.input(0)?, n.input(1)?];
+    ins.extend(n.opt_input(2));
+    Ok(vec![cx.op(Op::LayerNorm(attrs), &ins)?])
+}
+
+pub(crate) fn lrn(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let size = n.opt_int("size").ok_or("`size` is required")?;
+    let (alpha, beta, bias) = (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
+    let d = static_shape(x, "LRN")?;
+    if d.len() < 3 {
+        return Err("needs rank ≥ 3".into());
+    }
+    let (nb, c) = (d[0] as u64, d[1] as u64);
+    let rest: u64 = d[2..].iter().map(|&v| v as u64).product();
+    // Sum of squares over a channel window = average pool (pads counted) × size on [N, 1, C, rest].
+    let sq = bin(cx, B::Mul, x, x)?;
+    let sq = reshape(cx, &sq, vec![Dim::Static(nb), Dim::Static(1), Dim::Static(c), Dim::Static(rest)])?;
+    let (lo, hi) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
+    let pool = Pool {
+        kind: PoolKind::Avg,
+        kernel: vec![size, 1],
+        strides: vec![1, 1],
+        pads: vec![lo, 0, hi, 0],
+        dilations: vec![1, 1],
+        ceil_mode: false,
+        count_include_pad: true,
+    };
+    let avg = cx.op(Op::Pool(pool), &[&sq])?;
+    let avg = reshape(cx, &avg, x.ty.shape.0.clone())?;
+    let k = scalar_like(cx, x, alpha)?;
+    let b = scalar_like(cx, x, bias)?;
+    let p = scalar_like(cx, x, beta)?;
+    // alpha/size * sum = alpha * avg
+    let t = bin(cx, B::Mul, &avg, &k)?;
+    let t = bin(cx, B::Add, &t, &b)?;
+    let t = bin(cx, B::Pow, &t, &p)?;
+    Ok(vec![bin(cx, B::Div, x, &t)?])
+}
+
+pub(crate) fn softmax(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let log = n.proto.op_type == "LogSoftmax";
+    let rank = x.rank();
+    let make = |axis: i64| if log { Op::LogSoftmax(Softmax { axis }) } else { Op::Softmax(Softmax { axis }) };
+    if n.opset >= 13 {
+        return Ok(vec![cx.op(make(n.int("axis", -1)), &[x])?]);
+    }
+    // Before opset 13: coerce to 2-d at `axis` (default 1), normalize rows, restore the shape.
+    let a = super::axis(n.int("axis", 1), rank.max(1))?;
+    if a == rank.saturating_sub(1) {
+        return Ok(vec![cx.op(make(-1), &[x])?]);
+    }
+    let (head, tail) = x.ty.shape.0.split_at(a);
+    let both = dim_product(head).zip(dim_product(tail)).ok_or("needs static dims")?;
+    let flat = reshape(cx, x, vec![both.0, both.1])?;
+    let y = cx.op(make(1), &[&flat])?;
+    Ok(vec![reshape(cx, &y, x.ty.shape.0.clone())?])
+}
+
+pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let d = static_shape(x, "Resize")?;
+    let rank = d.len();
+    let mode = match n.string("mode").as_deref().unwrap_or("nearest") {
+        "nearest" => ResizeMode::Nearest,
+        "linear" | "bilinear" | "trilinear" => ResizeMode::Linear,
+        other => return Err(format!("mode `{other}` is not supported")),
+    };
+    let coord = match n.string("coordinate_transformation_mode").as_deref().unwrap_or(if n.opset < 11 { "asymmetric" } else { "half_pixel" }) {
+        "half_pixel" => CoordMode::HalfPixel,
+        "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
+        "align_corners" => CoordMode::AlignCorners,
+        "asymmetric" => CoordMode::Asymmetric,
+        other => return Err(format!("coordinate_transformation_mode `{other}` is not supported")),
+    };
+    let nearest = match n.string("nearest_mode").as_deref().unwrap_or("round_prefer_floor") {
+        "round_prefer_floor" => NearestMode::RoundPreferFloor,
+        "round_prefer_ceil" => NearestMode::RoundPreferCeil,
+        "floor" => NearestMode::Floor,
+        "ceil" => NearestMode::Ceil,
+        other => return Err(format!("nearest_mode `{other}` is not supported")),
+    };
+    if n.int("antialias", 0) != 0 {
+        return Err("antialias=1 is not supported".into());
+    }
+    if n.int("exclude_outside", 0) != 0 {
+        return Err("exclude_outside=1 is not supported".into());
+    }
+    if n.string("keep_aspect_ratio_policy").is_some_and(|p| p != "stretch") {
+        return Err("keep_aspect_ratio_policy other than stretch is not supported".into());
+    }
+    n.ignore(&["cubic_coeff_a", "extrapolation_value"]);
+    let axes: Vec<usize> = match n.ints("axes") {
+        Some(a) => a.iter().map(|&a| super::axis(a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    let (scales_in, sizes_in) = if n.opset < 11 {
+        (n.input(1)?.floats(), None)
+    } else {
+        let scales = match n.opt_input(2) {
+            Some(s) if s.ty.shape.num_elements() != Some(0) => Some(s.floats().ok_or("scales must be known at import time")?),
+            _ => None,
+        };
+        (scales, const_ints(n, 3, "sizes")?)
+    };
+    let mut scales = vec![1.0f64; rank];
+    let mut out: Vec<u64> = d.iter().map(|&v| v as u64).collect();
+    match (scales_in, sizes_in) {
+        (Some(s), None) if s.len() == axes.len() => {
+            for (i, &a) in axes.iter().enumerate() {
+                scales[a] = s[i];
+                out[a] = (d[a] as f64 * s[i]).floor() as u64;
+            }
+        }
+        (None, Some(z)) if z.len() == axes.len() => {
+            for (i, &a) in axes.iter().enumerate() {
+                out[a] = z[i].max(0) as u64;
+                scales[a] = out[a] as f64 / d[a] as f64;
+            }
+        }
+        _ => return Err("exactly one of scales and sizes must be given, one value per resized axis".into()),
+    }
+    let attrs = Resize { mode, coord, nearest, shape: Shape::of(&out), scales };
+    Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
+}
+
+/// Recurrent-layer operands in the IR's fixed order, with zeros for omitted optional inputs.
+fn rnn_operands(cx: &mut Ctx<'_>, n: &OnnxNode<'_>, gates: u64, has_cell: bool) -> Result<(Vec<Val>, i64, RnnDirection, f64), String> {
+    let x = n.input(0)?;
+    let hidden = n.opt_int("hidden_size").ok_or("`hidden_size` is required")?;
+    let direction = match n.string("direction").as_deref().unwrap_or("forward") {
+        "forward" => RnnDirection::Forward,
+        "reverse" => RnnDirection::Reverse,
+        "bidirectional" => RnnDirection::Bidirectional,
+        other => return Err(format!("direction `{other}` is not supported")),
+    };
+    if n.int("layout", 0) != 0 {
+        return Err("layout=1 is not supported".into());
+    }
+    if let Some(acts) = n.strings("activations") {
+        let default: &[&str] = if has_cell { &["Sigmoid", "Tanh", "Tanh"] } else { &["Sigmoid", "Tanh"] };
+        let ok = acts.chunks(default.len()).all(|c| c.iter().map(String::as_str).eq(default.iter().copied()));
+        if !ok {
+            return Err(format!("activations {acts:?} are not supported (only the defaults)"));
+        }
+    }
+    n.ignore(&["activation_alpha", "activation_beta"]);
+    let clip = n.proto.attribute.iter().find(|a| a.name == "clip").map_or(f64::INFINITY, |a| a.f as f64);
+    n.ignore(&["clip"]);
+    let dirs = if direction == RnnDirection::Bidirectional { 2 } else { 1 };
+    let xs = static_shape(x, "recurrent layers")?;
+    let (seq, batch) = (xs[0] as i64, xs[1] as u64);
+    if let Some(lens) = n.opt_input(4) {
+        let known = lens.ints().ok_or("sequence_lens must be known at import time")?;
+        if known.iter().any(|&l| l != seq) {
+            return Err("sequence_lens shorter than the sequence is not supported".into());
+        }
+    }
+    let h = hidden as u64;
+    let zeros = |cx: &mut Ctx<'_>, dims: &[u64]| -> Result<Val, String> {
+        let t = Tensor::zeros(x.dtype(), dims.iter().map(|&d| d as usize).collect());
+        cx.constant(t)
+    };
+    let b = match n.opt_input(3) {
+        Some(b) => b.clone(),
+        None => zeros(cx, &[dirs, 2 * gates * h])?,
+    };
+    let h0 = match n.opt_input(5) {
+        Some(v) => v.clone(),
+        None => zeros(cx, &[dirs, batch, h])?,
+    };
+    let mut ops = vec![x.clone(), n.input(1)?.clone(), n.input(2)?.clone(), b, h0];
+    if has_cell {
+        let c0 = match n.opt_input(6) {
+            Some(v) => v.clone(),
+            None => zeros(cx, &[dirs, batch, h])?,
+        };
+        ops.push(c0);
+        if let Some(p) = n.opt_input(7)
+            && p.floats().is_none_or(|v| v.iter().any(|&f| f != 0.0))
+        {
+            return Err("peephole weights are not supported".into());
+        }
+    }
+    Ok((ops, hidden, direction, clip))
+}
+
+pub(crate) fn lstm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (ops, hidden_size, direction, clip) = rnn_operands(cx, n, 4, true)?;
+    let attrs = Lstm { hidden_size, direction, clip, input_forget: n.int("input_forget", 0) != 0 };
+    let refs: Vec<&Val> = ops.iter().collect();
+    cx.op_multi(Op::Lstm(attrs), &refs)
+}
+
+pub(crate) fn gru(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (ops, hidden_size, direction, clip) = rnn_operands(cx, n, 3, false)?;
+    let attrs = Gru { hidden_size, direction, clip, linear_before_reset: n.int("linear_before_reset", 0) != 0 };
+    let refs: Vec<&Val> = ops.iter().collect();
+    cx.op_multi(Op::Gru(attrs), &refs)
+}

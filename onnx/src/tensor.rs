@@ -1,0 +1,198 @@
+//! ONNX `TensorProto` → [`Tensor`]: typed data fields, `raw_data`, and external data files.
+//!
+//! External data paths are resolved against the model's folder and must stay inside it: a `location` that escapes
+//! it (`../x`, an absolute path, a symlink out) is refused. Every size is checked against the declared shape
+//! before any allocation that depends on it, so a lying header cannot exhaust memory.
+
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use kiln_ir::{DType, Data, Tensor};
+use onnx_protobuf::TensorProto;
+
+/// ONNX `TensorProto.DataType` codes → kiln dtypes; `Err` names the ONNX type kiln lacks.
+pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
+    Ok(match code {
+        1 => DType::F32,
+        2 => DType::U8,
+        3 => DType::I8,
+        6 => DType::I32,
+        7 => DType::I64,
+        9 => DType::Bool,
+        10 => DType::F16,
+        11 => DType::F64,
+        16 => DType::BF16,
+        other => return Err(format!("dtype {} is not supported", onnx_type_name(other))),
+    })
+}
+
+/// The ONNX name of a `DataType` code, for messages.
+pub fn onnx_type_name(code: i32) -> String {
+    let names = [
+        "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
+        "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn", "float8e4m3fnuz",
+        "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1",
+    ];
+    usize::try_from(code).ok().and_then(|i| names.get(i)).map_or_else(|| format!("#{code}"), |n| n.to_string())
+}
+
+/// Decodes a tensor; `base_dir` is the model's folder, for external data (`None`: external data is refused).
+pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor, String> {
+    let dtype = dtype_from_onnx(t.data_type)?;
+    let mut shape = Vec::with_capacity(t.dims.len());
+    let mut count: usize = 1;
+    for &d in &t.dims {
+        let d = usize::try_from(d).map_err(|_| format!("negative dimension {d}"))?;
+        count = count.checked_mul(d).ok_or("element count overflows")?;
+        shape.push(d);
+    }
+    let bytes_needed = count.checked_mul(dtype.size_bytes()).ok_or("byte size overflows")?;
+    let external = t.data_location.value() == 1 || !t.external_data.is_empty();
+    let data = if external {
+        let bytes = read_external(t, base_dir, bytes_needed)?;
+        Data::from_le_bytes(dtype, &bytes).ok_or("external data has a ragged byte length")?
+    } else if !t.raw_data.is_empty() || count == 0 && typed_len(t, dtype) == 0 {
+        if t.raw_data.len() != bytes_needed {
+            return Err(format!(
+                "raw data holds {} bytes, but {} of {} need {bytes_needed}",
+                t.raw_data.len(),
+                fmt_shape(&shape),
+                dtype
+            ));
+        }
+        Data::from_le_bytes(dtype, &t.raw_data).ok_or("raw data has a ragged byte length")?
+    } else {
+        let n = typed_len(t, dtype);
+        if n != count {
+            return Err(format!("holds {n} elements, but shape {} needs {count}", fmt_shape(&shape)));
+        }
+        typed_data(t, dtype)
+    };
+    Tensor::new(shape, data).map_err(|e| e.to_string())
+}
+
+fn fmt_shape(s: &[usize]) -> String {
+    format!("[{}]", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// Elements stored in the typed field that `dtype` uses.
+fn typed_len(t: &TensorProto, dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => t.float_data.len(),
+        DType::F64 => t.double_data.len(),
+        DType::I64 => t.int64_data.len(),
+        // int32_data carries every narrower type, f16/bf16 as their bit patterns.
+        _ => t.int32_data.len(),
+    }
+}
+
+fn typed_data(t: &TensorProto, dtype: DType) -> Data {
+    match dtype {
+        DType::F32 => Data::F32(t.float_data.clone()),
+        DType::F64 => Data::F64(t.double_data.clone()),
+        DType::I64 => Data::I64(t.int64_data.clone()),
+        DType::I32 => Data::I32(t.int32_data.clone()),
+        DType::I8 => Data::I8(t.int32_data.iter().map(|&v| v as i8).collect()),
+        DType::U8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
+        DType::Bool => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+        DType::F16 => Data::F16(t.int32_data.iter().map(|&v| f16::from_bits(v as u16)).collect()),
+        DType::BF16 => Data::BF16(t.int32_data.iter().map(|&v| bf16::from_bits(v as u16)).collect()),
+    }
+}
+
+fn read_external(t: &TensorProto, base_dir: Option<&Path>, bytes_needed: usize) -> Result<Vec<u8>, String> {
+    let base = base_dir.ok_or("external data needs the model's folder (load the model from a file)")?;
+    let mut location = None;
+    let mut offset = 0u64;
+    let mut length = None;
+    for kv in &t.external_data {
+        match kv.key.as_str() {
+            "location" => location = Some(kv.value.clone()),
+            "offset" => offset = kv.value.parse().map_err(|_| format!("bad external data offset `{}`", kv.value))?,
+            "length" => length = Some(kv.value.parse::<u64>().map_err(|_| format!("bad external data length `{}`", kv.value))?),
+            "checksum" => {}
+            other => return Err(format!("unknown external data key `{other}`")),
+        }
+    }
+    let location = location.ok_or("external data without a location")?;
+    let path = contained_path(base, &location)?;
+    if let Some(len) = length
+        && len != bytes_needed as u64
+    {
+        return Err(format!("external data length {len} disagrees with the {bytes_needed} bytes the shape needs"));
+    }
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(&path).map_err(|e| format!("external data {}: {e}", path.display()))?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    if offset.checked_add(bytes_needed as u64).is_none_or(|end| end > size) {
+        return Err(format!("external data {} is {size} bytes; offset {offset} + {bytes_needed} runs past its end", path.display()));
+    }
+    f.seek(SeekFrom::Start(offset)).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; bytes_needed];
+    f.read_exact(&mut buf).map_err(|e| format!("external data {}: {e}", path.display()))?;
+    Ok(buf)
+}
+
+/// `base/location`, refusing anything that resolves outside `base`.
+pub fn contained_path(base: &Path, location: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(location);
+    let escapes = rel.is_absolute()
+        || rel.components().any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::Prefix(_)));
+    let refuse = || format!("external data location `{location}` is outside the model's folder; refused");
+    if escapes {
+        return Err(refuse());
+    }
+    let joined = base.join(rel);
+    let (Ok(base_c), Ok(joined_c)) = (base.canonicalize(), joined.canonicalize()) else {
+        return Err(format!("external data file `{location}` does not exist beside the model"));
+    };
+    if !joined_c.starts_with(&base_c) {
+        return Err(refuse());
+    }
+    Ok(joined_c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proto(dtype: i32, dims: &[i64]) -> TensorProto {
+        let mut t = TensorProto::new();
+        t.data_type = dtype;
+        t.dims = dims.to_vec();
+        t
+    }
+
+    #[test]
+    fn raw_and_typed_data_decode() {
+        let mut t = proto(1, &[2]);
+        t.raw_data = [1.5f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat();
+        assert_eq!(tensor_from_proto(&t, None).unwrap().as_slice::<f32>().unwrap(), &[1.5, -2.0]);
+        let mut t = proto(7, &[3]);
+        t.int64_data = vec![1, -2, 3];
+        assert_eq!(tensor_from_proto(&t, None).unwrap().to_i64_vec(), vec![1, -2, 3]);
+        let mut t = proto(10, &[1]);
+        t.int32_data = vec![f16::from_f32(0.5).to_bits() as i32];
+        assert_eq!(tensor_from_proto(&t, None).unwrap().to_f64_vec(), vec![0.5]);
+    }
+
+    #[test]
+    fn size_disagreements_are_errors() {
+        let mut t = proto(1, &[4]);
+        t.raw_data = vec![0; 12];
+        assert!(tensor_from_proto(&t, None).unwrap_err().contains("need 16"));
+        let mut t = proto(7, &[2, 2]);
+        t.int64_data = vec![1];
+        assert!(tensor_from_proto(&t, None).is_err());
+        assert!(tensor_from_proto(&proto(1, &[-1]), None).is_err());
+        assert!(tensor_from_proto(&proto(1, &[i64::MAX, i64::MAX]), None).is_err());
+        assert!(tensor_from_proto(&proto(8, &[1]), None).unwrap_err().contains("string"));
+    }
+
+    #[test]
+    fn escaping_locations_are_refused() {
+        let dir = std::env::temp_dir();
+        assert!(contained_path(&dir, "../etc/passwd").unwrap_err().contains("outside"));
+        assert!(contained_path(&dir, "/etc/passwd").unwrap_err().contains("outside"));
+    }
+}
