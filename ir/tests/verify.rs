@@ -400,6 +400,60 @@ fn unbound_parameters() {
 }
 
 #[test]
+fn extreme_attributes_are_type_errors_not_panics() {
+    use kiln_ir::op::{Concat, Conv, ConvTranspose, Lstm, Pad, PadMode, Pool, PoolKind, RnnDirection, Slice, Split};
+    let mut g = Graph::new("extreme");
+    let x = input(&mut g, "x", f32t(&[2, 3, 4, 5]));
+    let big = input(&mut g, "big", TensorType::of(DType::F32, &[u64::MAX, 2]));
+    let w = input(&mut g, "w", f32t(&[1, 3, 1, 1]));
+    let wt = input(&mut g, "wt", f32t(&[3, 1, 3, 1]));
+    let s = input(&mut g, "s", f32t(&[1, 1, 1]));
+    let max = i64::MAX;
+    let ops: Vec<(Op, Vec<Value>)> = vec![
+        (Op::Slice(Slice { starts: vec![0], ends: vec![max], axes: vec![0], steps: vec![max] }), vec![x]),
+        (Op::Slice(Slice { starts: vec![max], ends: vec![i64::MIN], axes: vec![0], steps: vec![i64::MIN] }), vec![x]),
+        (Op::Split(Split { axis: 0, sizes: vec![max, max] }), vec![x]),
+        (Op::Pad(Pad { mode: PadMode::Constant, pads: vec![max, 0, 0, 0, max, 0, 0, 0], value: 0.0 }), vec![x]),
+        (Op::Concat(Concat { axis: 0 }), vec![big, big]),
+        (
+            Op::Conv(Conv { strides: vec![1, 1], pads: vec![max, 0, max, 0], dilations: vec![1, 1], groups: 1 }),
+            vec![x, w],
+        ),
+        (
+            Op::ConvTranspose(ConvTranspose {
+                strides: vec![max, 1],
+                pads: vec![0; 4],
+                dilations: vec![1, 1],
+                output_padding: vec![0, 0],
+                groups: 1,
+            }),
+            vec![x, wt],
+        ),
+        (
+            Op::Pool(Pool {
+                kind: PoolKind::Max,
+                kernel: vec![max, 1],
+                strides: vec![1, 1],
+                pads: vec![0; 4],
+                dilations: vec![2, 1],
+                ceil_mode: false,
+                count_include_pad: false,
+            }),
+            vec![x],
+        ),
+        (
+            Op::Lstm(Lstm { hidden_size: max, direction: RnnDirection::Forward, clip: 0.0, input_forget: false }),
+            vec![s; 6],
+        ),
+    ];
+    for (op, inputs) in ops {
+        let v = g.add_node(node(op, &inputs, &[f32t(&[1])]));
+        g.add_output(format!("o{}", v.0), Value::new(v, 0));
+    }
+    check("extreme_attributes_are_type_errors_not_panics", &g);
+}
+
+#[test]
 fn deep_chain_does_not_overflow() {
     let mut b = Builder::new("deep");
     let mut v = b.input("x", DType::F32, Shape::of(&[1])).unwrap();
