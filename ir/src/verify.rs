@@ -11,7 +11,7 @@
 //! A `param` without weight data is valid here (weights may be bound later); executors call
 //! [`verify_weights_bound`] to require data for every parameter.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use crate::graph::{Graph, NodeId, Value};
@@ -303,6 +303,7 @@ impl<'g> Verifier<'g> {
 
     /// `input`, `param` and `constant` nodes: names, the input list, weights, declared types.
     fn check_sources(&mut self) {
+        let listed: BTreeSet<NodeId> = self.g.inputs().iter().copied().collect();
         let mut input_names: BTreeMap<&str, NodeId> = BTreeMap::new();
         let mut param_names: BTreeMap<&str, NodeId> = BTreeMap::new();
         for i in 0..self.ids.len() {
@@ -329,7 +330,7 @@ impl<'g> Verifier<'g> {
             } else {
                 seen.insert(name, id);
             }
-            if what == "input" && !self.g.inputs().contains(&id) {
+            if what == "input" && !listed.contains(&id) {
                 let msg = format!("input `{name}` is not in the graph's input list");
                 self.report(i, VerifyErrorKind::UnlistedInput, msg);
             }
@@ -371,16 +372,14 @@ impl<'g> Verifier<'g> {
                 continue;
             }
             let first = *scc.iter().min().expect("components are non-empty");
-            let path = shortest_cycle(&succ, scc, first);
-            let mut msg = format!(
-                "is on a cycle: {}",
-                path.iter().map(|&j| self.g.describe(self.ids[j])).collect::<Vec<_>>().join(" -> ")
-            );
-            let mut others: Vec<usize> = scc.iter().copied().filter(|j| !path.contains(j)).collect();
+            let members: BTreeSet<usize> = scc.iter().copied().collect();
+            let path = shortest_cycle(&succ, &members, first);
+            let describe = |js: &[usize]| js.iter().map(|&j| self.g.describe(self.ids[j])).collect::<Vec<_>>();
+            let mut msg = format!("is on a cycle: {}", elide(describe(&path), " -> "));
+            let on_path: BTreeSet<usize> = path.iter().copied().collect();
+            let others: Vec<usize> = members.difference(&on_path).copied().collect();
             if !others.is_empty() {
-                others.sort_unstable();
-                let names: Vec<String> = others.iter().map(|&j| self.g.describe(self.ids[j])).collect();
-                msg.push_str(&format!("; also on cycles with it: {}", names.join(", ")));
+                msg.push_str(&format!("; also on cycles with it: {}", elide(describe(&others), ", ")));
             }
             self.report(first, VerifyErrorKind::Cycle, msg);
             for &j in scc {
@@ -441,19 +440,17 @@ impl<'g> Verifier<'g> {
     }
 
     fn check_input_list(&mut self) {
-        let mut seen: Vec<NodeId> = Vec::new();
+        let mut seen: BTreeSet<NodeId> = BTreeSet::new();
         for (pos, &id) in self.g.inputs().iter().enumerate() {
+            let repeated = !seen.insert(id);
             let problem = match self.g.get(id) {
                 None => Some(format!("input list entry {pos} refers to {id}, which is not in the graph")),
                 Some(n) if !matches!(n.op, Op::Input(_)) => {
                     Some(format!("input list entry {pos} is {}, which is not an input node", self.g.describe(id)))
                 }
-                Some(_) if seen.contains(&id) => {
-                    Some(format!("input list entry {pos} repeats {}", self.g.describe(id)))
-                }
+                Some(_) if repeated => Some(format!("input list entry {pos} repeats {}", self.g.describe(id))),
                 Some(_) => None,
             };
-            seen.push(id);
             if let Some(msg) = problem {
                 self.report_graph(VerifyErrorKind::BadInputList, msg);
             }
@@ -464,23 +461,32 @@ impl<'g> Verifier<'g> {
         if self.g.outputs().is_empty() {
             self.report_graph(VerifyErrorKind::NoOutputs, "has no outputs".into());
         }
-        let mut seen: Vec<&str> = Vec::new();
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
         for (pos, (name, v)) in self.g.outputs().iter().enumerate() {
             if name.is_empty() {
                 self.report_graph(VerifyErrorKind::EmptyOutputName, format!("output {pos} has an empty name"));
-            } else if seen.contains(&name.as_str()) {
+            } else if !seen.insert(name) {
                 self.report_graph(
                     VerifyErrorKind::DuplicateOutputName,
                     format!("output name `{name}` is used more than once (again at output {pos})"),
                 );
-            } else {
-                seen.push(name);
             }
             if let Some((_, msg)) = self.value_problem(*v) {
                 self.report_graph(VerifyErrorKind::DanglingOutput, format!("output `{name}` {msg}"));
             }
         }
     }
+}
+
+/// Joins `names` with `sep`, keeping the first and last few of a long list: a cycle through thousands of nodes
+/// should still read as one line.
+fn elide(names: Vec<String>, sep: &str) -> String {
+    const KEEP: usize = 5;
+    if names.len() <= 2 * KEEP + 1 {
+        return names.join(sep);
+    }
+    let skipped = names.len() - 2 * KEEP;
+    format!("{}{sep}({skipped} more){sep}{}", names[..KEEP].join(sep), names[names.len() - KEEP..].join(sep))
 }
 
 /// `[f32[2], i64[]]`: a type list for messages.
@@ -547,7 +553,7 @@ fn tarjan_scc(succ: &[Vec<usize>]) -> Vec<Vec<usize>> {
 }
 
 /// The shortest cycle through `start` inside `scc`, as a path that begins and ends with `start`.
-fn shortest_cycle(succ: &[Vec<usize>], scc: &[usize], start: usize) -> Vec<usize> {
+fn shortest_cycle(succ: &[Vec<usize>], scc: &BTreeSet<usize>, start: usize) -> Vec<usize> {
     let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
     let mut queue = VecDeque::from([start]);
     while let Some(v) = queue.pop_front() {

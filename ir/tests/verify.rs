@@ -461,5 +461,13 @@ fn deep_chain_does_not_overflow() {
         v = b.relu(v).unwrap();
     }
     b.output("y", v);
-    assert!(verify(&b.finish()).is_ok());
+    let mut g = b.finish();
+    assert!(verify(&g).is_ok());
+    // Close the chain into one long cycle: one error, its path elided to one readable line.
+    g.set_input(NodeId(1), 0, v);
+    let errors = verify(&g).unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].kind, VerifyErrorKind::Cycle);
+    assert!(errors[0].message.contains(" -> (49991 more) -> "), "{}", errors[0].message);
+    assert!(errors[0].message.len() < 200, "{}", errors[0].message);
 }
