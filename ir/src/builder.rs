@@ -14,6 +14,7 @@
 //!
 //! Every op goes through [`infer`](crate::infer::infer); a type error names the op and the node.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::Error;
@@ -30,17 +31,26 @@ pub const INLINE_CONSTANT_LIMIT: usize = 64;
 pub struct Builder {
     graph: Graph,
     next_const: usize,
+    /// Names of the graph's `param` nodes, kept so each declaration checks uniqueness without a scan.
+    param_names: BTreeSet<String>,
 }
 
 impl Builder {
     /// A builder for a graph called `name`.
     pub fn new(name: impl Into<String>) -> Builder {
-        Builder { graph: Graph::new(name), next_const: 0 }
+        Builder::from_graph(Graph::new(name))
     }
 
     /// Continues building on an existing graph.
     pub fn from_graph(graph: Graph) -> Builder {
-        Builder { graph, next_const: 0 }
+        let param_names = graph
+            .params()
+            .filter_map(|id| match &graph.node(id).op {
+                Op::Parameter(p) => Some(p.name.clone()),
+                _ => None,
+            })
+            .collect();
+        Builder { graph, next_const: 0, param_names }
     }
 
     /// The graph so far.
@@ -76,11 +86,14 @@ impl Builder {
 
     /// Declares a named weight without data (bind it later through `graph.weights`).
     pub fn param(&mut self, name: &str, dtype: DType, shape: Shape) -> Result<Value, Error> {
+        self.claim_param_name(name)?;
         Ok(self.source(Op::Parameter(Parameter { name: name.into() }), TensorType::new(dtype, shape)))
     }
 
     /// Declares a named weight and stores its data.
     pub fn weight(&mut self, name: &str, value: impl Into<Arc<Tensor>>) -> Result<Value, Error> {
+        // Checked before storing: the data would otherwise replace the existing parameter's.
+        self.claim_param_name(name)?;
         let value = value.into();
         let ty = value.tensor_type();
         self.graph.weights.insert(name, value);
@@ -96,11 +109,24 @@ impl Builder {
         let name = loop {
             let n = format!("const.{}", self.next_const);
             self.next_const += 1;
-            if self.graph.weights.get(&n).is_none() {
+            if self.graph.weights.get(&n).is_none() && !self.param_names.contains(&n) {
                 break n;
             }
         };
         self.weight(&name, value)
+    }
+
+    /// Records a new parameter name; names are unique (the verifier requires it), so a repeat is an error.
+    fn claim_param_name(&mut self, name: &str) -> Result<(), Error> {
+        if self.param_names.contains(name) {
+            return Err(Error::Build {
+                op: "param".into(),
+                node: Some(name.into()),
+                message: "a parameter with this name already exists".into(),
+            });
+        }
+        self.param_names.insert(name.into());
+        Ok(())
     }
 
     /// A scalar constant of `dtype` holding `v` (converted as `cast` does).

@@ -280,10 +280,31 @@ impl Graph {
         out
     }
 
-    /// Removes a node (and its edges). Users keep dangling operands, which the verifier reports.
+    /// Removes a node (and its edges). Users keep dangling operands, which the verifier reports. The id may be
+    /// reused by a later [`Graph::add_node`] (petgraph's free list); stale operands naming it then have no edge,
+    /// which the verifier also reports.
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
         self.inputs.retain(|&i| i != id);
         self.g.remove_node(id.index())
+    }
+
+    /// Operand slots of `id` that name a live node but have no edge mirroring them (the producer was added
+    /// after the operand named its id, or took over a removed node's id). Empty for a well-formed graph.
+    pub fn unmirrored_operands(&self, id: NodeId) -> Vec<usize> {
+        let Some(node) = self.get(id) else { return Vec::new() };
+        node.inputs
+            .iter()
+            .enumerate()
+            .filter(|&(slot, v)| {
+                self.contains(v.node)
+                    && !self.g.edges_directed(id.index(), Direction::Incoming).any(|e| {
+                        e.weight().slot as usize == slot
+                            && e.weight().result == v.index
+                            && NodeId::from(e.source()) == v.node
+                    })
+            })
+            .map(|(slot, _)| slot)
+            .collect()
     }
 
     /// Nodes in a topological order: operands before users, ties broken by node id so the order is stable.
@@ -307,8 +328,21 @@ impl Graph {
             }
         }
         if order.len() != indegree.len() {
-            let stuck = indegree.iter().find(|&(_, &d)| d > 0).map(|(&id, _)| id).expect("some node is stuck");
-            return Err(Cycle(stuck));
+            // A stuck node may merely be downstream of a cycle. Every stuck node has a stuck producer, so walking
+            // producers from one must revisit a node, and the first node revisited is on a cycle.
+            let stuck = |id: &NodeId| indegree.get(id).is_some_and(|&d| d > 0);
+            let mut cur = indegree.keys().copied().find(|id| stuck(id)).expect("some node is stuck");
+            let mut visited = std::collections::BTreeSet::new();
+            while visited.insert(cur) {
+                cur = self
+                    .g
+                    .neighbors_directed(cur.index(), Direction::Incoming)
+                    .map(NodeId::from)
+                    .filter(|p| stuck(p))
+                    .min()
+                    .expect("a stuck node has a stuck producer");
+            }
+            return Err(Cycle(cur));
         }
         Ok(order)
     }
@@ -326,8 +360,8 @@ impl Graph {
 
     /// Total parameter elements and bytes of the declared `param` types (static shapes only).
     pub fn parameter_footprint(&self) -> (u64, u64) {
-        self.params().fold((0, 0), |(n, b), id| {
-            let t = &self.node(id).outputs[0];
+        // `first()`: a malformed param without a result type (reported by the verifier) counts as nothing.
+        self.params().filter_map(|id| self.node(id).outputs.first()).fold((0, 0), |(n, b), t| {
             let e = t.shape.num_elements().unwrap_or(0);
             (n + e, b + e * t.dtype.size_bytes() as u64)
         })

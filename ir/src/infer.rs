@@ -127,7 +127,9 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                     }
                 }
                 match &t.shape.0[axis] {
-                    Dim::Static(n) => total += n,
+                    Dim::Static(n) => {
+                        total = total.checked_add(*n).ok_or("the concatenated extent overflows")?;
+                    }
                     Dim::Sym(s) => sym = Some(s.clone()),
                 }
             }
@@ -145,7 +147,8 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             let t = &ins[0];
             let axis = normalize_axis(s.axis, t.shape.rank())?;
             let extent = static_dim(&t.shape, axis, "split")?;
-            if s.sizes.iter().any(|&n| n < 0) || s.sizes.iter().sum::<i64>() as u64 != extent {
+            let total = s.sizes.iter().try_fold(0i64, |acc, &n| if n < 0 { None } else { acc.checked_add(n) });
+            if total.map(|t| t as u64) != Some(extent) {
                 return Err(format!("sizes {:?} do not add up to the axis extent {extent}", s.sizes));
             }
             Ok(s.sizes
@@ -169,7 +172,10 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 if b == 0 && e == 0 {
                     continue;
                 }
-                let n = static_dim(&t.shape, d, "pad")? as i64 + b + e;
+                let n = (static_dim(&t.shape, d, "pad")? as i128) + b as i128 + e as i128;
+                if n > i64::MAX as i128 {
+                    return Err(format!("padding dim {d} by ({b}, {e}) overflows"));
+                }
                 if n < 0 {
                     return Err(format!("padding dim {d} by ({b}, {e}) leaves a negative extent"));
                 }
@@ -422,7 +428,7 @@ fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
     if c.groups < 1
         || !ch.is_multiple_of(c.groups as usize)
         || wd[0] % c.groups as usize != 0
-        || wd[1] * c.groups as usize != ch
+        || wd[1].checked_mul(c.groups as usize) != Some(ch)
     {
         return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
     }
@@ -430,17 +436,21 @@ fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
     let sp = spatial_static(x, "conv")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(wd[0] as u64)];
     for i in 0..n {
-        let eff = (wd[2 + i] as i64 - 1) * c.dilations[i] + 1;
-        let span = sp[i] + c.pads[i] + c.pads[i + n] - eff;
+        // i128: attribute values come from input and may be extreme; i64 arithmetic could overflow.
+        let eff = (wd[2 + i] as i128 - 1) * c.dilations[i] as i128 + 1;
+        let padded = sp[i] as i128 + c.pads[i] as i128 + c.pads[i + n] as i128;
+        let span = padded - eff;
         if span < 0 {
-            return Err(format!(
-                "kernel extent {eff} exceeds padded input {} on spatial dim {i}",
-                sp[i] + c.pads[i] + c.pads[i + n]
-            ));
+            return Err(format!("kernel extent {eff} exceeds padded input {padded} on spatial dim {i}"));
         }
-        dims.push(Dim::Static((span / c.strides[i] + 1) as u64));
+        dims.push(Dim::Static(extent(span / c.strides[i] as i128 + 1, i)?));
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
+}
+
+/// A computed output extent as a dim, or an error when it does not fit.
+fn extent(v: i128, dim: usize) -> Result<u64, String> {
+    u64::try_from(v).map_err(|_| format!("spatial dim {dim} would have extent {v}, out of range"))
 }
 
 fn check_bias(bias: Option<&TensorType>, m: usize, dtype: DType) -> Result<(), String> {
@@ -468,18 +478,22 @@ fn conv_transpose(c: &ConvTranspose, ins: &[TensorType]) -> Result<TensorType, S
     if c.groups < 1 || wd[0] != ch || !ch.is_multiple_of(c.groups as usize) {
         return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
     }
-    let m = wd[1] * c.groups as usize;
+    let m = wd[1].checked_mul(c.groups as usize).ok_or("groups times weight channels overflows")?;
     check_bias(ins.get(2), m, x.dtype)?;
     let sp = spatial_static(x, "conv_transpose")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(m as u64)];
     for i in 0..n {
-        let out = c.strides[i] * (sp[i] - 1) + c.output_padding[i] + (wd[2 + i] as i64 - 1) * c.dilations[i] + 1
-            - c.pads[i]
-            - c.pads[i + n];
+        // i128: attribute values come from input and may be extreme; i64 arithmetic could overflow.
+        let out = c.strides[i] as i128 * (sp[i] as i128 - 1)
+            + c.output_padding[i] as i128
+            + (wd[2 + i] as i128 - 1) * c.dilations[i] as i128
+            + 1
+            - c.pads[i] as i128
+            - c.pads[i + n] as i128;
         if out < 0 {
             return Err(format!("spatial dim {i} would have negative extent {out}"));
         }
-        dims.push(Dim::Static(out as u64));
+        dims.push(Dim::Static(extent(out, i)?));
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
 }
@@ -523,8 +537,17 @@ fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
     let sp = spatial_static(x, "pool")?;
     let mut dims = x.shape.0[..2].to_vec();
     for i in 0..n {
-        let eff = (p.kernel[i] - 1) * p.dilations[i] + 1;
-        if sp[i] + p.pads[i] + p.pads[i + n] < eff {
+        // i128 first: attribute values come from input, and `pool_extent` works in i64.
+        let wide = (p.kernel[i] as i128 - 1) * p.dilations[i] as i128 + 1;
+        if wide > i64::MAX as i128 {
+            return Err(format!("window extent {wide} on spatial dim {i} is too large"));
+        }
+        let eff = wide as i64;
+        let padded = sp[i] as i128 + p.pads[i] as i128 + p.pads[i + n] as i128;
+        if padded > i64::MAX as i128 {
+            return Err(format!("padded input extent {padded} on spatial dim {i} is too large"));
+        }
+        if padded < wide {
             return Err(format!("window extent {eff} exceeds padded input on spatial dim {i}"));
         }
         if p.pads[i] >= eff || p.pads[i + n] >= eff {
@@ -550,12 +573,13 @@ pub fn slice_range(start: i64, end: i64, step: i64, n: i64) -> (i64, i64, i64) {
     if step > 0 {
         let s = clamp(norm(start), 0, n);
         let e = clamp(norm(end), 0, n);
-        let count = if e > s { (e - s + step - 1) / step } else { 0 };
+        // `(e - s - 1) / step + 1` is `ceil((e - s) / step)` without overflowing for huge steps.
+        let count = if e > s { (e - s - 1) / step + 1 } else { 0 };
         (s, step, count)
     } else {
         let s = clamp(norm(start), -1, n - 1);
         let e = clamp(norm(end), -1, n - 1);
-        let count = if s > e { (s - e + (-step) - 1) / (-step) } else { 0 };
+        let count = if s > e { ((s - e - 1) as u64 / step.unsigned_abs()) as i64 + 1 } else { 0 };
         (s, step, count)
     }
 }
@@ -595,6 +619,9 @@ fn recurrent(
     }
     let dirs = if dir == RnnDirection::Bidirectional { 2 } else { 1 };
     let h = hidden as u64;
+    if gates.max(bias).checked_mul(h).is_none() {
+        return Err(format!("hidden_size {hidden} is too large"));
+    }
     let input = x.shape.0[2].clone();
     let batch = x.shape.0[1].clone();
     let want = |dims: Vec<Dim>| TensorType::new(x.dtype, Shape(dims));

@@ -25,7 +25,7 @@ pub use parse::{ParseError, parse};
 pub use print::print;
 pub use tensor::{Data, Element, Tensor};
 pub use types::{DType, Dim, Shape, TensorType};
-pub use verify::{VerifyError, verify};
+pub use verify::{VerifyError, VerifyErrorKind, verify, verify_weights_bound};
 
 /// Errors of the IR crate.
 #[derive(Debug, thiserror::Error)]
