@@ -22,6 +22,7 @@ use std::str::FromStr;
 pub use kiln_ir as ir;
 use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
 
+pub mod conformance;
 pub mod npy;
 pub mod weights;
 
@@ -63,6 +64,9 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// Parameters without data.
+    #[error("missing weights: {0} (give them with --weights FILE.safetensors)")]
+    MissingWeights(String),
     /// Inputs given to `run` do not fit the model.
     #[error("{0}")]
     Input(String),
@@ -77,6 +81,12 @@ pub enum Error {
     /// Execution failed.
     #[error("execution failed at {0}")]
     Exec(#[from] kiln_ir::interp::InterpError),
+    /// An ONNX model could not be imported.
+    #[error("{path}: {source}", path = .1)]
+    OnnxAt(kiln_onnx::ImportError, String),
+    /// An ONNX model could not be imported (no path at hand).
+    #[error(transparent)]
+    Onnx(kiln_onnx::ImportError),
     /// An `.npy` file could not be read or written.
     #[error(transparent)]
     Npy(#[from] npy::NpyError),
@@ -122,6 +132,8 @@ impl FromStr for Backend {
 pub struct LoadOptions {
     /// A safetensors file with the weights; by default `NAME.safetensors` beside a `.kir` file, when present.
     pub weights: Option<PathBuf>,
+    /// Static extents for inputs with symbolic dims (ONNX models are specialized to them at import).
+    pub shapes: BTreeMap<String, Vec<usize>>,
 }
 
 /// How to run a model.
@@ -153,12 +165,12 @@ impl Model {
             "kir" => kiln_ir::parse(&read_text(path)?).map_err(|e| Error::Parse(e, shown.clone()))?,
             "json" => Graph::from_json(&read_text(path)?)
                 .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a kiln graph JSON document: {e}") })?,
-            "onnx" => {
-                return Err(Error::Format {
-                    path: shown,
-                    message: "ONNX models are not supported yet: the ONNX front end has not landed; convert to .kir".into(),
-                });
-            }
+            "onnx" => kiln_onnx::import(path, &kiln_onnx::ImportOptions { shapes: options.shapes.clone() }).map_err(
+                |e| match e {
+                    e @ kiln_onnx::ImportError::Unsupported(_) => Error::Onnx(e),
+                    e => Error::OnnxAt(e, shown.clone()),
+                },
+            )?,
             _ if path.is_dir() => {
                 return Err(Error::Format { path: shown, message: "compiled artifacts are not supported yet".into() });
             }
@@ -270,6 +282,8 @@ impl Model {
             return Err(Error::Input(format!("input `{missing}` is missing")));
         }
         bind_symbols(&declared, inputs)?;
+        kiln_ir::verify_weights_bound(&self.graph)
+            .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
             b @ (Backend::Cpu | Backend::Cuda) => Err(Error::Backend {
