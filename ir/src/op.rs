@@ -599,14 +599,26 @@ attrs! {
     /// LSTM with ONNX's default activations (sigmoid, tanh, tanh), gate order i, o, f, c, no peepholes.
     /// `x[seq,batch,in]`, `w[dirs,4h,in]`, `r[dirs,4h,h]`, `b[dirs,8h]`, `h0`/`c0[dirs,batch,h]`;
     /// results `y[seq,dirs,batch,h]`, `y_h`, `y_c[dirs,batch,h]`. `clip` bounds the cell input when finite.
-    pub struct Lstm { hidden_size: i64, direction: RnnDirection, #[serde(with = "crate::attr::non_finite")] clip: f64, input_forget: bool }
+    pub struct Lstm {
+        hidden_size: i64,
+        direction: RnnDirection,
+        #[serde(with = "crate::attr::non_finite")]
+        clip: f64,
+        input_forget: bool,
+    }
 }
 
 attrs! {
     /// GRU with ONNX's default activations (sigmoid, tanh), gate order z, r, h.
     /// `x[seq,batch,in]`, `w[dirs,3h,in]`, `r[dirs,3h,h]`, `b[dirs,6h]`, `h0[dirs,batch,h]`;
     /// results `y[seq,dirs,batch,h]`, `y_h[dirs,batch,h]`.
-    pub struct Gru { hidden_size: i64, direction: RnnDirection, #[serde(with = "crate::attr::non_finite")] clip: f64, linear_before_reset: bool }
+    pub struct Gru {
+        hidden_size: i64,
+        direction: RnnDirection,
+        #[serde(with = "crate::attr::non_finite")]
+        clip: f64,
+        linear_before_reset: bool,
+    }
 }
 
 impl Op {
