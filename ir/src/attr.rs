@@ -189,6 +189,9 @@ impl AttrValue for Tensor {
     fn parse(src: &mut dyn AttrSource) -> Result<Self, String> {
         let (dtype, shape) = src.tensor_type()?;
         let dims = shape.as_static().ok_or_else(|| format!("constant shape {shape} must be static"))?;
+        if shape.num_elements().is_none_or(|n| usize::try_from(n).is_err()) {
+            return Err(format!("constant shape {shape} has too many elements"));
+        }
         src.expect('[')?;
         let mut floats = Vec::new();
         let mut ints = Vec::new();

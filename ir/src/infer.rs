@@ -127,7 +127,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                     }
                 }
                 match &t.shape.0[axis] {
-                    Dim::Static(n) => total += n,
+                    Dim::Static(n) => total = total.checked_add(*n).ok_or("the concatenated extent overflows")?,
                     Dim::Sym(s) => sym = Some(s.clone()),
                 }
             }
@@ -145,7 +145,9 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             let t = &ins[0];
             let axis = normalize_axis(s.axis, t.shape.rank())?;
             let extent = static_dim(&t.shape, axis, "split")?;
-            if s.sizes.iter().any(|&n| n < 0) || s.sizes.iter().sum::<i64>() as u64 != extent {
+            if s.sizes.iter().any(|&n| n < 0)
+                || s.sizes.iter().try_fold(0u64, |a, &n| a.checked_add(n as u64)) != Some(extent)
+            {
                 return Err(format!("sizes {:?} do not add up to the axis extent {extent}", s.sizes));
             }
             Ok(s.sizes
@@ -169,7 +171,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 if b == 0 && e == 0 {
                     continue;
                 }
-                let n = static_dim(&t.shape, d, "pad")? as i64 + b + e;
+                let n = static_dim(&t.shape, d, "pad")? as i128 + b as i128 + e as i128;
                 if n < 0 {
                     return Err(format!("padding dim {d} by ({b}, {e}) leaves a negative extent"));
                 }
@@ -179,7 +181,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 if p.mode == PadMode::Reflect && (b.max(e) as u64) >= static_dim(&t.shape, d, "pad")? {
                     return Err(format!("reflect padding of {} on dim {d} needs an extent above it", b.max(e)));
                 }
-                shape.0[d] = Dim::Static(n as u64);
+                shape.0[d] = extent(n)?;
             }
             one(TensorType::new(t.dtype, shape))
         }
@@ -393,8 +395,14 @@ pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
     Ok(TensorType::new(a.dtype, Shape(dims)))
 }
 
-fn spatial_static(x: &TensorType, what: &str) -> Result<Vec<i64>, String> {
-    (2..x.shape.rank()).map(|d| static_dim(&x.shape, d, what).map(|n| n as i64)).collect()
+fn spatial_static(x: &TensorType, what: &str) -> Result<Vec<i128>, String> {
+    (2..x.shape.rank()).map(|d| static_dim(&x.shape, d, what).map(i128::from)).collect()
+}
+
+/// A computed extent as a static dim. Shape arithmetic runs in i128, wide enough for any i64 attributes and u64
+/// dims, so absurd attribute values give an error instead of an overflow.
+fn extent(n: i128) -> Result<Dim, String> {
+    u64::try_from(n).map(Dim::Static).map_err(|_| format!("computed extent {n} is out of range"))
 }
 
 fn check_window(name: &str, v: &[i64], n: usize, positive: bool) -> Result<(), String> {
@@ -422,7 +430,7 @@ fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
     if c.groups < 1
         || !ch.is_multiple_of(c.groups as usize)
         || wd[0] % c.groups as usize != 0
-        || wd[1] * c.groups as usize != ch
+        || wd[1].checked_mul(c.groups as usize) != Some(ch)
     {
         return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
     }
@@ -430,15 +438,15 @@ fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
     let sp = spatial_static(x, "conv")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(wd[0] as u64)];
     for i in 0..n {
-        let eff = (wd[2 + i] as i64 - 1) * c.dilations[i] + 1;
-        let span = sp[i] + c.pads[i] + c.pads[i + n] - eff;
+        let eff = (wd[2 + i] as i128 - 1) * c.dilations[i] as i128 + 1;
+        let span = sp[i] + c.pads[i] as i128 + c.pads[i + n] as i128 - eff;
         if span < 0 {
             return Err(format!(
                 "kernel extent {eff} exceeds padded input {} on spatial dim {i}",
-                sp[i] + c.pads[i] + c.pads[i + n]
+                sp[i] + c.pads[i] as i128 + c.pads[i + n] as i128
             ));
         }
-        dims.push(Dim::Static((span / c.strides[i] + 1) as u64));
+        dims.push(extent(span / c.strides[i] as i128 + 1)?);
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
 }
@@ -468,18 +476,21 @@ fn conv_transpose(c: &ConvTranspose, ins: &[TensorType]) -> Result<TensorType, S
     if c.groups < 1 || wd[0] != ch || !ch.is_multiple_of(c.groups as usize) {
         return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
     }
-    let m = wd[1] * c.groups as usize;
+    let m = wd[1].checked_mul(c.groups as usize).ok_or("the output channel count overflows")?;
     check_bias(ins.get(2), m, x.dtype)?;
     let sp = spatial_static(x, "conv_transpose")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(m as u64)];
     for i in 0..n {
-        let out = c.strides[i] * (sp[i] - 1) + c.output_padding[i] + (wd[2 + i] as i64 - 1) * c.dilations[i] + 1
-            - c.pads[i]
-            - c.pads[i + n];
+        let out = c.strides[i] as i128 * (sp[i] - 1)
+            + c.output_padding[i] as i128
+            + (wd[2 + i] as i128 - 1) * c.dilations[i] as i128
+            + 1
+            - c.pads[i] as i128
+            - c.pads[i + n] as i128;
         if out < 0 {
             return Err(format!("spatial dim {i} would have negative extent {out}"));
         }
-        dims.push(Dim::Static(out as u64));
+        dims.push(extent(out)?);
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
 }
@@ -494,6 +505,9 @@ pub fn pool_extent(
     pad_end: i64,
     ceil_mode: bool,
 ) -> i64 {
+    // i128 so that no i64 arguments overflow; the result saturates into i64.
+    let (input, k, stride, dilation) = (input as i128, k as i128, stride as i128, dilation as i128);
+    let (pad_begin, pad_end) = (pad_begin as i128, pad_end as i128);
     let eff = (k - 1) * dilation + 1;
     let span = input + pad_begin + pad_end - eff;
     if span < 0 {
@@ -504,7 +518,7 @@ pub fn pool_extent(
     if ceil_mode && (out - 1) * stride >= input + pad_begin {
         out -= 1;
     }
-    out
+    out.clamp(i64::MIN.into(), i64::MAX.into()) as i64
 }
 
 fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
@@ -523,22 +537,23 @@ fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
     let sp = spatial_static(x, "pool")?;
     let mut dims = x.shape.0[..2].to_vec();
     for i in 0..n {
-        let eff = (p.kernel[i] - 1) * p.dilations[i] + 1;
-        if sp[i] + p.pads[i] + p.pads[i + n] < eff {
+        let eff = (p.kernel[i] as i128 - 1) * p.dilations[i] as i128 + 1;
+        if sp[i] + p.pads[i] as i128 + (p.pads[i + n] as i128) < eff {
             return Err(format!("window extent {eff} exceeds padded input on spatial dim {i}"));
         }
-        if p.pads[i] >= eff || p.pads[i + n] >= eff {
+        if p.pads[i] as i128 >= eff || p.pads[i + n] as i128 >= eff {
             return Err(format!("pads {:?} must be smaller than the window extent {eff}", p.pads));
         }
-        dims.push(Dim::Static(pool_extent(
-            sp[i],
+        let input = i64::try_from(sp[i]).map_err(|_| format!("spatial extent {} is out of range", sp[i]))?;
+        dims.push(extent(i128::from(pool_extent(
+            input,
             p.kernel[i],
             p.strides[i],
             p.dilations[i],
             p.pads[i],
             p.pads[i + n],
             p.ceil_mode,
-        ) as u64));
+        )))?);
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
 }
@@ -550,13 +565,14 @@ pub fn slice_range(start: i64, end: i64, step: i64, n: i64) -> (i64, i64, i64) {
     if step > 0 {
         let s = clamp(norm(start), 0, n);
         let e = clamp(norm(end), 0, n);
-        let count = if e > s { (e - s + step - 1) / step } else { 0 };
-        (s, step, count)
+        // i128: `step` may be anywhere in i64, and the count is at most `n`.
+        let count = if e > s { (e as i128 - s as i128 + step as i128 - 1) / step as i128 } else { 0 };
+        (s, step, count as i64)
     } else {
         let s = clamp(norm(start), -1, n - 1);
         let e = clamp(norm(end), -1, n - 1);
-        let count = if s > e { (s - e + (-step) - 1) / (-step) } else { 0 };
-        (s, step, count)
+        let count = if s > e { (s as i128 - e as i128 - step as i128 - 1) / -(step as i128) } else { 0 };
+        (s, step, count as i64)
     }
 }
 
@@ -573,7 +589,8 @@ fn slice(s: &Slice, x: &TensorType) -> Result<TensorType, String> {
         if s.steps[i] == 0 {
             return Err("slice steps must be nonzero".into());
         }
-        let n = static_dim(&x.shape, axis, "slice")? as i64;
+        let n = static_dim(&x.shape, axis, "slice")?;
+        let n = i64::try_from(n).map_err(|_| format!("slice of an axis of extent {n} is out of range"))?;
         let (_, _, count) = slice_range(s.starts[i], s.ends[i], s.steps[i], n);
         shape.0[axis] = Dim::Static(count as u64);
     }
@@ -595,13 +612,15 @@ fn recurrent(
     }
     let dirs = if dir == RnnDirection::Bidirectional { 2 } else { 1 };
     let h = hidden as u64;
+    let too_big = || format!("hidden_size {hidden} is out of range");
+    let (gh, bh) = (gates.checked_mul(h).ok_or_else(too_big)?, bias.checked_mul(h).ok_or_else(too_big)?);
     let input = x.shape.0[2].clone();
     let batch = x.shape.0[1].clone();
     let want = |dims: Vec<Dim>| TensorType::new(x.dtype, Shape(dims));
     let mut expected = vec![
-        ("w", want(vec![Dim::Static(dirs), Dim::Static(gates * h), input])),
-        ("r", want(vec![Dim::Static(dirs), Dim::Static(gates * h), Dim::Static(h)])),
-        ("b", want(vec![Dim::Static(dirs), Dim::Static(bias * h)])),
+        ("w", want(vec![Dim::Static(dirs), Dim::Static(gh), input])),
+        ("r", want(vec![Dim::Static(dirs), Dim::Static(gh), Dim::Static(h)])),
+        ("b", want(vec![Dim::Static(dirs), Dim::Static(bh)])),
         ("h0", want(vec![Dim::Static(dirs), batch.clone(), Dim::Static(h)])),
     ];
     if has_cell {

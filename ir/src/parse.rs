@@ -361,7 +361,11 @@ impl Parser<'_> {
             let at = results.first().map_or(mn_at, |r| r.0);
             return Err((
                 at,
-                format!("`{mnemonic}` produces {} result(s) here, but {} are declared", inferred.len(), results.len()),
+                format!(
+                    "`{mnemonic}` produces {} result(s) here, but the node declares {}",
+                    inferred.len(),
+                    results.len()
+                ),
             ));
         }
         for (k, ((at, declared), want)) in types.iter().zip(&inferred).enumerate() {
