@@ -189,6 +189,9 @@ impl AttrValue for Tensor {
     fn parse(src: &mut dyn AttrSource) -> Result<Self, String> {
         let (dtype, shape) = src.tensor_type()?;
         let dims = shape.as_static().ok_or_else(|| format!("constant shape {shape} must be static"))?;
+        if shape.num_elements().is_none_or(|n| usize::try_from(n).is_err()) {
+            return Err(format!("constant shape {shape} has too many elements"));
+        }
         src.expect('[')?;
         let mut floats = Vec::new();
         let mut ints = Vec::new();
@@ -337,4 +340,43 @@ macro_rules! named_enum {
             }
         }
     };
+}
+
+/// Serde for `f64` attributes that may be non-finite (`clip=inf`, a `-inf` pad value): JSON has no such numbers
+/// (serde_json would write `null` and then fail to read it back), so they travel as `"inf"`, `"-inf"` and `"nan"`,
+/// as tensor elements do. Finite values stay plain numbers. Use with `#[serde(with = "crate::attr::non_finite")]`.
+pub mod non_finite {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes a finite value as a number, others as a string.
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        match *v {
+            v if v.is_finite() => s.serialize_f64(v),
+            v if v.is_nan() => s.serialize_str("nan"),
+            v if v > 0.0 => s.serialize_str("inf"),
+            _ => s.serialize_str("-inf"),
+        }
+    }
+
+    /// Reads a number, or one of `"inf"`, `"-inf"`, `"nan"`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Number(f64),
+            Text(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Number(v) => Ok(v),
+            Repr::Text(s) => match s.as_str() {
+                "nan" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => {
+                    Err(D::Error::custom(format!("expected a number, \"inf\", \"-inf\" or \"nan\", got {other:?}")))
+                }
+            },
+        }
+    }
 }

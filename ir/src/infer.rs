@@ -127,9 +127,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                     }
                 }
                 match &t.shape.0[axis] {
-                    Dim::Static(n) => {
-                        total = total.checked_add(*n).ok_or("the concatenated extent overflows")?;
-                    }
+                    Dim::Static(n) => total = total.checked_add(*n).ok_or("the concatenated extent overflows")?,
                     Dim::Sym(s) => sym = Some(s.clone()),
                 }
             }
@@ -147,8 +145,9 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             let t = &ins[0];
             let axis = normalize_axis(s.axis, t.shape.rank())?;
             let extent = static_dim(&t.shape, axis, "split")?;
-            let total = s.sizes.iter().try_fold(0i64, |acc, &n| if n < 0 { None } else { acc.checked_add(n) });
-            if total.map(|t| t as u64) != Some(extent) {
+            if s.sizes.iter().any(|&n| n < 0)
+                || s.sizes.iter().try_fold(0u64, |a, &n| a.checked_add(n as u64)) != Some(extent)
+            {
                 return Err(format!("sizes {:?} do not add up to the axis extent {extent}", s.sizes));
             }
             Ok(s.sizes
@@ -172,10 +171,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 if b == 0 && e == 0 {
                     continue;
                 }
-                let n = (static_dim(&t.shape, d, "pad")? as i128) + b as i128 + e as i128;
-                if n > i64::MAX as i128 {
-                    return Err(format!("padding dim {d} by ({b}, {e}) overflows"));
-                }
+                let n = static_dim(&t.shape, d, "pad")? as i128 + b as i128 + e as i128;
                 if n < 0 {
                     return Err(format!("padding dim {d} by ({b}, {e}) leaves a negative extent"));
                 }
@@ -185,7 +181,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 if p.mode == PadMode::Reflect && (b.max(e) as u64) >= static_dim(&t.shape, d, "pad")? {
                     return Err(format!("reflect padding of {} on dim {d} needs an extent above it", b.max(e)));
                 }
-                shape.0[d] = Dim::Static(n as u64);
+                shape.0[d] = extent(n)?;
             }
             one(TensorType::new(t.dtype, shape))
         }
@@ -399,8 +395,14 @@ pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
     Ok(TensorType::new(a.dtype, Shape(dims)))
 }
 
-fn spatial_static(x: &TensorType, what: &str) -> Result<Vec<i64>, String> {
-    (2..x.shape.rank()).map(|d| static_dim(&x.shape, d, what).map(|n| n as i64)).collect()
+fn spatial_static(x: &TensorType, what: &str) -> Result<Vec<i128>, String> {
+    (2..x.shape.rank()).map(|d| static_dim(&x.shape, d, what).map(i128::from)).collect()
+}
+
+/// A computed extent as a static dim. Shape arithmetic runs in i128, wide enough for any i64 attributes and u64
+/// dims, so absurd attribute values give an error instead of an overflow.
+fn extent(n: i128) -> Result<Dim, String> {
+    u64::try_from(n).map(Dim::Static).map_err(|_| format!("computed extent {n} is out of range"))
 }
 
 fn check_window(name: &str, v: &[i64], n: usize, positive: bool) -> Result<(), String> {
@@ -436,21 +438,17 @@ fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
     let sp = spatial_static(x, "conv")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(wd[0] as u64)];
     for i in 0..n {
-        // i128: attribute values come from input and may be extreme; i64 arithmetic could overflow.
         let eff = (wd[2 + i] as i128 - 1) * c.dilations[i] as i128 + 1;
-        let padded = sp[i] as i128 + c.pads[i] as i128 + c.pads[i + n] as i128;
-        let span = padded - eff;
+        let span = sp[i] + c.pads[i] as i128 + c.pads[i + n] as i128 - eff;
         if span < 0 {
-            return Err(format!("kernel extent {eff} exceeds padded input {padded} on spatial dim {i}"));
+            return Err(format!(
+                "kernel extent {eff} exceeds padded input {} on spatial dim {i}",
+                sp[i] + c.pads[i] as i128 + c.pads[i + n] as i128
+            ));
         }
-        dims.push(Dim::Static(extent(span / c.strides[i] as i128 + 1, i)?));
+        dims.push(extent(span / c.strides[i] as i128 + 1)?);
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
-}
-
-/// A computed output extent as a dim, or an error when it does not fit.
-fn extent(v: i128, dim: usize) -> Result<u64, String> {
-    u64::try_from(v).map_err(|_| format!("spatial dim {dim} would have extent {v}, out of range"))
 }
 
 fn check_bias(bias: Option<&TensorType>, m: usize, dtype: DType) -> Result<(), String> {
@@ -478,13 +476,12 @@ fn conv_transpose(c: &ConvTranspose, ins: &[TensorType]) -> Result<TensorType, S
     if c.groups < 1 || wd[0] != ch || !ch.is_multiple_of(c.groups as usize) {
         return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
     }
-    let m = wd[1].checked_mul(c.groups as usize).ok_or("groups times weight channels overflows")?;
+    let m = wd[1].checked_mul(c.groups as usize).ok_or("the output channel count overflows")?;
     check_bias(ins.get(2), m, x.dtype)?;
     let sp = spatial_static(x, "conv_transpose")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(m as u64)];
     for i in 0..n {
-        // i128: attribute values come from input and may be extreme; i64 arithmetic could overflow.
-        let out = c.strides[i] as i128 * (sp[i] as i128 - 1)
+        let out = c.strides[i] as i128 * (sp[i] - 1)
             + c.output_padding[i] as i128
             + (wd[2 + i] as i128 - 1) * c.dilations[i] as i128
             + 1
@@ -493,7 +490,7 @@ fn conv_transpose(c: &ConvTranspose, ins: &[TensorType]) -> Result<TensorType, S
         if out < 0 {
             return Err(format!("spatial dim {i} would have negative extent {out}"));
         }
-        dims.push(Dim::Static(extent(out, i)?));
+        dims.push(extent(out)?);
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
 }
@@ -508,6 +505,9 @@ pub fn pool_extent(
     pad_end: i64,
     ceil_mode: bool,
 ) -> i64 {
+    // i128 so that no i64 arguments overflow; the result saturates into i64.
+    let (input, k, stride, dilation) = (input as i128, k as i128, stride as i128, dilation as i128);
+    let (pad_begin, pad_end) = (pad_begin as i128, pad_end as i128);
     let eff = (k - 1) * dilation + 1;
     let span = input + pad_begin + pad_end - eff;
     if span < 0 {
@@ -518,7 +518,7 @@ pub fn pool_extent(
     if ceil_mode && (out - 1) * stride >= input + pad_begin {
         out -= 1;
     }
-    out
+    out.clamp(i64::MIN.into(), i64::MAX.into()) as i64
 }
 
 fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
@@ -537,31 +537,23 @@ fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
     let sp = spatial_static(x, "pool")?;
     let mut dims = x.shape.0[..2].to_vec();
     for i in 0..n {
-        // i128 first: attribute values come from input, and `pool_extent` works in i64.
-        let wide = (p.kernel[i] as i128 - 1) * p.dilations[i] as i128 + 1;
-        if wide > i64::MAX as i128 {
-            return Err(format!("window extent {wide} on spatial dim {i} is too large"));
-        }
-        let eff = wide as i64;
-        let padded = sp[i] as i128 + p.pads[i] as i128 + p.pads[i + n] as i128;
-        if padded > i64::MAX as i128 {
-            return Err(format!("padded input extent {padded} on spatial dim {i} is too large"));
-        }
-        if padded < wide {
+        let eff = (p.kernel[i] as i128 - 1) * p.dilations[i] as i128 + 1;
+        if sp[i] + p.pads[i] as i128 + (p.pads[i + n] as i128) < eff {
             return Err(format!("window extent {eff} exceeds padded input on spatial dim {i}"));
         }
-        if p.pads[i] >= eff || p.pads[i + n] >= eff {
+        if p.pads[i] as i128 >= eff || p.pads[i + n] as i128 >= eff {
             return Err(format!("pads {:?} must be smaller than the window extent {eff}", p.pads));
         }
-        dims.push(Dim::Static(pool_extent(
-            sp[i],
+        let input = i64::try_from(sp[i]).map_err(|_| format!("spatial extent {} is out of range", sp[i]))?;
+        dims.push(extent(i128::from(pool_extent(
+            input,
             p.kernel[i],
             p.strides[i],
             p.dilations[i],
             p.pads[i],
             p.pads[i + n],
             p.ceil_mode,
-        ) as u64));
+        )))?);
     }
     Ok(TensorType::new(x.dtype, Shape(dims)))
 }
@@ -573,14 +565,14 @@ pub fn slice_range(start: i64, end: i64, step: i64, n: i64) -> (i64, i64, i64) {
     if step > 0 {
         let s = clamp(norm(start), 0, n);
         let e = clamp(norm(end), 0, n);
-        // `(e - s - 1) / step + 1` is `ceil((e - s) / step)` without overflowing for huge steps.
-        let count = if e > s { (e - s - 1) / step + 1 } else { 0 };
-        (s, step, count)
+        // i128: `step` may be anywhere in i64, and the count is at most `n`.
+        let count = if e > s { (e as i128 - s as i128 + step as i128 - 1) / step as i128 } else { 0 };
+        (s, step, count as i64)
     } else {
         let s = clamp(norm(start), -1, n - 1);
         let e = clamp(norm(end), -1, n - 1);
-        let count = if s > e { ((s - e - 1) as u64 / step.unsigned_abs()) as i64 + 1 } else { 0 };
-        (s, step, count)
+        let count = if s > e { (s as i128 - e as i128 - step as i128 - 1) / -(step as i128) } else { 0 };
+        (s, step, count as i64)
     }
 }
 
@@ -597,7 +589,8 @@ fn slice(s: &Slice, x: &TensorType) -> Result<TensorType, String> {
         if s.steps[i] == 0 {
             return Err("slice steps must be nonzero".into());
         }
-        let n = static_dim(&x.shape, axis, "slice")? as i64;
+        let n = static_dim(&x.shape, axis, "slice")?;
+        let n = i64::try_from(n).map_err(|_| format!("slice of an axis of extent {n} is out of range"))?;
         let (_, _, count) = slice_range(s.starts[i], s.ends[i], s.steps[i], n);
         shape.0[axis] = Dim::Static(count as u64);
     }
@@ -619,16 +612,15 @@ fn recurrent(
     }
     let dirs = if dir == RnnDirection::Bidirectional { 2 } else { 1 };
     let h = hidden as u64;
-    if gates.max(bias).checked_mul(h).is_none() {
-        return Err(format!("hidden_size {hidden} is too large"));
-    }
+    let too_big = || format!("hidden_size {hidden} is out of range");
+    let (gh, bh) = (gates.checked_mul(h).ok_or_else(too_big)?, bias.checked_mul(h).ok_or_else(too_big)?);
     let input = x.shape.0[2].clone();
     let batch = x.shape.0[1].clone();
     let want = |dims: Vec<Dim>| TensorType::new(x.dtype, Shape(dims));
     let mut expected = vec![
-        ("w", want(vec![Dim::Static(dirs), Dim::Static(gates * h), input])),
-        ("r", want(vec![Dim::Static(dirs), Dim::Static(gates * h), Dim::Static(h)])),
-        ("b", want(vec![Dim::Static(dirs), Dim::Static(bias * h)])),
+        ("w", want(vec![Dim::Static(dirs), Dim::Static(gh), input])),
+        ("r", want(vec![Dim::Static(dirs), Dim::Static(gh), Dim::Static(h)])),
+        ("b", want(vec![Dim::Static(dirs), Dim::Static(bh)])),
         ("h0", want(vec![Dim::Static(dirs), batch.clone(), Dim::Static(h)])),
     ];
     if has_cell {

@@ -461,7 +461,7 @@ named_enum! {
 
 attrs! {
     /// Padding: `pads` is all begins then all ends (negative values crop); `value` fills in constant mode.
-    pub struct Pad { mode: PadMode, pads: Vec<i64>, value: f64 }
+    pub struct Pad { mode: PadMode, pads: Vec<i64>, #[serde(with = "crate::attr::non_finite")] value: f64 }
 }
 
 attrs! {
@@ -497,7 +497,15 @@ attrs! {
 
 attrs! {
     /// Result type and axis; elements are `start + index * step` converted to the dtype.
-    pub struct Iota { dtype: DType, shape: Shape, axis: i64, start: f64, step: f64 }
+    pub struct Iota {
+        dtype: DType,
+        shape: Shape,
+        axis: i64,
+        #[serde(with = "crate::attr::non_finite")]
+        start: f64,
+        #[serde(with = "crate::attr::non_finite")]
+        step: f64,
+    }
 }
 
 attrs! {
@@ -508,12 +516,12 @@ attrs! {
 attrs! {
     /// Normalizes over dims `axis..rank`: `(x - mean) / sqrt(var + epsilon) * scale + bias`, with `scale` and
     /// `bias` broadcast against those trailing dims.
-    pub struct LayerNorm { axis: i64, epsilon: f64 }
+    pub struct LayerNorm { axis: i64, #[serde(with = "crate::attr::non_finite")] epsilon: f64 }
 }
 
 attrs! {
     /// `(x - mean) / sqrt(var + epsilon) * scale + bias`, per channel (dim 1).
-    pub struct BatchNorm { epsilon: f64 }
+    pub struct BatchNorm { #[serde(with = "crate::attr::non_finite")] epsilon: f64 }
 }
 
 named_enum! {
@@ -591,14 +599,26 @@ attrs! {
     /// LSTM with ONNX's default activations (sigmoid, tanh, tanh), gate order i, o, f, c, no peepholes.
     /// `x[seq,batch,in]`, `w[dirs,4h,in]`, `r[dirs,4h,h]`, `b[dirs,8h]`, `h0`/`c0[dirs,batch,h]`;
     /// results `y[seq,dirs,batch,h]`, `y_h`, `y_c[dirs,batch,h]`. `clip` bounds the cell input when finite.
-    pub struct Lstm { hidden_size: i64, direction: RnnDirection, clip: f64, input_forget: bool }
+    pub struct Lstm {
+        hidden_size: i64,
+        direction: RnnDirection,
+        #[serde(with = "crate::attr::non_finite")]
+        clip: f64,
+        input_forget: bool,
+    }
 }
 
 attrs! {
     /// GRU with ONNX's default activations (sigmoid, tanh), gate order z, r, h.
     /// `x[seq,batch,in]`, `w[dirs,3h,in]`, `r[dirs,3h,h]`, `b[dirs,6h]`, `h0[dirs,batch,h]`;
     /// results `y[seq,dirs,batch,h]`, `y_h[dirs,batch,h]`.
-    pub struct Gru { hidden_size: i64, direction: RnnDirection, clip: f64, linear_before_reset: bool }
+    pub struct Gru {
+        hidden_size: i64,
+        direction: RnnDirection,
+        #[serde(with = "crate::attr::non_finite")]
+        clip: f64,
+        linear_before_reset: bool,
+    }
 }
 
 impl Op {

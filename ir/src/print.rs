@@ -1,9 +1,93 @@
-//! The `.kir` printer. (Skeleton: implemented by the printer/parser work.)
+//! The `.kir` printer: a [`Graph`] as canonical text.
+//!
+//! Output is stable: nodes are printed in [`Graph::topo_order`] (node-id order for a cyclic graph, which still
+//! prints), with the `input` nodes among them permuted into the graph's input order so that order survives a round
+//! trip; results are numbered `%0, %1, …` in print order; attributes come from [`Op::print_attrs`] in declaration
+//! order, with floats in their shortest round-trip form. For every graph the parser accepts,
+//! `print(&parse(&print(g))?) == print(g)`. Weights never appear: a `param` prints its name and type only. An
+//! invalid graph still prints without panicking; operands that name no existing result print as
+//! `%dangling_n<node>_<result>` and forward references keep their numbers, so the parser rejects the text with a
+//! positioned error. Comments are not part of the graph and are not printed.
 
-use crate::graph::Graph;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::attr::print_string;
+use crate::graph::{Graph, NodeId, Value};
+use crate::op::Op;
 
 /// Prints `g` as `.kir` text.
 pub fn print(g: &Graph) -> String {
-    let _ = g;
-    String::new()
+    let order = print_order(g);
+    let mut numbers: HashMap<Value, usize> = HashMap::new();
+    for &id in &order {
+        for k in 0..g.node(id).outputs.len() {
+            let next = numbers.len();
+            numbers.insert(Value::new(id, k as u32), next);
+        }
+    }
+    let value = |v: &Value| match numbers.get(v) {
+        Some(n) => format!("%{n}"),
+        None => format!("%dangling_n{}_{}", v.node.0, v.index),
+    };
+
+    let mut out = String::from("graph ");
+    print_string(g.name(), &mut out);
+    out.push_str(" {\n");
+    for &id in &order {
+        let node = g.node(id);
+        out.push_str("  ");
+        let results: Vec<String> = (0..node.outputs.len()).map(|k| value(&Value::new(id, k as u32))).collect();
+        if !results.is_empty() {
+            let _ = write!(out, "{} = ", results.join(", "));
+        }
+        out.push_str(node.op.mnemonic());
+        if !node.inputs.is_empty() {
+            let operands: Vec<String> = node.inputs.iter().map(value).collect();
+            let _ = write!(out, " {}", operands.join(", "));
+        }
+        let attrs = node.op.attrs_text();
+        if !attrs.is_empty() {
+            let _ = write!(out, " {attrs}");
+        }
+        if !node.outputs.is_empty() {
+            let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
+            let _ = write!(out, " : {}", types.join(", "));
+        }
+        if let Some(name) = &node.name {
+            out.push_str(" @");
+            print_string(name, &mut out);
+        }
+        out.push('\n');
+    }
+    for (name, v) in g.outputs() {
+        out.push_str("  output ");
+        print_string(name, &mut out);
+        let _ = writeln!(out, " = {}", value(v));
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Topological order (node-id order if there is a cycle), with the `input` nodes' slots refilled in the graph's
+/// input order. Inputs have no operands, so any permutation among their slots is still topological.
+fn print_order(g: &Graph) -> Vec<NodeId> {
+    let mut order = g.topo_order().unwrap_or_else(|_| g.node_ids().collect());
+    let is_input = |id: NodeId| matches!(g.node(id).op, Op::Input(_));
+    let slots: Vec<usize> = (0..order.len()).filter(|&i| is_input(order[i])).collect();
+    let mut inputs: Vec<NodeId> = Vec::with_capacity(slots.len());
+    for &id in g.inputs() {
+        if g.contains(id) && is_input(id) && !inputs.contains(&id) {
+            inputs.push(id);
+        }
+    }
+    for &i in &slots {
+        if !inputs.contains(&order[i]) {
+            inputs.push(order[i]);
+        }
+    }
+    for (&slot, id) in slots.iter().zip(inputs) {
+        order[slot] = id;
+    }
+    order
 }
