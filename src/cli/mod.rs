@@ -1,5 +1,7 @@
 //! Command-line parsing (clap) and dispatch to one module per subcommand.
 
+mod check;
+mod conformance;
 mod inspect;
 mod opt;
 mod run;
@@ -26,6 +28,10 @@ enum Command {
     Opt(opt::OptArgs),
     /// Summarize a model: inputs, outputs, op histogram, parameters.
     Inspect(inspect::InspectArgs),
+    /// List every unsupported op, attribute value and dtype of an ONNX model (exit 1 if there is any).
+    Check(check::CheckArgs),
+    /// Run ONNX backend node tests (case folders of model.onnx + test_data_set_*) and compare outputs.
+    Conformance(conformance::ConformanceArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -36,11 +42,33 @@ pub struct ModelArgs {
     /// A safetensors file holding the model's weights.
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
+    /// Static extents for an input with symbolic dims: NAME=DxDxD (repeatable; `scalar` for rank 0).
+    #[arg(long = "shape", value_name = "NAME=DxD")]
+    pub shapes: Vec<String>,
 }
 
 impl ModelArgs {
     fn load(&self) -> Result<kiln::Model> {
-        Ok(kiln::Model::load(&self.model, &kiln::LoadOptions { weights: self.weights.clone() })?)
+        self.load_with(BTreeMap::new())
+    }
+
+    /// Loads with `--shape` plus the extra shapes (from given input files), which win over nothing: a conflict
+    /// between the two is an error.
+    fn load_with(&self, mut shapes: BTreeMap<String, Vec<usize>>) -> Result<kiln::Model> {
+        for (name, dims) in parse_shapes(&self.shapes)? {
+            if let Some(given) = shapes.get(&name)
+                && *given != dims
+            {
+                bail!("--shape {name} disagrees with the shape {given:?} of the given input");
+            }
+            shapes.insert(name, dims);
+        }
+        Ok(kiln::Model::load(&self.model, &kiln::LoadOptions { weights: self.weights.clone(), shapes })?)
+    }
+
+    /// The `--shape` options.
+    fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
+        parse_shapes(&self.shapes)
     }
 }
 
@@ -50,6 +78,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run(a) => run::run(a),
         Command::Opt(a) => opt::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Conformance(a) => conformance::run(a),
     }
 }
 

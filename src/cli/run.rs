@@ -10,7 +10,7 @@ use kiln::{Backend, RunOptions, npy};
 use kiln_ir::Tensor;
 use serde::Serialize;
 
-use super::{ModelArgs, parse_shapes, split_assignment};
+use super::{ModelArgs, split_assignment};
 
 /// Arguments of `kiln run`.
 #[derive(Args, Debug)]
@@ -20,9 +20,6 @@ pub struct RunArgs {
     /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
     #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
-    /// The shape of a pseudo-random input with symbolic dims: NAME=DxDxD (repeatable).
-    #[arg(long = "shape", value_name = "NAME=DxD")]
-    shapes: Vec<String>,
     /// Where to write `<output>.npy` files and `manifest.json`.
     #[arg(long, short = 'o', value_name = "DIR", default_value = "kiln-out")]
     output_dir: PathBuf,
@@ -58,9 +55,6 @@ pub fn output_file_name(name: &str) -> String {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let t0 = Instant::now();
-    let model = a.model.load()?;
-    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut given = BTreeMap::new();
     for spec in &a.inputs {
         let (name, file) = split_assignment(spec, "--input")?;
@@ -69,8 +63,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             bail!("--input `{name}` is given twice");
         }
     }
-    let shapes = parse_shapes(&a.shapes)?;
-    let inputs = model.complete_inputs(given, &shapes, a.seed)?;
+    let t0 = Instant::now();
+    let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
+    let model = a.model.load_with(given_shapes)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let inputs = model.complete_inputs(given, &a.model.shapes()?, a.seed)?;
     let t1 = Instant::now();
     let outputs = model.run(&inputs, &RunOptions { backend: a.backend, threads: a.threads })?;
     let run_ms = t1.elapsed().as_secs_f64() * 1e3;

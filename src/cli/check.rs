@@ -1,0 +1,29 @@
+//! `kiln check`: every unsupported op, attribute value and dtype of an ONNX model, at once.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+/// Arguments of `kiln check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The ONNX model.
+    model: PathBuf,
+    /// Static extents for an input with symbolic dims: NAME=DxDxD (repeatable).
+    #[arg(long = "shape", value_name = "NAME=DxD")]
+    shapes: Vec<String>,
+}
+
+pub fn run(a: CheckArgs) -> Result<()> {
+    let options = kiln_onnx::ImportOptions { shapes: super::parse_shapes(&a.shapes)? };
+    let problems = kiln_onnx::check(&a.model, &options).map_err(|e| anyhow::anyhow!("{}: {e}", a.model.display()))?;
+    if problems.is_empty() {
+        println!("{}: supported (every op, attribute and dtype imports)", a.model.display());
+        return Ok(());
+    }
+    for p in &problems {
+        println!("unsupported: {p}");
+    }
+    bail!("{}: {} unsupported feature(s), listed above", a.model.display(), problems.len())
+}
