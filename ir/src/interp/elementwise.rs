@@ -10,7 +10,7 @@ use crate::tensor::{Data, Element, Tensor};
 use crate::types::DType;
 
 use super::index::{broadcast_offsets, broadcast_shapes};
-use super::num::{FloatElem, IntElem, Real, by_family, i64_to_f64_round_odd};
+use super::num::{FloatElem, IntElem, Real, by_family, from_f64_rounded, i64_to_f64_round_odd};
 
 /// Applies a unary kind elementwise.
 pub(super) fn unary(k: UnaryOp, x: &Tensor) -> Result<Tensor, String> {
@@ -267,10 +267,10 @@ pub(super) fn cast(x: &Tensor, to: DType) -> Result<Tensor, String> {
         let from_float = S::DTYPE.is_float();
         crate::with_dtype!(to, T => {
             let out: Vec<T> = if from_float {
-                // f32/f16/bf16 widen exactly to f64, so one rounding (or truncation) happens, in `from_f64`.
-                v.iter().map(|&s| T::from_f64(s.to_f64())).collect()
+                // f32/f16/bf16 widen exactly to f64, so one rounding (or truncation) happens, here.
+                v.iter().map(|&s| from_f64_rounded::<T>(s.to_f64())).collect()
             } else if matches!(to, DType::F16 | DType::BF16) {
-                v.iter().map(|&s| T::from_f64(i64_to_f64_round_odd(s.to_i64()))).collect()
+                v.iter().map(|&s| from_f64_rounded::<T>(i64_to_f64_round_odd(s.to_i64()))).collect()
             } else {
                 // Exact integer view; `from_i64` wraps for narrower ints, rounds once for f32/f64 (`as`).
                 v.iter().map(|&s| T::from_i64(s.to_i64())).collect()

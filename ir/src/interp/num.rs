@@ -11,6 +11,7 @@ use std::ops::{Add, Div, Mul, Neg, Rem, Sub};
 use half::{bf16, f16};
 
 use crate::tensor::Element;
+use crate::types::DType;
 
 /// A float type the interpreter computes in (f32 or f64), with the math it needs.
 pub(super) trait Real:
@@ -302,7 +303,7 @@ pub(super) fn is_nan<T: PartialOrd>(x: T) -> bool {
 }
 
 /// `i64` → f64 rounded to odd: exact when representable, otherwise the odd-mantissa neighbour of `v`. Rounding
-/// that result again to a narrower float (f16, bf16) gives the correctly rounded conversion of `v`, which rounding
+/// that result again to a narrower float gives the correctly rounded conversion of `v`, which rounding
 /// `v as f64` again would not always do (double rounding).
 pub(super) fn i64_to_f64_round_odd(v: i64) -> f64 {
     let f = v as f64;
@@ -312,8 +313,30 @@ pub(super) fn i64_to_f64_round_odd(v: i64) -> f64 {
         return f;
     }
     // Inexact and even: the other neighbour of `v`, one ulp toward it in magnitude, is odd.
-    let toward_larger_magnitude = (v as i128).abs() > back.abs();
-    f64::from_bits(if toward_larger_magnitude { f.to_bits() + 1 } else { f.to_bits() - 1 })
+    f64::from_bits(if (v as i128).abs() > back.abs() { f.to_bits() + 1 } else { f.to_bits() - 1 })
+}
+
+/// f64 → f32 rounded to odd (see [`i64_to_f64_round_odd`]); infinities, NaN and overflow as `as` gives them.
+pub(super) fn f64_to_f32_round_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    // Sign-magnitude bits: +1 grows the magnitude by one ulp (a zero becomes the smallest subnormal).
+    f32::from_bits(if v.abs() > (f as f64).abs() { f.to_bits() + 1 } else { f.to_bits() - 1 })
+}
+
+/// `v` converted to any element type as `cast` converts: correctly rounded (to nearest, ties to even) for
+/// floats, truncated and saturated for integers (NaN → 0), `!= 0` for bool.
+///
+/// `half`'s own `f64` conversions drop the low mantissa bits before rounding, which can round a value that lies
+/// just above a tie the wrong way; going through f32 rounded to odd gives the correct result.
+pub(super) fn from_f64_rounded<T: Element>(v: f64) -> T {
+    match T::DTYPE {
+        DType::F16 => T::read_le(&f16::from_f32(f64_to_f32_round_odd(v)).to_le_bytes()),
+        DType::BF16 => T::read_le(&bf16::from_f32(f64_to_f32_round_odd(v)).to_le_bytes()),
+        _ => T::from_f64(v),
+    }
 }
 
 /// Matches a [`Data`](crate::tensor::Data) by dtype family, binding the inner `Vec` of floats (as `$f`, whose
@@ -343,21 +366,37 @@ mod tests {
     fn round_odd_avoids_double_rounding() {
         // 2^60 + 2^52 + 1: bf16 keeps bits 60..53; bit 52 is the round bit and bit 0 makes it round up.
         let v: i64 = (1 << 60) + (1 << 52) + 1;
-        let direct = bf16::from_f64(i64_to_f64_round_odd(v));
+        let direct: bf16 = from_f64_rounded(i64_to_f64_round_odd(v));
         assert_eq!(direct.to_f64(), ((1u64 << 60) + (1u64 << 53)) as f64);
         // Through a plain f64 the sticky bit is lost and the tie goes to even (down).
-        assert_eq!(bf16::from_f64(v as f64).to_f64(), (1u64 << 60) as f64);
+        assert_eq!(bf16::from_f32(v as f64 as f32).to_f64(), (1u64 << 60) as f64);
         assert_eq!(i64_to_f64_round_odd(-v), -i64_to_f64_round_odd(v));
         assert_eq!(i64_to_f64_round_odd(12345), 12345.0);
+    }
+
+    #[test]
+    fn f64_to_half_is_correctly_rounded() {
+        // 1 + 2^-11 + 2^-40 is just above the tie between f16's 1 and 1 + 2^-10: it must round up.
+        let v = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(from_f64_rounded::<f16>(v).to_f64(), 1.0 + 2f64.powi(-10));
+        let exact_tie = 1.0 + 2f64.powi(-11);
+        assert_eq!(from_f64_rounded::<f16>(exact_tie).to_f64(), 1.0);
+        // bf16: 1 + 2^-8 + 2^-40 rounds up to 1 + 2^-7.
+        assert_eq!(from_f64_rounded::<bf16>(1.0 + 2f64.powi(-8) + 2f64.powi(-40)).to_f64(), 1.0 + 2f64.powi(-7));
+        assert_eq!(from_f64_rounded::<bf16>(-1e-300).to_f64(), -0.0);
+        assert!(from_f64_rounded::<f16>(f64::NAN).is_nan());
+        assert_eq!(from_f64_rounded::<f16>(1e10).to_f64(), f64::INFINITY);
+        assert_eq!(from_f64_rounded::<i8>(300.7), 127);
+        assert_eq!(from_f64_rounded::<i32>(-2.9), -2);
     }
 
     #[test]
     fn integer_helpers() {
         assert_eq!(i8::MIN.wabs(), i8::MIN);
         assert_eq!(200u8.wneg(), 56);
-        assert_eq!(i64::MIN.checked_div(-1), None);
-        assert_eq!(i64::MIN.checked_rem(-1), Some(0));
-        assert_eq!(7i32.checked_rem(0), None);
+        assert_eq!(IntElem::checked_div(i64::MIN, -1), None);
+        assert_eq!(IntElem::checked_rem(i64::MIN, -1), Some(0));
+        assert_eq!(IntElem::checked_rem(7i32, 0), None);
         assert_eq!(9u8.sign(), 1);
         assert!(is_nan(f32::NAN) && !is_nan(1i32));
     }

@@ -12,7 +12,7 @@ use crate::types::{DType, Shape, normalize_axis};
 
 use super::elementwise::{int_binary, real_binary, same_dtype};
 use super::index::{broadcast_offsets, element_count, for_each_index, offset, resolve_index, split_at_axis};
-use super::num::{FloatElem, IntElem, by_family};
+use super::num::{FloatElem, IntElem, by_family, from_f64_rounded};
 use crate::op::BinaryOp;
 
 /// The static extents of an attribute shape, or an error naming the unbound symbol.
@@ -192,7 +192,7 @@ fn reflect(i: i64, n: i64) -> i64 {
 
 /// `v` converted as `cast` converts an f64, typed like the elements of a slice.
 fn value_as<T: Element>(_: &[T], v: f64) -> T {
-    T::from_f64(v)
+    from_f64_rounded(v)
 }
 
 /// The indices of a gather or scatter as i64, which must be i32 or i64.
@@ -333,7 +333,8 @@ pub(super) fn iota(i: &Iota) -> Result<Tensor, String> {
     let stride = strides_of(&shape)[axis];
     let n = shape[axis];
     let values = (0..element_count(&shape)?).map(|o| i.start + ((o / stride) % n) as f64 * i.step);
-    Ok(Tensor::new(shape, Data::from_f64_iter(i.dtype, values)).expect("one value per position"))
+    let data = crate::with_dtype!(i.dtype, T => T::wrap(values.map(from_f64_rounded::<T>).collect()));
+    Ok(Tensor::new(shape, data).expect("one value per position"))
 }
 
 /// The operand's extents as an i64 vector.
