@@ -1,9 +1,10 @@
 //! `pool`: max and average pooling over the spatial dims of `x[N,C,*]`.
 //!
-//! Output extents come from the type rule (`infer::pool_extent`, ceil mode included). Each output position's
-//! window is listed once — the flat offsets of its taps inside the input, and its divisor — and then reduced over
-//! every (n, c) plane. A tap at `o·stride + k·dilation - pad_begin` is real when it lies in `[0, in)`, padding when
-//! it lies in the explicit pads `[-pad_begin, in + pad_end)`, and ceil-mode overhang beyond that.
+//! Output extents come from the type rule (`infer::pool_extent`, ceil mode included). For each output position
+//! the window is listed once — the flat offsets of its taps inside the input, and how many taps the divisor
+//! counts — and then reduced over every (n, c) plane. A tap at `o·stride + k·dilation - pad_begin` is real when
+//! it lies in `[0, in)`, padding when it lies in the explicit pads `[-pad_begin, in + pad_end)`, and ceil-mode
+//! overhang beyond that.
 
 use super::{load, store, to_usize, with_real};
 use crate::dispatch_data;
@@ -12,79 +13,117 @@ use crate::interp::num::{Real, is_nan};
 use crate::op::{Pool, PoolKind};
 use crate::tensor::{Data, Element, Tensor, strides_of};
 
+/// Max pooling keeps the largest real element (padding never wins; a NaN wins over everything). Average pooling
+/// sums the real elements and divides by the number of real ones, or with `count_include_pad` by the number of
+/// taps inside the padded input. A window with no real element (possible only with dilation) gives the dtype's
+/// lowest value (max) or NaN (average without `count_include_pad`).
+pub(super) fn pool(p: &Pool, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, String> {
+    let geometry = Geometry::new(p, x.shape(), &out_shape[2..]);
+    match p.kind {
+        PoolKind::Max => {
+            let data = dispatch_data!(x.data(), v => max_pool(v, &geometry));
+            Tensor::new(out_shape.to_vec(), data).map_err(|e| e.to_string())
+        }
+        PoolKind::Avg => with_real!(x.dtype(), F => {
+            let y = avg_pool::<F>(&load(x), &geometry, p.count_include_pad);
+            store(x.dtype(), out_shape, y)
+        }),
+    }
+}
+
+/// Window arithmetic of one pool, attributes as `usize` (the type rule checked their signs).
+struct Geometry<'a> {
+    /// `N·C`: the planes every window is reduced over.
+    planes: usize,
+    input: &'a [usize],
+    output: &'a [usize],
+    in_strides: Vec<usize>,
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    pad_begin: Vec<usize>,
+    pad_end: Vec<usize>,
+}
+
 /// One output position's window.
-struct PoolWindow {
+struct Window {
     /// Flat spatial offsets of the taps that are real input elements.
     real: Vec<usize>,
     /// Taps inside the input or the explicit pads (the ceil-mode overhang excluded).
     padded: usize,
 }
 
-/// Max pooling keeps the largest real element (padding never wins; a NaN wins over everything). Average pooling
-/// sums the real elements and divides by the number of real ones, or with `count_include_pad` by the number of
-/// taps inside the padded input. A window with no real element gives the dtype's lowest value (max) or NaN
-/// (average without `count_include_pad`).
-pub(super) fn pool(p: &Pool, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, String> {
-    let xs = x.shape();
-    let windows = windows(p, &xs[2..], &out_shape[2..]);
-    let planes = xs[0] * xs[1];
-    let in_size: usize = xs[2..].iter().product();
-    match p.kind {
-        PoolKind::Max => {
-            let data = dispatch_data!(x.data(), v => max_pool(v, &windows, planes, in_size));
-            Tensor::new(out_shape.to_vec(), data).map_err(|e| e.to_string())
+impl<'a> Geometry<'a> {
+    /// The geometry for `x` of shape `x_shape` pooled to spatial extents `output`.
+    fn new(p: &Pool, x_shape: &'a [usize], output: &'a [usize]) -> Geometry<'a> {
+        let input = &x_shape[2..];
+        let rank = input.len();
+        Geometry {
+            planes: x_shape[0] * x_shape[1],
+            input,
+            output,
+            in_strides: strides_of(input),
+            kernel: to_usize(&p.kernel),
+            strides: to_usize(&p.strides),
+            dilations: to_usize(&p.dilations),
+            pad_begin: to_usize(&p.pads[..rank]),
+            pad_end: to_usize(&p.pads[rank..]),
         }
-        PoolKind::Avg => with_real!(x.dtype(), F => {
-            let y = avg_pool::<F>(&load(x), &windows, planes, in_size, p.count_include_pad);
-            store(x.dtype(), out_shape, y)
-        }),
+    }
+
+    fn in_size(&self) -> usize {
+        self.input.iter().product()
+    }
+
+    fn out_size(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    /// Calls `f(flat output position, window)` for every output position.
+    fn for_each_window(&self, mut f: impl FnMut(usize, &Window)) {
+        let mut w = Window { real: Vec::new(), padded: 0 };
+        let mut p = 0;
+        for_each_index(self.output, |o| {
+            w.real.clear();
+            w.padded = 0;
+            for_each_index(&self.kernel, |k| {
+                let mut off = 0;
+                let mut real = true;
+                let mut in_pads = true;
+                for d in 0..o.len() {
+                    // Measured from the start of the left padding, so it stays non-negative.
+                    let shifted = o[d] * self.strides[d] + k[d] * self.dilations[d];
+                    let (begin, end) = (self.pad_begin[d], self.pad_begin[d] + self.input[d]);
+                    if shifted < begin || shifted >= end {
+                        real = false;
+                    } else {
+                        off += (shifted - begin) * self.in_strides[d];
+                    }
+                    if shifted >= end + self.pad_end[d] {
+                        in_pads = false;
+                    }
+                }
+                if real {
+                    w.real.push(off);
+                }
+                if in_pads {
+                    w.padded += 1;
+                }
+            });
+            f(p, &w);
+            p += 1;
+        });
     }
 }
 
-fn windows(p: &Pool, input: &[usize], output: &[usize]) -> Vec<PoolWindow> {
-    let rank = input.len();
-    let (kernel, strides, dilations) = (to_usize(&p.kernel), to_usize(&p.strides), to_usize(&p.dilations));
-    let (pad_begin, pad_end) = (to_usize(&p.pads[..rank]), to_usize(&p.pads[rank..]));
-    let in_strides = strides_of(input);
-    let mut out = Vec::with_capacity(output.iter().product());
-    for_each_index(output, |o| {
-        let mut w = PoolWindow { real: Vec::new(), padded: 0 };
-        for_each_index(&kernel, |k| {
-            let mut off = 0;
-            let mut real = true;
-            let mut in_pads = true;
-            for d in 0..rank {
-                // Shifted by pad_begin so it stays non-negative: the padded input is [0, pb + in + pe).
-                let shifted = o[d] * strides[d] + k[d] * dilations[d];
-                if shifted < pad_begin[d] || shifted >= pad_begin[d] + input[d] {
-                    real = false;
-                }
-                if shifted >= pad_begin[d] + input[d] + pad_end[d] {
-                    in_pads = false;
-                }
-                if real {
-                    off += (shifted - pad_begin[d]) * in_strides[d];
-                }
-            }
-            if real {
-                w.real.push(off);
-            }
-            if in_pads {
-                w.padded += 1;
-            }
-        });
-        out.push(w);
-    });
-    out
-}
-
-fn max_pool<T: Element>(v: &[T], windows: &[PoolWindow], planes: usize, in_size: usize) -> Data {
-    let lowest = T::from_f64(f64::NEG_INFINITY);
-    let mut y = Vec::with_capacity(planes * windows.len());
-    for plane in 0..planes {
-        let base = plane * in_size;
-        for w in windows {
-            let mut best = lowest;
+fn max_pool<T: Element>(v: &[T], g: &Geometry) -> Data {
+    let (in_size, out_size) = (g.in_size(), g.out_size());
+    let planes = g.planes;
+    let mut y = vec![T::from_f64(f64::NEG_INFINITY); planes * out_size];
+    g.for_each_window(|p, w| {
+        for plane in 0..planes {
+            let base = plane * in_size;
+            let mut best = T::from_f64(f64::NEG_INFINITY);
             for &off in &w.real {
                 let e = v[base + off];
                 if is_nan(e) {
@@ -95,31 +134,27 @@ fn max_pool<T: Element>(v: &[T], windows: &[PoolWindow], planes: usize, in_size:
                     best = e;
                 }
             }
-            y.push(best);
+            y[plane * out_size + p] = best;
         }
-    }
+    });
     T::wrap(y)
 }
 
-fn avg_pool<F: Real>(
-    v: &[F],
-    windows: &[PoolWindow],
-    planes: usize,
-    in_size: usize,
-    count_include_pad: bool,
-) -> Vec<F> {
-    let mut y = Vec::with_capacity(planes * windows.len());
-    for plane in 0..planes {
-        let base = plane * in_size;
-        for w in windows {
+fn avg_pool<F: Real>(v: &[F], g: &Geometry, count_include_pad: bool) -> Vec<F> {
+    let (in_size, out_size) = (g.in_size(), g.out_size());
+    let planes = g.planes;
+    let mut y = vec![F::ZERO; planes * out_size];
+    g.for_each_window(|p, w| {
+        let count = F::of_f64(if count_include_pad { w.padded } else { w.real.len() } as f64);
+        for plane in 0..planes {
+            let base = plane * in_size;
             let mut sum = F::ZERO;
             for &off in &w.real {
                 sum = sum + v[base + off];
             }
-            let count = if count_include_pad { w.padded } else { w.real.len() };
-            y.push(sum / F::of_f64(count as f64));
+            y[plane * out_size + p] = sum / count;
         }
-    }
+    });
     y
 }
 
@@ -297,6 +332,19 @@ mod tests {
             ],
             1e-6,
         );
+    }
+
+    #[test]
+    fn windows_without_real_elements() {
+        // An empty input with pads of 2 and a window of 3: two windows, both all padding.
+        let cases =
+            [(PoolKind::Max, false, f64::NEG_INFINITY), (PoolKind::Avg, true, 0.0), (PoolKind::Avg, false, f64::NAN)];
+        for (kind, include_pad, want) in cases {
+            let op = pool(kind, &[3], &[1], &[2, 2], false, include_pad);
+            let name = format!("{kind:?}, count_include_pad {include_pad}");
+            let y = run(&name, &op, &[f32s(&[1, 2, 0], &[])]);
+            expect(&name, &y[0], DType::F32, &[1, 2, 2], &[want; 4], 0.0);
+        }
     }
 
     #[test]

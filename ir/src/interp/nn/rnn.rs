@@ -397,6 +397,20 @@ mod tests {
     }
 
     #[test]
+    fn gru_handles_an_empty_batch() {
+        let inputs = vec![
+            f32s(&[2, 0, 1], &[]),
+            f32s(&[1, 3, 1], &[0.5; 3]),
+            f32s(&[1, 3, 1], &[0.5; 3]),
+            f32s(&[1, 6], &[0.0; 6]),
+            f32s(&[1, 0, 1], &[]),
+        ];
+        let op = gru(RnnDirection::Reverse, f64::INFINITY, true);
+        let want = vec![(vec![2, 1, 0, 1], vec![]), (vec![1, 0, 1], vec![])];
+        check(&[Case { name: "empty batch", op, inputs, want }], 0.0);
+    }
+
+    #[test]
     fn gru_bidirectional_runs_each_direction_on_its_own_weights() {
         let mut inputs = gru_inputs();
         // Both directions get the same weights, so each half must match the one-direction results.
