@@ -146,10 +146,10 @@ impl Symbols {
         let dims = declared.shape.dims();
         if t.shape().len() != dims.len() {
             return Err(format!(
-                "{what} should have rank {} ({}), got shape {:?}",
+                "{what} should have rank {} ({}), got shape {}",
                 dims.len(),
                 declared.shape.substitute(&self.0),
-                t.shape()
+                t.tensor_type().shape
             ));
         }
         // Bind into a copy first so a failed check leaves no partial bindings.
@@ -159,9 +159,9 @@ impl Symbols {
             match want {
                 Dim::Static(n) if *n != got => {
                     return Err(format!(
-                        "{what} should have shape {}, got {:?} (dim {d} is {got}, not {n})",
+                        "{what} should have shape {}, got {} (dim {d} is {got}, not {n})",
                         declared.shape.substitute(&self.0),
-                        t.shape()
+                        t.tensor_type().shape
                     ));
                 }
                 Dim::Static(_) => {}
