@@ -1,0 +1,326 @@
+//! `resize`: nearest and (multi-)linear resizing, ONNX Resize without antialiasing.
+//!
+//! Each output coordinate `o` of a dim maps to a fractional input coordinate `x` by the coordinate mode; then
+//! - nearest rounds `x` by the nearest mode and clamps the index into `[0, in)`: a gather, exact for every dtype;
+//! - linear clamps `x` into `[0, in - 1]` (ONNX's edge handling) and blends the two neighbours
+//!   `floor(x)` and `floor(x) + 1` (the latter clamped) with weights `1 - frac` and `frac`. Dims are interpolated
+//!   one at a time, which is the same multilinear blend. A tap of weight exactly 0 is skipped, so sampling exactly
+//!   on an input element returns it even beside an infinity.
+
+use super::{load, store, with_real};
+use crate::interp::index::for_each_index;
+use crate::interp::num::Real;
+use crate::op::{CoordMode, NearestMode, Resize, ResizeMode};
+use crate::tensor::{Tensor, strides_of};
+
+pub(super) fn resize(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, String> {
+    let in_shape = x.shape();
+    if r.coord != CoordMode::AlignCorners
+        && let Some(s) = r.scales.iter().find(|s| !(s.is_finite() && **s > 0.0))
+    {
+        return Err(format!("scale {s} must be positive and finite"));
+    }
+    if out_shape.iter().product::<usize>() == 0 {
+        return Ok(Tensor::zeros(x.dtype(), out_shape.to_vec()));
+    }
+    if let Some(d) = in_shape.iter().position(|&n| n == 0) {
+        return Err(format!("cannot resize the empty dim {d} to {}", out_shape[d]));
+    }
+    let coords = |d: usize| -> Vec<f64> {
+        (0..out_shape[d]).map(|o| source_coord(r.coord, o, in_shape[d], out_shape[d], r.scales[d])).collect()
+    };
+    match r.mode {
+        ResizeMode::Nearest => {
+            let in_strides = strides_of(in_shape);
+            let maps: Vec<Vec<usize>> = (0..in_shape.len())
+                .map(|d| coords(d).into_iter().map(|c| nearest_index(c, r.nearest, in_shape[d])).collect())
+                .collect();
+            let mut idx = Vec::with_capacity(out_shape.iter().product());
+            for_each_index(out_shape, |o| {
+                idx.push((0..o.len()).map(|d| maps[d][o[d]] * in_strides[d]).sum::<usize>());
+            });
+            Tensor::new(out_shape.to_vec(), x.data().gather(idx.into_iter())).map_err(|e| e.to_string())
+        }
+        ResizeMode::Linear => with_real!(x.dtype(), F => {
+            let mut cur = load::<F>(x);
+            let mut shape = in_shape.to_vec();
+            for d in 0..shape.len() {
+                cur = linear_along(&cur, &shape, d, &coords(d));
+                shape[d] = out_shape[d];
+            }
+            store(x.dtype(), out_shape, cur)
+        }),
+    }
+}
+
+/// The input coordinate that output coordinate `o` samples (ONNX `coordinate_transformation_mode`).
+fn source_coord(mode: CoordMode, o: usize, in_len: usize, out_len: usize, scale: f64) -> f64 {
+    let o = o as f64;
+    match mode {
+        CoordMode::HalfPixel => (o + 0.5) / scale - 0.5,
+        CoordMode::PytorchHalfPixel if out_len > 1 => (o + 0.5) / scale - 0.5,
+        CoordMode::PytorchHalfPixel => 0.0,
+        CoordMode::AlignCorners if out_len > 1 => o * (in_len - 1) as f64 / (out_len - 1) as f64,
+        CoordMode::AlignCorners => 0.0,
+        CoordMode::Asymmetric => o / scale,
+    }
+}
+
+/// The input index nearest mode picks for coordinate `x`, clamped into `[0, in_len)`.
+fn nearest_index(x: f64, mode: NearestMode, in_len: usize) -> usize {
+    let floor = x.floor();
+    let frac = x - floor;
+    let i = match mode {
+        NearestMode::RoundPreferFloor if frac > 0.5 => floor + 1.0,
+        NearestMode::RoundPreferFloor => floor,
+        NearestMode::RoundPreferCeil if frac >= 0.5 => floor + 1.0,
+        NearestMode::RoundPreferCeil => floor,
+        NearestMode::Floor => floor,
+        NearestMode::Ceil => x.ceil(),
+    };
+    i.clamp(0.0, (in_len - 1) as f64) as usize
+}
+
+/// Linear interpolation of `v` (of `shape`) along dim `d` at the input coordinates `coords`.
+fn linear_along<F: Real>(v: &[F], shape: &[usize], d: usize, coords: &[f64]) -> Vec<F> {
+    let outer: usize = shape[..d].iter().product();
+    let inner: usize = shape[d + 1..].iter().product();
+    let in_len = shape[d];
+    let taps: Vec<(usize, usize, F)> = coords
+        .iter()
+        .map(|&c| {
+            let x = c.clamp(0.0, (in_len - 1) as f64);
+            let i0 = x.floor() as usize;
+            (i0, (i0 + 1).min(in_len - 1), F::of_f64(x - i0 as f64))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(outer * coords.len() * inner);
+    for a in 0..outer {
+        for &(i0, i1, w) in &taps {
+            for b in 0..inner {
+                let lo = v[(a * in_len + i0) * inner + b];
+                let hi = v[(a * in_len + i1) * inner + b];
+                out.push(if w == F::ZERO { lo } else { (F::ONE - w) * lo + w * hi });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use crate::op::{CoordMode, NearestMode, Op, Resize, ResizeMode};
+    use crate::types::{DType, Shape};
+
+    fn resize(mode: ResizeMode, coord: CoordMode, nearest: NearestMode, shape: &[u64], scales: &[f64]) -> Op {
+        Op::Resize(Resize { mode, coord, nearest, shape: Shape::of(shape), scales: scales.to_vec() })
+    }
+
+    fn nearest(coord: CoordMode, nearest: NearestMode, shape: &[u64], scales: &[f64]) -> Op {
+        resize(ResizeMode::Nearest, coord, nearest, shape, scales)
+    }
+
+    fn linear(coord: CoordMode, shape: &[u64], scales: &[f64]) -> Op {
+        resize(ResizeMode::Linear, coord, NearestMode::Floor, shape, scales)
+    }
+
+    #[test]
+    fn nearest_matches_hand_values() {
+        use CoordMode::*;
+        use NearestMode::*;
+        let x4 = || f32s(&[4], &ramp(4));
+        check(
+            &[
+                Case {
+                    name: "2x upsample, asymmetric floor",
+                    op: nearest(Asymmetric, Floor, &[1, 1, 4, 4], &[1.0, 1.0, 2.0, 2.0]),
+                    inputs: vec![f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0])],
+                    want: vec![(
+                        vec![1, 1, 4, 4],
+                        vec![1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0],
+                    )],
+                },
+                Case {
+                    name: "2x upsample, half_pixel round_prefer_floor",
+                    op: nearest(HalfPixel, RoundPreferFloor, &[6], &[2.0]),
+                    inputs: vec![f32s(&[3], &[1.0, 2.0, 3.0])],
+                    // Coordinates -0.25, 0.25, 0.75, 1.25, 1.75, 2.25.
+                    want: vec![(vec![6], vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0])],
+                },
+                Case {
+                    name: "downsample ties, round_prefer_floor",
+                    op: nearest(HalfPixel, RoundPreferFloor, &[2], &[0.5]),
+                    inputs: vec![x4()],
+                    // Coordinates 0.5 and 2.5.
+                    want: vec![(vec![2], vec![1.0, 3.0])],
+                },
+                Case {
+                    name: "downsample ties, round_prefer_ceil",
+                    op: nearest(HalfPixel, RoundPreferCeil, &[2], &[0.5]),
+                    inputs: vec![x4()],
+                    want: vec![(vec![2], vec![2.0, 4.0])],
+                },
+                Case {
+                    name: "downsample, floor",
+                    op: nearest(HalfPixel, Floor, &[2], &[0.5]),
+                    inputs: vec![x4()],
+                    want: vec![(vec![2], vec![1.0, 3.0])],
+                },
+                Case {
+                    name: "downsample, ceil",
+                    op: nearest(HalfPixel, Ceil, &[2], &[0.5]),
+                    inputs: vec![x4()],
+                    want: vec![(vec![2], vec![2.0, 4.0])],
+                },
+                Case {
+                    name: "align_corners 4 → 3",
+                    op: nearest(AlignCorners, RoundPreferFloor, &[3], &[0.75]),
+                    inputs: vec![x4()],
+                    // Coordinates 0, 1.5, 3.
+                    want: vec![(vec![3], vec![1.0, 2.0, 4.0])],
+                },
+                Case {
+                    name: "pytorch_half_pixel to one element",
+                    op: nearest(PytorchHalfPixel, Floor, &[1], &[0.25]),
+                    inputs: vec![x4()],
+                    want: vec![(vec![1], vec![1.0])],
+                },
+                Case {
+                    name: "half_pixel to one element",
+                    op: nearest(HalfPixel, Floor, &[1], &[0.25]),
+                    inputs: vec![x4()],
+                    // Coordinate 0.5 · 4 - 0.5 = 1.5.
+                    want: vec![(vec![1], vec![2.0])],
+                },
+                Case {
+                    name: "ceil clamps past the end",
+                    op: nearest(Asymmetric, Ceil, &[4], &[2.0]),
+                    inputs: vec![f32s(&[2], &[1.0, 2.0])],
+                    // Coordinates 0, 0.5, 1, 1.5 → 0, 1, 1, 2 (clamped to 1).
+                    want: vec![(vec![4], vec![1.0, 2.0, 2.0, 2.0])],
+                },
+                Case {
+                    name: "empty batch",
+                    op: nearest(Asymmetric, Floor, &[0, 1, 4], &[1.0, 1.0, 2.0]),
+                    inputs: vec![f32s(&[0, 1, 2], &[])],
+                    want: vec![(vec![0, 1, 4], vec![])],
+                },
+            ],
+            0.0,
+        );
+    }
+
+    #[test]
+    fn nearest_keeps_integers_exact() {
+        let op = nearest(CoordMode::Asymmetric, NearestMode::Floor, &[1, 4], &[1.0, 2.0]);
+        let big = (1i64 << 60) + 3;
+        let x = crate::tensor::Tensor::from_vec(vec![1, 2], vec![big, -7]).unwrap();
+        let y = run("i64", &op, &[x]);
+        assert_eq!(y[0].as_slice::<i64>().unwrap(), &[big, big, -7, -7]);
+    }
+
+    #[test]
+    fn linear_matches_hand_values() {
+        use CoordMode::*;
+        let x2 = || f32s(&[2], &[1.0, 2.0]);
+        check(
+            &[
+                Case {
+                    name: "half_pixel 2 → 4",
+                    op: linear(HalfPixel, &[4], &[2.0]),
+                    inputs: vec![x2()],
+                    // Coordinates -0.25 (clamped to 0), 0.25, 0.75, 1.25 (clamped to 1).
+                    want: vec![(vec![4], vec![1.0, 1.25, 1.75, 2.0])],
+                },
+                Case {
+                    name: "align_corners 2 → 4",
+                    op: linear(AlignCorners, &[4], &[2.0]),
+                    inputs: vec![x2()],
+                    want: vec![(vec![4], vec![1.0, 4.0 / 3.0, 5.0 / 3.0, 2.0])],
+                },
+                Case {
+                    name: "asymmetric 2 → 4",
+                    op: linear(Asymmetric, &[4], &[2.0]),
+                    inputs: vec![x2()],
+                    want: vec![(vec![4], vec![1.0, 1.5, 2.0, 2.0])],
+                },
+                Case {
+                    name: "pytorch_half_pixel 2 → 4 equals half_pixel",
+                    op: linear(PytorchHalfPixel, &[4], &[2.0]),
+                    inputs: vec![x2()],
+                    want: vec![(vec![4], vec![1.0, 1.25, 1.75, 2.0])],
+                },
+                Case {
+                    name: "half_pixel 4 → 2 averages pairs",
+                    op: linear(HalfPixel, &[2], &[0.5]),
+                    inputs: vec![f32s(&[4], &ramp(4))],
+                    // Coordinates 0.5 and 2.5.
+                    want: vec![(vec![2], vec![1.5, 3.5])],
+                },
+                Case {
+                    name: "bilinear align_corners 2x2 → 3x3",
+                    op: linear(AlignCorners, &[1, 1, 3, 3], &[1.0, 1.0, 1.5, 1.5]),
+                    inputs: vec![f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0])],
+                    want: vec![(vec![1, 1, 3, 3], vec![1.0, 1.5, 2.0, 2.0, 2.5, 3.0, 3.0, 3.5, 4.0])],
+                },
+                Case {
+                    name: "bilinear half_pixel 2x2 → 4x4",
+                    op: linear(HalfPixel, &[4, 4], &[2.0, 2.0]),
+                    inputs: vec![f64s(&[2, 2], &[1.0, 2.0, 3.0, 4.0])],
+                    // Rows blend with [1, .75/.25, .25/.75, 1] weights: row r, column c is (1 + 2·t_r) + t_c with
+                    // t = [0, 0.25, 0.75, 1].
+                    want: vec![(vec![4, 4], {
+                        let t = [0.0, 0.25, 0.75, 1.0];
+                        let mut v = Vec::new();
+                        for r in t {
+                            for c in t {
+                                v.push(1.0 + 2.0 * r + c);
+                            }
+                        }
+                        v
+                    })],
+                },
+                Case {
+                    name: "sampling on an element ignores an infinite neighbour",
+                    op: linear(Asymmetric, &[4], &[2.0]),
+                    inputs: vec![f32s(&[2], &[1.0, f64::INFINITY])],
+                    want: vec![(vec![4], vec![1.0, f64::INFINITY, f64::INFINITY, f64::INFINITY])],
+                },
+                Case {
+                    name: "3-d trilinear corners",
+                    op: linear(AlignCorners, &[3, 1, 1], &[1.5, 0.5, 0.5]),
+                    inputs: vec![f32s(&[2, 1, 1], &[2.0, 4.0])],
+                    want: vec![(vec![3, 1, 1], vec![2.0, 3.0, 4.0])],
+                },
+                Case {
+                    name: "empty batch",
+                    op: linear(HalfPixel, &[0, 4], &[1.0, 2.0]),
+                    inputs: vec![f32s(&[0, 2], &[])],
+                    want: vec![(vec![0, 4], vec![])],
+                },
+            ],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn bad_resize_operands_are_errors() {
+        let x = f32s(&[2], &[1.0, 2.0]);
+        expect_err("zero scale", &linear(CoordMode::HalfPixel, &[4], &[0.0]), std::slice::from_ref(&x), "scale");
+        expect_err("NaN scale", &linear(CoordMode::Asymmetric, &[4], &[f64::NAN]), std::slice::from_ref(&x), "scale");
+        expect_err("rank mismatch", &linear(CoordMode::HalfPixel, &[4, 4], &[2.0, 2.0]), &[x], "rank");
+        let op = nearest(CoordMode::Asymmetric, NearestMode::Floor, &[3], &[1.0]);
+        expect_err("empty source", &op, &[f32s(&[0], &[])], "empty");
+        let ints = tensor(DType::I32, &[2], &[1.0, 2.0]);
+        expect_err("linear on ints", &linear(CoordMode::HalfPixel, &[4], &[2.0]), &[ints], "float");
+        let op = Op::Resize(Resize {
+            mode: ResizeMode::Nearest,
+            coord: CoordMode::Asymmetric,
+            nearest: NearestMode::Floor,
+            shape: Shape(vec!["n".into()]),
+            scales: vec![1.0],
+        });
+        expect_err("symbolic target", &op, &[f32s(&[2], &[1.0, 2.0])], "static");
+    }
+}
