@@ -82,7 +82,7 @@ pub enum Error {
     #[error("execution failed at {0}")]
     Exec(#[from] kiln_ir::interp::InterpError),
     /// An ONNX model could not be imported.
-    #[error("{path}: {source}", path = .1)]
+    #[error("{path}: {0}", path = .1)]
     OnnxAt(kiln_onnx::ImportError, String),
     /// An ONNX model could not be imported (no path at hand).
     #[error(transparent)]

@@ -37,11 +37,6 @@ impl<'a> OnnxNode<'a> {
         self.inputs.get(i).and_then(Option::as_ref)
     }
 
-    /// Number of inputs given (including omitted ones in the middle).
-    pub fn num_inputs(&self) -> usize {
-        self.inputs.len()
-    }
-
     /// All given inputs, requiring each to be present.
     pub fn all_inputs(&self) -> Result<Vec<&Val>, String> {
         (0..self.inputs.len()).map(|i| self.input(i)).collect()
@@ -112,10 +107,5 @@ impl<'a> OnnxNode<'a> {
     pub fn unread_attributes(&self) -> Vec<String> {
         let used = self.used.borrow();
         self.proto.attribute.iter().filter(|a| !used.contains(&a.name)).map(|a| a.name.clone()).collect()
-    }
-
-    /// How the node is named in messages.
-    pub fn label(&self) -> String {
-        self.proto.name.clone()
     }
 }

@@ -6,10 +6,9 @@
 
 use kiln_ir::op::{
     BinaryOp as B, Broadcast, Concat, Gather, GatherElements, Iota, Pad, PadMode, ReduceKind, Scatter,
-    ScatterReduction, Slice, Split, UnaryOp as U,
+    ScatterReduction, Slice, Split,
 };
-use kiln_ir::types::normalize_axis;
-use kiln_ir::{DType, Data, Dim, Op, Shape, Tensor};
+use kiln_ir::{DType, Dim, Op, Shape, Tensor};
 
 use super::{
     axis, bin, const_ints, dim_product, dims_from_args, i64_tensor, scalar_like, static_shape,
