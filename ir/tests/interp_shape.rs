@@ -233,7 +233,12 @@ fn scatter_writes_and_combines() {
         &[bools(&[2], &[false, true]), i64s(&[2], &[0, 1]), bools(&[2], &[true, false])],
         &[bools(&[2], &[true, true])],
     );
-    check("no updates", &scatter(0, SR::Add), &[data.clone(), i64s(&[0], &[]), i32s(&[0], &[])], &[data.clone()]);
+    check(
+        "no updates",
+        &scatter(0, SR::Add),
+        &[data.clone(), i64s(&[0], &[]), i32s(&[0], &[])],
+        std::slice::from_ref(&data),
+    );
     check_err("out of range", &scatter(0, SR::None), &[data, i64s(&[1], &[2]), i32s(&[1], &[0])], "out of range");
 }
 
@@ -258,4 +263,37 @@ fn sources() {
     check("shape_of scalar", &Op::ShapeOf, &[bools(&[], &[true])], &[i64s(&[0], &[])]);
     let value = u8s(&[2], &[4, 5]);
     check("constant", &Op::Constant(Constant { value: value.clone() }), &[], &[value]);
+}
+
+#[test]
+fn zero_size_with_huge_extents() {
+    // No elements, but the dims after the zero multiply past u64: nothing may overflow.
+    let big = 1usize << 40;
+    let x = f32s(&[0, big, big], &[]);
+    let sum =
+        Op::Reduce(kiln_ir::op::Reduce { kind: kiln_ir::op::ReduceKind::Sum, axes: vec![1, 2], keep_dims: false });
+    check("reduce", &sum, std::slice::from_ref(&x), &[f32s(&[0], &[])]);
+    let t = Op::Transpose(Transpose { perm: vec![0, 2, 1] });
+    check("transpose", &t, std::slice::from_ref(&x), &[f32s(&[0, big, big], &[])]);
+    check("slice", &slice(&[1], &[3], &[1], &[1]), std::slice::from_ref(&x), &[f32s(&[0, 2, big], &[])]);
+    check("shape_of", &Op::ShapeOf, std::slice::from_ref(&x), &[i64s(&[3], &[0, big as i64, big as i64])]);
+    let iota = Op::Iota(Iota {
+        dtype: DType::F32,
+        shape: Shape::of(&[0, big as u64, big as u64]),
+        axis: 1,
+        start: 0.0,
+        step: 1.0,
+    });
+    check("iota", &iota, &[], &[x]);
+}
+
+#[test]
+fn extreme_pads_do_not_overflow() {
+    // 3 + i64::MIN + i64::MAX = 2: every result position falls outside the input.
+    check(
+        "pad",
+        &pad(PadMode::Constant, &[i64::MIN, i64::MAX], 9.0),
+        &[i32s(&[3], &[1, 2, 3])],
+        &[i32s(&[2], &[9, 9])],
+    );
 }

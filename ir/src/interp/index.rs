@@ -5,7 +5,6 @@
 //! scalars (one empty index is visited). Offsets are row-major element offsets, as [`Tensor`](crate::Tensor)
 //! stores data. These are shared by every interpreter file, including the neural-net ops, and are kept stable.
 
-use crate::tensor::strides_of;
 use crate::types::broadcast_static;
 
 /// Calls `f` with every multi-index of `shape` in row-major order (last dim fastest), stopping at the first
@@ -42,12 +41,25 @@ pub(super) fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
     let Ok(()) = never;
 }
 
+/// The product of extents, 0 when any is 0. Saturates instead of overflowing, so a zero-size tensor whose
+/// other dims multiply past `usize` (`[0, 2^40, 2^40]`) is harmless; for a tensor that has elements the product
+/// divides its element count and is exact.
+pub(super) fn extent_product<'a>(dims: impl IntoIterator<Item = &'a usize>) -> usize {
+    dims.into_iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
+}
+
+/// Row-major strides of `shape`, computed with [`extent_product`] so zero-size shapes never overflow.
+pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
+    (0..shape.len()).map(|d| extent_product(&shape[d + 1..])).collect()
+}
+
 /// The dot product of an index with strides: a row-major offset.
 pub(super) fn offset(idx: &[usize], strides: &[usize]) -> usize {
     idx.iter().zip(strides).map(|(i, s)| i * s).sum()
 }
 
-/// The element count of `shape`, or an error if it overflows `usize`.
+/// The element count of `shape`, or an error if multiplying its extents in order overflows `usize` (as
+/// [`Tensor::new`](crate::Tensor::new) does; such a shape cannot be built even when a later extent is 0).
 pub(super) fn element_count(shape: &[usize]) -> Result<usize, String> {
     shape
         .iter()
@@ -63,7 +75,7 @@ pub(super) fn broadcast_strides(from: &[usize], to: &[usize]) -> Result<Vec<usiz
         return Err(format!("shape {from:?} has more dims than the broadcast shape {to:?}"));
     }
     let lead = to.len() - from.len();
-    let own = strides_of(from);
+    let own = strides(from);
     let mut out = vec![0usize; to.len()];
     for (d, &n) in from.iter().enumerate() {
         if n == to[lead + d] {
@@ -99,9 +111,7 @@ pub(super) fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String
 /// Splits `shape` around `axis` into (product of the dims before it, its extent, product of the dims after it).
 /// The axis must be in range.
 pub(super) fn split_at_axis(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    let outer = shape[..axis].iter().product();
-    let inner = shape[axis + 1..].iter().product();
-    (outer, shape[axis], inner)
+    (extent_product(&shape[..axis]), shape[axis], extent_product(&shape[axis + 1..]))
 }
 
 /// Resolves a possibly negative index against an axis of extent `n` (`-1` is the last element), or explains
@@ -152,5 +162,9 @@ mod tests {
         assert!(resolve_index(3, 3, 0).is_err());
         assert!(resolve_index(-4, 3, 0).is_err());
         assert!(element_count(&[usize::MAX, 2]).is_err());
+        assert_eq!(element_count(&[0, usize::MAX, 2]), Ok(0));
+        assert_eq!(strides(&[0, usize::MAX, 2]), vec![usize::MAX, 2, 1]);
+        assert_eq!(strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(extent_product(&[usize::MAX, 2, 0]), 0);
     }
 }

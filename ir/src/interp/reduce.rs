@@ -7,11 +7,11 @@
 //! of an empty set are errors. `max`/`min` propagate NaN; `arg_reduce` treats NaN as the extreme value.
 
 use crate::op::{ArgKind, ArgReduce, Reduce, ReduceKind};
-use crate::tensor::{Data, Tensor, strides_of};
+use crate::tensor::{Data, Tensor};
 use crate::types::normalize_axis;
 
 use super::elementwise::{real_max, real_min, same_dtype};
-use super::index::{broadcast_offsets, broadcast_shapes, for_each_index, split_at_axis};
+use super::index::{broadcast_offsets, broadcast_shapes, extent_product, for_each_index, split_at_axis, strides};
 use super::num::{FloatElem, IntElem, Real, by_family, is_nan};
 
 /// A reduction over `axes` of a tensor: where each input element goes, and how many elements each output gets.
@@ -49,13 +49,17 @@ pub(super) fn reduce(r: &Reduce, x: &Tensor) -> Result<Tensor, String> {
     let shape = x.shape();
     let axes = crate::infer::normalize_axes(&r.axes, shape.len())?;
     let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).map(|d| shape[d]).collect();
-    let kept_strides = strides_of(&kept);
+    let kept_strides = strides(&kept);
     let mut out_strides = vec![0; shape.len()];
     for (k, d) in (0..shape.len()).filter(|d| !axes.contains(d)).enumerate() {
         out_strides[d] = kept_strides[k];
     }
-    let plan =
-        Plan { shape, out_strides, out_len: kept.iter().product(), group: axes.iter().map(|&d| shape[d]).product() };
+    let plan = Plan {
+        shape,
+        out_strides,
+        out_len: extent_product(&kept),
+        group: extent_product(axes.iter().map(|&d| &shape[d])),
+    };
     let out_shape: Vec<usize> = if r.keep_dims {
         (0..shape.len()).map(|d| if axes.contains(&d) { 1 } else { shape[d] }).collect()
     } else {
@@ -129,7 +133,7 @@ pub(super) fn arg_reduce(r: &ArgReduce, x: &Tensor) -> Result<Tensor, String> {
     }
     let axis = normalize_axis(r.axis, shape.len())?;
     let (outer, n, inner) = split_at_axis(shape, axis);
-    if n == 0 && outer * inner > 0 {
+    if n == 0 && outer.saturating_mul(inner) > 0 {
         return Err(format!("arg_{} along axis {} of shape {shape:?} has no elements", r.kind.name(), r.axis));
     }
     let idx = crate::dispatch_data!(x.data(), v => arg_extremes(v, outer, n, inner, r.kind, r.select_last_index));

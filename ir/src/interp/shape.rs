@@ -7,11 +7,11 @@
 //! these run (see [`eval_op`](super::eval_op)); shapes in attributes must be static by then.
 
 use crate::op::{Concat, Gather, GatherElements, Iota, Pad, PadMode, Scatter, ScatterReduction, Slice, Split};
-use crate::tensor::{Data, Element, Tensor, strides_of};
+use crate::tensor::{Data, Element, Tensor};
 use crate::types::{DType, Shape, normalize_axis};
 
 use super::elementwise::{int_binary, real_binary, same_dtype};
-use super::index::{broadcast_offsets, element_count, for_each_index, offset, resolve_index, split_at_axis};
+use super::index::{broadcast_offsets, element_count, for_each_index, offset, resolve_index, split_at_axis, strides};
 use super::num::{FloatElem, IntElem, by_family, from_f64_rounded};
 use crate::op::BinaryOp;
 
@@ -40,7 +40,7 @@ pub(super) fn transpose(x: &Tensor, perm: &[i64]) -> Result<Tensor, String> {
     if perm.len() != rank || (0..rank).any(|d| !perm.contains(&d)) {
         return Err(format!("perm {perm:?} is not a permutation of 0..{rank}"));
     }
-    let in_strides = x.strides();
+    let in_strides = strides(x.shape());
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
     let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
     let mut offsets = Vec::with_capacity(x.len());
@@ -74,7 +74,7 @@ pub(super) fn slice(x: &Tensor, s: &Slice) -> Result<Tensor, String> {
         ranges[axis] = (start, step, count as usize);
     }
     let shape: Vec<usize> = ranges.iter().map(|r| r.2).collect();
-    let strides = x.strides();
+    let strides = strides(x.shape());
     let mut offsets = Vec::with_capacity(element_count(&shape)?);
     for_each_index(&shape, |idx| {
         let o = idx.iter().zip(&ranges).zip(&strides).map(|((&i, r), s)| (r.0 + i as i64 * r.1) as usize * s).sum();
@@ -141,21 +141,22 @@ pub(super) fn pad(x: &Tensor, p: &Pad) -> Result<Tensor, String> {
     if p.pads.len() != 2 * rank {
         return Err(format!("pads has {} entries; rank {rank} needs {}", p.pads.len(), 2 * rank));
     }
+    // i128 arithmetic: extents and pads anywhere in i64 range cannot overflow.
     let mut shape = Vec::with_capacity(rank);
     for d in 0..rank {
-        let n = x.shape()[d] as i64 + p.pads[d] + p.pads[d + rank];
-        let n = usize::try_from(n).map_err(|_| format!("padding dim {d} leaves a negative extent"))?;
+        let n = x.shape()[d] as i128 + p.pads[d] as i128 + p.pads[d + rank] as i128;
+        let n = usize::try_from(n).map_err(|_| format!("padding dim {d} by {n} leaves no valid extent"))?;
         shape.push(n);
     }
-    let strides = x.strides();
+    let strides = strides(x.shape());
     // Per result position, the source offset, or None where the constant fills in.
     let mut sources: Vec<Option<usize>> = Vec::with_capacity(element_count(&shape)?);
     let mut bad = None;
     for_each_index(&shape, |idx| {
         let mut off = Some(0);
         for d in 0..rank {
-            let n = x.shape()[d] as i64;
-            let i = idx[d] as i64 - p.pads[d];
+            let n = x.shape()[d] as i128;
+            let i = idx[d] as i128 - p.pads[d] as i128;
             let src = match p.mode {
                 PadMode::Constant => (0..n).contains(&i).then_some(i),
                 PadMode::Edge if n > 0 => Some(i.clamp(0, n - 1)),
@@ -184,7 +185,7 @@ pub(super) fn pad(x: &Tensor, p: &Pad) -> Result<Tensor, String> {
 }
 
 /// Mirrors `i` into `0..n` without repeating the edges (period `2(n-1)`), for `n > 1`.
-fn reflect(i: i64, n: i64) -> i64 {
+fn reflect(i: i128, n: i128) -> i128 {
     let period = 2 * (n - 1);
     let r = i.rem_euclid(period);
     if r < n { r } else { period - r }
@@ -237,7 +238,7 @@ fn element_targets(data: &Tensor, indices: &Tensor, axis_attr: i64) -> Result<Ve
         }
     }
     let values = index_values(indices)?;
-    let strides = data.strides();
+    let strides = strides(data.shape());
     let mut out = Vec::with_capacity(values.len());
     let mut pos = 0;
     let mut err = None;
@@ -330,7 +331,7 @@ pub(super) fn iota(i: &Iota) -> Result<Tensor, String> {
         return Err("iota needs a result of rank 1 or more".into());
     }
     let axis = normalize_axis(i.axis, shape.len())?;
-    let stride = strides_of(&shape)[axis];
+    let stride = strides(&shape)[axis];
     let n = shape[axis];
     let values = (0..element_count(&shape)?).map(|o| i.start + ((o / stride) % n) as f64 * i.step);
     let data = crate::with_dtype!(i.dtype, T => T::wrap(values.map(from_f64_rounded::<T>).collect()));

@@ -80,7 +80,15 @@ pub(super) fn load<F: Real>(t: &Tensor) -> Vec<F> {
 
 /// A tensor of `dtype` from computed values, each rounded once.
 pub(super) fn store<F: Real + Into<f64>>(dtype: DType, shape: &[usize], v: Vec<F>) -> Result<Tensor, String> {
-    Tensor::new(shape.to_vec(), Data::from_f64_iter(dtype, v.into_iter().map(Into::into))).map_err(|e| e.to_string())
+    let wide = v.into_iter().map(Into::<f64>::into);
+    // f16 and bf16 compute in f32, so each value is exactly an f32: round from there, not through `half`'s f64
+    // conversions (which are not correctly rounded for every f64).
+    let data = match dtype {
+        DType::F16 => Data::F16(wide.map(|x| half::f16::from_f32(x as f32)).collect()),
+        DType::BF16 => Data::BF16(wide.map(|x| half::bf16::from_f32(x as f32)).collect()),
+        _ => Data::from_f64_iter(dtype, wide),
+    };
+    Tensor::new(shape.to_vec(), data).map_err(|e| e.to_string())
 }
 
 /// An attribute list that the type rules have checked to be non-negative, as `usize`s.
