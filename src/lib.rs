@@ -134,6 +134,8 @@ pub struct LoadOptions {
     pub weights: Option<PathBuf>,
     /// Static extents for inputs with symbolic dims (ONNX models are specialized to them at import).
     pub shapes: BTreeMap<String, Vec<usize>>,
+    /// Input values an ONNX model is specialized on (see `kiln_onnx::ImportOptions::known_inputs`).
+    pub known_inputs: BTreeMap<String, Tensor>,
 }
 
 /// How to run a model.
@@ -165,7 +167,7 @@ impl Model {
             "kir" => kiln_ir::parse(&read_text(path)?).map_err(|e| Error::Parse(e, shown.clone()))?,
             "json" => Graph::from_json(&read_text(path)?)
                 .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a kiln graph JSON document: {e}") })?,
-            "onnx" => kiln_onnx::import(path, &kiln_onnx::ImportOptions { shapes: options.shapes.clone() }).map_err(
+            "onnx" => kiln_onnx::import(path, &kiln_onnx::ImportOptions { shapes: options.shapes.clone(), known_inputs: options.known_inputs.clone() }).map_err(
                 |e| match e {
                     e @ kiln_onnx::ImportError::Unsupported(_) => Error::Onnx(e),
                     e => Error::OnnxAt(e, shown.clone()),

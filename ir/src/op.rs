@@ -341,9 +341,9 @@ named_enum! {
         Sum = "sum",
         /// Mean (NaN for an empty set of floats).
         Mean = "mean",
-        /// Maximum; NaN propagates; an empty set is an error.
+        /// Maximum; NaN propagates; an empty set gives -inf (the type's minimum for integers).
         Max = "max",
-        /// Minimum; NaN propagates; an empty set is an error.
+        /// Minimum; NaN propagates; an empty set gives +inf (the type's maximum for integers).
         Min = "min",
         /// Product (1 for an empty set).
         Prod = "prod",

@@ -56,8 +56,11 @@ fn reduce_empty_sets() {
     check("sum", &reduce(R::Sum, &[0], false), std::slice::from_ref(&x), &[f32s(&[3], &[0.0; 3])]);
     check("prod", &reduce(R::Prod, &[0], false), std::slice::from_ref(&x), &[f32s(&[3], &[1.0; 3])]);
     check("mean", &reduce(R::Mean, &[0], false), std::slice::from_ref(&x), &[f32s(&[3], &[NAN; 3])]);
-    check_err("max", &reduce(R::Max, &[0], false), std::slice::from_ref(&x), "empty");
-    check_err("min", &reduce(R::Min, &[-2], true), std::slice::from_ref(&x), "empty");
+    // Max and min of nothing are their identities (ONNX: -inf / +inf; integer extremes; false / true).
+    check("max", &reduce(R::Max, &[0], false), std::slice::from_ref(&x), &[f32s(&[3], &[f32::NEG_INFINITY; 3])]);
+    check("min", &reduce(R::Min, &[-2], true), std::slice::from_ref(&x), &[f32s(&[1, 3], &[f32::INFINITY; 3])]);
+    check("int max", &reduce(R::Max, &[0], false), &[i32s(&[0], &[])], &[i32s(&[], &[i32::MIN])]);
+    check("int min", &reduce(R::Min, &[0], false), &[i32s(&[0], &[])], &[i32s(&[], &[i32::MAX])]);
     // Reducing the non-empty axis leaves an empty result: nothing to reduce, so no error.
     check("max of nothing", &reduce(R::Max, &[1], false), std::slice::from_ref(&x), &[f32s(&[0], &[])]);
     check("sum keep", &reduce(R::Sum, &[1], true), &[x], &[f32s(&[0, 1], &[])]);

@@ -16,7 +16,7 @@ pub struct CheckArgs {
 }
 
 pub fn run(a: CheckArgs) -> Result<()> {
-    let options = kiln_onnx::ImportOptions { shapes: super::parse_shapes(&a.shapes)? };
+    let options = kiln_onnx::ImportOptions { shapes: super::parse_shapes(&a.shapes)?, ..Default::default() };
     let problems = kiln_onnx::check(&a.model, &options).map_err(|e| anyhow::anyhow!("{}: {e}", a.model.display()))?;
     if problems.is_empty() {
         println!("{}: supported (every op, attribute and dtype imports)", a.model.display());

@@ -63,7 +63,7 @@ impl ModelArgs {
             }
             shapes.insert(name, dims);
         }
-        Ok(kiln::Model::load(&self.model, &kiln::LoadOptions { weights: self.weights.clone(), shapes })?)
+        Ok(kiln::Model::load(&self.model, &kiln::LoadOptions { weights: self.weights.clone(), shapes, ..Default::default() })?)
     }
 
     /// The `--shape` options.

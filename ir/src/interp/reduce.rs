@@ -3,8 +3,10 @@
 //! Every reduction visits its elements in row-major order and accumulates sequentially, so results are
 //! deterministic. Floats accumulate in their [`Real`] type — f32 and f64 in themselves, f16 and bf16 in f32,
 //! rounded once at the end — and integers wrap, except integer `mean`, which sums exactly (i128) and truncates
-//! the quotient toward zero. Empty sets: `sum` is 0, `prod` 1, float `mean` NaN; integer `mean`, `max` and `min`
-//! of an empty set are errors. `max`/`min` propagate NaN; `arg_reduce` treats NaN as the extreme value.
+//! the quotient toward zero. Empty sets give the operation's identity, as ONNX defines it: `sum` 0, `prod` 1,
+//! `max` -inf (the type's minimum for integers, false for bool), `min` +inf (maximum, true); float `mean` of an
+//! empty set is NaN and integer `mean` an error. `max`/`min` propagate NaN; `arg_reduce` treats NaN as the
+//! extreme value.
 
 use crate::op::{ArgKind, ArgReduce, Reduce, ReduceKind};
 use crate::tensor::{Data, Tensor};
@@ -66,9 +68,6 @@ pub(super) fn reduce(r: &Reduce, x: &Tensor) -> Result<Tensor, String> {
         kept
     };
     let empty_groups = plan.group == 0 && plan.out_len > 0;
-    if empty_groups && matches!(r.kind, ReduceKind::Max | ReduceKind::Min) {
-        return Err(format!("{} over axes {:?} of shape {shape:?} reduces an empty set", r.kind.name(), r.axes));
-    }
     let data = by_family!(x.data(),
         float v => reduce_float(r.kind, v, &plan),
         int v => {
@@ -78,17 +77,28 @@ pub(super) fn reduce(r: &Reduce, x: &Tensor) -> Result<Tensor, String> {
             reduce_int(r.kind, v, &plan)
         },
         bool v => match r.kind {
-            ReduceKind::Max => Data::Bool(unwrap_groups(plan.fold1(v, |a, b| a | b))),
-            ReduceKind::Min => Data::Bool(unwrap_groups(plan.fold1(v, |a, b| a & b))),
+            ReduceKind::Max => Data::Bool(or_identity(plan.fold1(v, |a, b| a | b), false)),
+            ReduceKind::Min => Data::Bool(or_identity(plan.fold1(v, |a, b| a & b), true)),
             k => return Err(format!("{} is not defined on bool", k.name())),
         },
     );
     Ok(Tensor::new(out_shape, data).expect("one result per output position"))
 }
 
-/// The accumulators of a `fold1`, every group being non-empty (checked before folding).
-fn unwrap_groups<T>(acc: Vec<Option<T>>) -> Vec<T> {
-    acc.into_iter().map(|a| a.expect("max/min of an empty set is rejected before folding")).collect()
+/// The accumulators of a `fold1`, with `identity` for empty groups.
+fn or_identity<T: Copy>(acc: Vec<Option<T>>, identity: T) -> Vec<T> {
+    acc.into_iter().map(|a| a.unwrap_or(identity)).collect()
+}
+
+/// The smallest and largest values of an integer type.
+fn int_bounds<I: IntElem>() -> (I, I) {
+    let (lo, hi) = match I::DTYPE {
+        crate::types::DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        crate::types::DType::U8 => (0, u8::MAX as i64),
+        crate::types::DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        _ => (i64::MIN, i64::MAX),
+    };
+    (I::from_i64(lo), I::from_i64(hi))
 }
 
 fn reduce_float<T: FloatElem>(kind: ReduceKind, v: &[T], plan: &Plan<'_>) -> Data {
@@ -101,8 +111,8 @@ fn reduce_float<T: FloatElem>(kind: ReduceKind, v: &[T], plan: &Plan<'_>) -> Dat
             let n = T::C::of_f64(plan.group as f64);
             plan.fold(&c, T::C::ZERO, |a, x| *a = *a + x).into_iter().map(|s| s / n).collect()
         }
-        ReduceKind::Max => unwrap_groups(plan.fold1(&c, real_max)),
-        ReduceKind::Min => unwrap_groups(plan.fold1(&c, real_min)),
+        ReduceKind::Max => or_identity(plan.fold1(&c, real_max), T::C::of_f64(f64::NEG_INFINITY)),
+        ReduceKind::Min => or_identity(plan.fold1(&c, real_min), T::C::of_f64(f64::INFINITY)),
     };
     T::wrap(out.into_iter().map(T::down).collect())
 }
@@ -119,8 +129,8 @@ fn reduce_int<I: IntElem>(kind: ReduceKind, v: &[I], plan: &Plan<'_>) -> Data {
                 .map(|s| I::from_i64((s / n) as i64))
                 .collect()
         }
-        ReduceKind::Max => unwrap_groups(plan.fold1(v, Ord::max)),
-        ReduceKind::Min => unwrap_groups(plan.fold1(v, Ord::min)),
+        ReduceKind::Max => or_identity(plan.fold1(v, Ord::max), int_bounds::<I>().0),
+        ReduceKind::Min => or_identity(plan.fold1(v, Ord::min), int_bounds::<I>().1),
     };
     I::wrap(out)
 }
