@@ -99,12 +99,11 @@ fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
         let path = dir.join("model.onnx");
         let mut loaded = Model::load(&path, &options);
         // Node tests feed shape arguments (axes, pads, k, repeats…) as graph inputs; a model that needs them known
-        // is specialized on this data set's small integer inputs, as a runtime compiling for fixed arguments would.
+        // is specialized on this data set's small inputs, as a runtime compiling for fixed arguments would.
         if let Err(crate::Error::Onnx(kiln_onnx::ImportError::Unsupported(list))) = &loaded
             && list.iter().all(|u| u.message.contains("known at import time"))
         {
-            options.known_inputs =
-                inputs.iter().filter(|(_, t)| !t.dtype().is_float() && t.len() <= 64).cloned().collect();
+            options.known_inputs = inputs.iter().filter(|(_, t)| t.len() <= 64).cloned().collect();
             loaded = Model::load(&path, &options);
         }
         let model = match loaded {

@@ -124,11 +124,11 @@ impl<'m> Ctx<'m> {
         Ok(out.remove(0))
     }
 
-    /// Applies an op, folding it when every operand is known and small.
+    /// Applies an op, folding it when every operand is known and small (nullary ops such as `iota` always fold
+    /// when their result is small).
     pub fn op_multi(&mut self, op: Op, ins: &[&Val]) -> Result<Vec<Val>, String> {
         let known: Option<Vec<&Tensor>> = ins.iter().map(|v| v.konst.as_deref()).collect();
         if let Some(known) = known
-            && !ins.is_empty()
             && known.iter().map(|t| t.len()).sum::<usize>() <= FOLD_LIMIT
         {
             let results = kiln_ir::interp::eval_op(&op, &known).map_err(|e| format!("{}: {e}", op.mnemonic()))?;

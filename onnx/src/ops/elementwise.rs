@@ -81,11 +81,10 @@ pub(crate) fn binary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
 }
 
 pub(crate) fn modulo(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // fmod=0 is the sign-of-divisor remainder (Python's `%`), fmod=1 C's `fmod`; the IR has both for every
+    // numeric dtype, so float inputs with fmod=0 (which the ONNX spec discourages) get Python's semantics too.
     let fmod = n.int("fmod", 0);
     let (a, b) = (n.input(0)?, n.input(1)?);
-    if fmod == 0 && a.dtype().is_float() {
-        return Err("fmod=0 on floats is not allowed by ONNX".into());
-    }
     Ok(vec![bin(cx, if fmod == 0 { B::Mod } else { B::Rem }, a, b)?])
 }
 

@@ -4,6 +4,7 @@
 //! reported as unsupported) and returns the node's results, in output order. It may return fewer results than
 //! the node declares when only trailing optional outputs are unsupported and unused.
 
+mod composite;
 mod elementwise;
 mod nn;
 mod reduce;
@@ -54,6 +55,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Equal", elementwise::binary),
     ("Erf", elementwise::unary),
     ("Exp", elementwise::unary),
+    ("EyeLike", composite::eye_like),
     ("Expand", shape::expand),
     ("Flatten", shape::flatten),
     ("Floor", elementwise::unary),
@@ -68,6 +70,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("GreaterOrEqual", elementwise::binary),
     ("GroupNormalization", nn::group_norm),
     ("GRU", nn::gru),
+    ("Hardmax", composite::hardmax),
     ("HardSigmoid", elementwise::activation),
     ("HardSwish", elementwise::activation),
     ("Identity", elementwise::identity),
@@ -80,6 +83,8 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Less", elementwise::binary),
     ("LessOrEqual", elementwise::binary),
     ("Log", elementwise::unary),
+    ("LpNormalization", composite::lp_normalization),
+    ("LpPool", composite::lp_pool),
     ("LogSoftmax", nn::softmax),
     ("LRN", nn::lrn),
     ("LSTM", nn::lstm),
@@ -92,6 +97,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Mod", elementwise::modulo),
     ("Mul", elementwise::binary),
     ("Neg", elementwise::unary),
+    ("NegativeLogLikelihoodLoss", composite::nll_loss),
     ("Not", elementwise::unary),
     ("OneHot", shape::one_hot),
     ("Or", elementwise::binary),
@@ -102,6 +108,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Reciprocal", elementwise::unary),
     ("ReduceL1", reduce::reduce),
     ("ReduceL2", reduce::reduce),
+    ("ReduceLogSum", composite::reduce_log_sum),
     ("ReduceLogSumExp", reduce::reduce),
     ("ReduceMax", reduce::reduce),
     ("ReduceMean", reduce::reduce),
@@ -112,11 +119,13 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Relu", elementwise::unary),
     ("Reshape", shape::reshape),
     ("Resize", nn::resize),
+    ("RMSNormalization", composite::rms_norm),
     ("Round", elementwise::unary),
     ("ScatterElements", shape::scatter_elements),
     ("ScatterND", shape::scatter_nd),
     ("Selu", elementwise::activation),
     ("Shape", shape::shape),
+    ("Shrink", composite::shrink),
     ("Sigmoid", elementwise::unary),
     ("Sign", elementwise::unary),
     ("Sin", elementwise::unary),
@@ -124,6 +133,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Size", shape::size),
     ("Slice", shape::slice),
     ("Softmax", nn::softmax),
+    ("SoftmaxCrossEntropyLoss", composite::softmax_cross_entropy),
     ("Softplus", elementwise::activation),
     ("Softsign", elementwise::activation),
     ("SpaceToDepth", shape::space_to_depth),
@@ -132,6 +142,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Squeeze", shape::squeeze),
     ("Sub", elementwise::binary),
     ("Sum", elementwise::variadic),
+    ("Swish", composite::swish),
     ("Tan", elementwise::unary),
     ("Tanh", elementwise::unary),
     ("ThresholdedRelu", elementwise::activation),

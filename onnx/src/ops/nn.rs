@@ -11,7 +11,7 @@ use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
 /// Explicit begin/end pads for `auto_pad`, given input extents, kernel, strides and dilations.
-fn auto_pads(n: &OnnxNode<'_>, input: &[usize], kernel: &[i64], strides: &[i64], dilations: &[i64]) -> Result<Vec<i64>, String> {
+pub(crate) fn auto_pads(n: &OnnxNode<'_>, input: &[usize], kernel: &[i64], strides: &[i64], dilations: &[i64]) -> Result<Vec<i64>, String> {
     let k = input.len();
     let explicit = n.ints("pads");
     match n.string("auto_pad").as_deref().unwrap_or("NOTSET") {
@@ -235,7 +235,7 @@ pub(crate) fn group_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>,
 
 pub(crate) fn layer_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     if n.proto.output.iter().skip(1).any(|o| !o.is_empty()) {
-        return Err("the Mean and InvStdDev outputs are not supported".into());
+        return super::composite::layer_norm_with_stats(cx, n);
     }
     n.ignore(&["stash_type"]);
     let attrs = LayerNorm { axis: n.int("axis", -1), epsilon: n.float("epsilon", 1e-5) as f64 };

@@ -60,8 +60,12 @@ fn source_coord(mode: CoordMode, o: usize, in_len: usize, out_len: usize, scale:
         CoordMode::HalfPixel => (o + 0.5) / scale - 0.5,
         CoordMode::PytorchHalfPixel if out_len > 1 => (o + 0.5) / scale - 0.5,
         CoordMode::PytorchHalfPixel => 0.0,
-        CoordMode::AlignCorners if out_len > 1 => o * (in_len - 1) as f64 / (out_len - 1) as f64,
-        CoordMode::AlignCorners => 0.0,
+        // ONNX measures the resized length as `in * scale` (not the rounded output extent); with sizes given,
+        // scale is `out / in` and the two agree.
+        CoordMode::AlignCorners => {
+            let resized = in_len as f64 * scale;
+            if resized == 1.0 || out_len <= 1 { 0.0 } else { o * (in_len - 1) as f64 / (resized - 1.0) }
+        }
         CoordMode::Asymmetric => o / scale,
     }
 }

@@ -1,0 +1,274 @@
+//! ONNX ops kiln imports as compositions of IR primitives: losses, the less common normalizations and
+//! activations, hardmax, eye-like, Lp pooling.
+
+use kiln_ir::op::{
+    ArgKind, ArgReduce, BinaryOp as B, Cast, GatherElements, Iota, Pool, PoolKind, Reduce, ReduceKind, Softmax,
+    UnaryOp as U,
+};
+use kiln_ir::{DType, Dim, Op, Shape};
+
+use super::{axis, bin, dim_product, onnx_dtype, reshape, scalar_like, static_shape, un};
+use crate::import::{Ctx, Val};
+use crate::node::OnnxNode;
+
+fn reduce(cx: &mut Ctx<'_>, kind: ReduceKind, x: &Val, axes: Vec<i64>, keep: bool) -> Result<Val, String> {
+    cx.op(Op::Reduce(Reduce { kind, axes, keep_dims: keep }), &[x])
+}
+
+fn cast(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Val, String> {
+    if x.dtype() == to { Ok(x.clone()) } else { cx.op(Op::Cast(Cast { to }), &[x]) }
+}
+
+/// Losses' `reduction` attribute.
+#[derive(Copy, Clone, PartialEq)]
+enum Reduction {
+    None,
+    Sum,
+    Mean,
+}
+
+fn reduction(n: &OnnxNode<'_>) -> Result<Reduction, String> {
+    match n.string("reduction").as_deref().unwrap_or("mean") {
+        "none" => Ok(Reduction::None),
+        "sum" => Ok(Reduction::Sum),
+        "mean" => Ok(Reduction::Mean),
+        other => Err(format!("reduction `{other}` is not supported")),
+    }
+}
+
+/// Negative log-likelihood of `logp[N, C, d…]` at `target[N, d…]`, weighted, with ignored targets dropped.
+fn nll(cx: &mut Ctx<'_>, logp: &Val, target: &Val, weight: Option<&Val>, ignore: Option<i64>, red: Reduction) -> Result<Val, String> {
+    let t = cast(cx, target, DType::I64)?;
+    let keep = match ignore {
+        Some(ii) => {
+            let k = cx.scalar(DType::I64, ii as f64)?;
+            let same = bin(cx, B::Eq, &t, &k)?;
+            Some(un(cx, U::Not, &same)?)
+        }
+        None => None,
+    };
+    let zero_i = cx.scalar(DType::I64, 0.0)?;
+    let safe = match &keep {
+        Some(k) => cx.op(Op::Select, &[k, &t, &zero_i])?,
+        None => t.clone(),
+    };
+    // picked[n, 1, d…] = logp[n, safe[n, d…], d…]
+    let mut td = safe.ty.shape.0.clone();
+    td.insert(1, Dim::Static(1));
+    let idx = reshape(cx, &safe, td)?;
+    let picked = cx.op(Op::GatherElements(GatherElements { axis: 1 }), &[logp, &idx])?;
+    let picked = reshape(cx, &picked, safe.ty.shape.0.clone())?;
+    let mut loss = un(cx, U::Neg, &picked)?;
+    let zero = scalar_like(cx, logp, 0.0)?;
+    let w = match weight {
+        Some(w) => Some(cx.op(Op::Gather(kiln_ir::op::Gather { axis: 0 }), &[w, &safe])?),
+        None => None,
+    };
+    let w = match (&keep, w) {
+        (Some(k), Some(w)) => Some(cx.op(Op::Select, &[k, &w, &zero])?),
+        (Some(k), None) => Some(cast(cx, k, logp.dtype())?),
+        (None, w) => w,
+    };
+    if let Some(w) = &w {
+        loss = bin(cx, B::Mul, &loss, w)?;
+    }
+    let all: Vec<i64> = (0..loss.rank() as i64).collect();
+    match (red, &w) {
+        (Reduction::None, _) => Ok(loss),
+        (Reduction::Sum, _) => reduce(cx, ReduceKind::Sum, &loss, all, false),
+        (Reduction::Mean, None) => reduce(cx, ReduceKind::Mean, &loss, all, false),
+        (Reduction::Mean, Some(w)) => {
+            let s = reduce(cx, ReduceKind::Sum, &loss, all.clone(), false)?;
+            let ws = reduce(cx, ReduceKind::Sum, w, all, false)?;
+            bin(cx, B::Div, &s, &ws)
+        }
+    }
+}
+
+pub(crate) fn nll_loss(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let red = reduction(n)?;
+    let ignore = n.opt_int("ignore_index");
+    Ok(vec![nll(cx, n.input(0)?, n.input(1)?, n.opt_input(2), ignore, red)?])
+}
+
+pub(crate) fn softmax_cross_entropy(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let red = reduction(n)?;
+    let ignore = n.opt_int("ignore_index");
+    let scores = n.input(0)?;
+    let logp = cx.op(Op::LogSoftmax(Softmax { axis: 1 }), &[scores])?;
+    let loss = nll(cx, &logp, n.input(1)?, n.opt_input(2), ignore, red)?;
+    Ok(vec![loss, logp])
+}
+
+pub(crate) fn rms_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, scale) = (n.input(0)?, n.input(1)?);
+    let eps = n.float("epsilon", 1e-5) as f64;
+    let stash = n.int("stash_type", 1);
+    let rank = x.rank();
+    let a = axis(n.int("axis", -1), rank)?;
+    let work = if stash == 1 { DType::F32 } else { x.dtype() };
+    let xw = cast(cx, x, work)?;
+    let sq = bin(cx, B::Mul, &xw, &xw)?;
+    let ms = reduce(cx, ReduceKind::Mean, &sq, (a as i64..rank as i64).collect(), true)?;
+    let e = scalar_like(cx, &ms, eps)?;
+    let d = bin(cx, B::Add, &ms, &e)?;
+    let r = un(cx, U::Rsqrt, &d)?;
+    let y = bin(cx, B::Mul, &xw, &r)?;
+    let y = cast(cx, &y, x.dtype())?;
+    Ok(vec![bin(cx, B::Mul, &y, scale)?])
+}
+
+/// LayerNormalization composed from primitives, for when its Mean and InvStdDev outputs are used.
+pub(crate) fn layer_norm_with_stats(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let rank = x.rank();
+    let a = axis(n.int("axis", -1), rank)?;
+    let eps = n.float("epsilon", 1e-5) as f64;
+    let work = if n.int("stash_type", 1) == 1 { DType::F32 } else { x.dtype() };
+    let xw = cast(cx, x, work)?;
+    let axes: Vec<i64> = (a as i64..rank as i64).collect();
+    let mean = reduce(cx, ReduceKind::Mean, &xw, axes.clone(), true)?;
+    let d = bin(cx, B::Sub, &xw, &mean)?;
+    let sq = bin(cx, B::Mul, &d, &d)?;
+    let var = reduce(cx, ReduceKind::Mean, &sq, axes, true)?;
+    let e = scalar_like(cx, &var, eps)?;
+    let ve = bin(cx, B::Add, &var, &e)?;
+    let inv = un(cx, U::Rsqrt, &ve)?;
+    let normed = bin(cx, B::Mul, &d, &inv)?;
+    let normed = cast(cx, &normed, x.dtype())?;
+    let mut y = bin(cx, B::Mul, &normed, n.input(1)?)?;
+    if let Some(b) = n.opt_input(2) {
+        y = bin(cx, B::Add, &y, b)?;
+    }
+    Ok(vec![y, mean, inv])
+}
+
+pub(crate) fn reduce_log_sum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let axes = if n.opset >= 18 { super::const_ints(n, 1, "axes")? } else { n.ints("axes") };
+    let keep = n.int("keepdims", 1) != 0;
+    let axes = match axes {
+        Some(a) if !a.is_empty() => a,
+        _ if n.int("noop_with_empty_axes", 0) != 0 => return Ok(vec![x.clone()]),
+        _ => (0..x.rank() as i64).collect(),
+    };
+    let s = reduce(cx, ReduceKind::Sum, x, axes, keep)?;
+    Ok(vec![un(cx, U::Log, &s)?])
+}
+
+pub(crate) fn swish(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let alpha = n.float("alpha", 1.0) as f64;
+    let a = scalar_like(cx, x, alpha)?;
+    let ax = bin(cx, B::Mul, x, &a)?;
+    let s = un(cx, U::Sigmoid, &ax)?;
+    Ok(vec![bin(cx, B::Mul, x, &s)?])
+}
+
+pub(crate) fn shrink(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let (bias, lambd) = (n.float("bias", 0.0) as f64, n.float("lambd", 0.5) as f64);
+    let l = scalar_like(cx, x, lambd)?;
+    let nl = scalar_like(cx, x, -lambd)?;
+    let b = scalar_like(cx, x, bias)?;
+    let zero = scalar_like(cx, x, 0.0)?;
+    let below = bin(cx, B::Lt, x, &nl)?;
+    let above = bin(cx, B::Gt, x, &l)?;
+    let plus = bin(cx, B::Add, x, &b)?;
+    let minus = bin(cx, B::Sub, x, &b)?;
+    let hi = cx.op(Op::Select, &[&above, &minus, &zero])?;
+    Ok(vec![cx.op(Op::Select, &[&below, &plus, &hi])?])
+}
+
+pub(crate) fn lp_normalization(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let a = n.int("axis", -1);
+    let norm = match n.int("p", 2) {
+        1 => {
+            let ab = un(cx, U::Abs, x)?;
+            reduce(cx, ReduceKind::Sum, &ab, vec![a], true)?
+        }
+        2 => {
+            let sq = bin(cx, B::Mul, x, x)?;
+            let s = reduce(cx, ReduceKind::Sum, &sq, vec![a], true)?;
+            un(cx, U::Sqrt, &s)?
+        }
+        p => return Err(format!("p={p} is not supported (1 or 2)")),
+    };
+    // A zero norm gives 0, not 0/0 (ONNX's definition).
+    let q = bin(cx, B::Div, x, &norm)?;
+    let zero = scalar_like(cx, x, 0.0)?;
+    let is_zero = bin(cx, B::Eq, &norm, &zero)?;
+    Ok(vec![cx.op(Op::Select, &[&is_zero, &zero, &q])?])
+}
+
+pub(crate) fn hardmax(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let d = static_shape(x, "Hardmax")?;
+    let rank = d.len();
+    // Before opset 13 the input is coerced to 2-d at `axis` (default 1).
+    let (work, a) = if n.opset < 13 {
+        let a = axis(n.int("axis", 1), rank.max(1))?;
+        let (head, tail) = x.ty.shape.0.split_at(a);
+        let both = dim_product(head).zip(dim_product(tail)).ok_or("needs static dims")?;
+        (reshape(cx, x, vec![both.0, both.1])?, 1usize)
+    } else {
+        (x.clone(), axis(n.int("axis", -1), rank)?)
+    };
+    let wd = static_shape(&work, "Hardmax")?;
+    let arg = cx.op(Op::ArgReduce(ArgReduce { kind: ArgKind::Max, axis: a as i64, keep_dims: true, select_last_index: false }), &[&work])?;
+    let iota = cx.op(
+        Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&wd.iter().map(|&v| v as u64).collect::<Vec<_>>()), axis: a as i64, start: 0.0, step: 1.0 }),
+        &[],
+    )?;
+    let hit = bin(cx, B::Eq, &iota, &arg)?;
+    let y = cast(cx, &hit, x.dtype())?;
+    Ok(vec![reshape(cx, &y, x.ty.shape.0.clone())?])
+}
+
+pub(crate) fn eye_like(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let d = static_shape(x, "EyeLike")?;
+    let [r, c] = d[..] else { return Err("needs a rank-2 input".into()) };
+    let dtype = match n.opt_int("dtype") {
+        Some(code) => onnx_dtype(code)?,
+        None => x.dtype(),
+    };
+    let k = n.int("k", 0);
+    let shape = Shape::of(&[r as u64, c as u64]);
+    let row = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: shape.clone(), axis: 0, start: k as f64, step: 1.0 }), &[])?;
+    let col = cx.op(Op::Iota(Iota { dtype: DType::I64, shape, axis: 1, start: 0.0, step: 1.0 }), &[])?;
+    let hit = bin(cx, B::Eq, &row, &col)?;
+    Ok(vec![cast(cx, &hit, dtype)?])
+}
+
+pub(crate) fn lp_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let p = n.int("p", 2);
+    if p < 1 {
+        return Err(format!("p={p} is not supported"));
+    }
+    let d = static_shape(x, "LpPool")?;
+    let k = d.len().saturating_sub(2);
+    let kernel = n.ints("kernel_shape").ok_or("`kernel_shape` is required")?;
+    if kernel.len() != k {
+        return Err(format!("kernel_shape {kernel:?} does not have {k} spatial dims"));
+    }
+    let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
+    let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
+    let pads = super::nn::auto_pads(n, &d[2..], &kernel, &strides, &dilations)?;
+    let ceil_mode = n.int("ceil_mode", 0) != 0;
+    if ceil_mode {
+        return Err("ceil_mode=1 is not supported".into());
+    }
+    // (Σ |x|^p)^(1/p), with the window sum as an average (padding counted) times the window size.
+    let ab = un(cx, U::Abs, x)?;
+    let pp = scalar_like(cx, x, p as f64)?;
+    let powed = bin(cx, B::Pow, &ab, &pp)?;
+    let pool = Pool { kind: PoolKind::Avg, kernel: kernel.clone(), strides, pads, dilations, ceil_mode, count_include_pad: true };
+    let avg = cx.op(Op::Pool(pool), &[&powed])?;
+    let size = scalar_like(cx, x, kernel.iter().product::<i64>() as f64)?;
+    let sum = bin(cx, B::Mul, &avg, &size)?;
+    let inv = scalar_like(cx, x, 1.0 / p as f64)?;
+    Ok(vec![bin(cx, B::Pow, &sum, &inv)?])
+}
