@@ -11,7 +11,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "examples/models".into()));
     let mut b = Builder::new("tiny_cnn");
     let x = b.input("image", DType::F32, Shape::of(&[1, 1, 28, 28]))?;
-    let conv = |strides: usize| Conv { strides: vec![1; strides], pads: vec![1; 2 * strides], dilations: vec![1; strides], groups: 1 };
+    let conv = |strides: usize| Conv {
+        strides: vec![1; strides],
+        pads: vec![1; 2 * strides],
+        dilations: vec![1; strides],
+        groups: 1,
+    };
     // Weights are seeded pseudo-random values scaled to keep activations in a sane range.
     let w = |shape: Vec<usize>, seed: u64, scale: f64| {
         let t = Tensor::random(DType::F32, shape.clone(), seed);
@@ -21,7 +26,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b1 = b.weight("conv1.bias", w(vec![8], 2, 0.1))?;
     let h = b.op(Op::Conv(conv(2)), &[x, w1, b1])?;
     let h = b.relu(h)?;
-    let pool = Pool { kind: PoolKind::Max, kernel: vec![2, 2], strides: vec![2, 2], pads: vec![0; 4], dilations: vec![1, 1], ceil_mode: false, count_include_pad: false };
+    let pool = Pool {
+        kind: PoolKind::Max,
+        kernel: vec![2, 2],
+        strides: vec![2, 2],
+        pads: vec![0; 4],
+        dilations: vec![1, 1],
+        ceil_mode: false,
+        count_include_pad: false,
+    };
     let h = b.op(Op::Pool(pool), &[h])?;
     let w2 = b.weight("conv2.weight", w(vec![16, 8, 3, 3], 3, 0.2))?;
     let b2 = b.weight("conv2.bias", w(vec![16], 4, 0.1))?;

@@ -94,7 +94,8 @@ fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
             (Ok(i), Ok(o)) => (i, o),
             (Err(e), _) | (_, Err(e)) => return Outcome::Unsupported(format!("test data: {e}")),
         };
-        let shapes: BTreeMap<String, Vec<usize>> = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
+        let shapes: BTreeMap<String, Vec<usize>> =
+            inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
         let mut options = LoadOptions { shapes, ..LoadOptions::default() };
         let path = dir.join("model.onnx");
         let mut loaded = Model::load(&path, &options);

@@ -165,14 +165,21 @@ impl Model {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let mut graph = match ext {
             "kir" => kiln_ir::parse(&read_text(path)?).map_err(|e| Error::Parse(e, shown.clone()))?,
-            "json" => Graph::from_json(&read_text(path)?)
-                .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a kiln graph JSON document: {e}") })?,
-            "onnx" => kiln_onnx::import(path, &kiln_onnx::ImportOptions { shapes: options.shapes.clone(), known_inputs: options.known_inputs.clone() }).map_err(
-                |e| match e {
-                    e @ kiln_onnx::ImportError::Unsupported(_) => Error::Onnx(e),
-                    e => Error::OnnxAt(e, shown.clone()),
+            "json" => Graph::from_json(&read_text(path)?).map_err(|e| Error::Format {
+                path: shown.clone(),
+                message: format!("not a kiln graph JSON document: {e}"),
+            })?,
+            "onnx" => kiln_onnx::import(
+                path,
+                &kiln_onnx::ImportOptions {
+                    shapes: options.shapes.clone(),
+                    known_inputs: options.known_inputs.clone(),
                 },
-            )?,
+            )
+            .map_err(|e| match e {
+                e @ kiln_onnx::ImportError::Unsupported(_) => Error::Onnx(e),
+                e => Error::OnnxAt(e, shown.clone()),
+            })?,
             _ if path.is_dir() => {
                 return Err(Error::Format { path: shown, message: "compiled artifacts are not supported yet".into() });
             }
@@ -198,8 +205,10 @@ impl Model {
 
     /// Wraps a graph (from the builder, say), verifying it.
     pub fn from_graph(graph: Graph) -> Result<Model, Error> {
-        kiln_ir::verify(&graph)
-            .map_err(|errs| Error::Invalid { path: format!("graph `{}`", graph.name()), source: kiln_ir::Error::Verify(errs) })?;
+        kiln_ir::verify(&graph).map_err(|errs| Error::Invalid {
+            path: format!("graph `{}`", graph.name()),
+            source: kiln_ir::Error::Verify(errs),
+        })?;
         Ok(Model { graph })
     }
 
@@ -225,7 +234,11 @@ impl Model {
 
     /// Deterministic pseudo-random values for every input not in `given`, using `shapes` (name → extents) for
     /// inputs with symbolic dims; symbols already bound by `given` or earlier inputs are reused.
-    pub fn random_inputs(&self, shapes: &BTreeMap<String, Vec<usize>>, seed: u64) -> Result<BTreeMap<String, Tensor>, Error> {
+    pub fn random_inputs(
+        &self,
+        shapes: &BTreeMap<String, Vec<usize>>,
+        seed: u64,
+    ) -> Result<BTreeMap<String, Tensor>, Error> {
         self.complete_inputs(BTreeMap::new(), shapes, seed)
     }
 
@@ -313,7 +326,11 @@ fn bind_symbols(
     for (name, ty) in inputs {
         let Some(t) = given.get(name) else { continue };
         if t.dtype() != ty.dtype {
-            return Err(Error::Input(format!("input `{name}` must be {}, got {} (expected {ty})", ty.dtype, t.dtype())));
+            return Err(Error::Input(format!(
+                "input `{name}` must be {}, got {} (expected {ty})",
+                ty.dtype,
+                t.dtype()
+            )));
         }
         check_dims(name, &ty.shape, t.shape(), &mut symbols)?;
     }

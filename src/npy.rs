@@ -17,12 +17,12 @@ use npyz::{TypeChar, WriterBuilder};
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     /// Reading or writing the file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The I/O error.
-        source: io::Error,
+        /// The I/O error (shown in the message, not chained: it is the whole story).
+        error: io::Error,
     },
     /// The file holds a dtype kiln does not support.
     #[error("{path}: unsupported .npy dtype `{descr}` (kiln reads f32, f16, bf16 as |V2, f64, i8, u8, i32, i64, bool)")]
@@ -36,11 +36,11 @@ pub enum NpyError {
 
 /// Reads an `.npy` file.
 pub fn read(path: &Path) -> Result<Tensor, NpyError> {
-    let io_err = |source| NpyError::Io { path: path.display().to_string(), source };
+    let io_err = |error| NpyError::Io { path: path.display().to_string(), error };
     let mut bytes = Vec::new();
     std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io_err)?;
     from_bytes(&bytes).map_err(|e| match e {
-        FromBytes::Io(source) => io_err(source),
+        FromBytes::Io(error) => io_err(error),
         FromBytes::Dtype(descr) => NpyError::Dtype { path: path.display().to_string(), descr },
     })
 }
@@ -117,7 +117,7 @@ fn fortran_to_c(data: &Data, shape: &[usize]) -> Data {
 
 /// Writes `t` as an `.npy` file (row-major, little-endian).
 pub fn write(path: &Path, t: &Tensor) -> Result<(), NpyError> {
-    let io_err = |source| NpyError::Io { path: path.display().to_string(), source };
+    let io_err = |error| NpyError::Io { path: path.display().to_string(), error };
     let file = std::fs::File::create(path).map_err(io_err)?;
     let mut w = BufWriter::new(file);
     write_to(&mut w, t).and_then(|_| w.flush()).map_err(io_err)

@@ -47,8 +47,10 @@ pub fn load(path: &Path) -> Result<Weights, Error> {
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let mut w = Weights::default();
     for (name, view) in st.iter() {
-        let dtype = from_st(view.dtype()).ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", view.dtype())))?;
-        let data = Data::from_le_bytes(dtype, view.data()).ok_or_else(|| bad(format!("tensor `{name}` has a ragged byte length")))?;
+        let dtype = from_st(view.dtype())
+            .ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", view.dtype())))?;
+        let data = Data::from_le_bytes(dtype, view.data())
+            .ok_or_else(|| bad(format!("tensor `{name}` has a ragged byte length")))?;
         let t = Tensor::new(view.shape().to_vec(), data).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
         w.insert(name, t);
     }
@@ -58,10 +60,8 @@ pub fn load(path: &Path) -> Result<Weights, Error> {
 /// Writes every weight to a safetensors file.
 pub fn save(path: &Path, weights: &Weights) -> Result<(), Error> {
     let bad = |message: String| Error::Weights { path: path.display().to_string(), message };
-    let owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = weights
-        .iter()
-        .map(|(n, t)| (n.to_string(), t.dtype(), t.shape().to_vec(), t.data().to_le_bytes()))
-        .collect();
+    let owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> =
+        weights.iter().map(|(n, t)| (n.to_string(), t.dtype(), t.shape().to_vec(), t.data().to_le_bytes())).collect();
     let views = owned
         .iter()
         .map(|(n, d, s, b)| safetensors::tensor::TensorView::new(to_st(*d), s.clone(), b).map(|v| (n.as_str(), v)))

@@ -61,7 +61,8 @@ fn run_writes_outputs_and_manifest_for_every_fixture() {
     let mut ran = 0;
     for f in fixtures().iter().filter(|f| is_runnable(f)) {
         let out = tmp.path().join(f.file_stem().unwrap());
-        let mut args = vec!["run".to_string(), f.display().to_string(), "--output-dir".into(), out.display().to_string()];
+        let mut args =
+            vec!["run".to_string(), f.display().to_string(), "--output-dir".into(), out.display().to_string()];
         args.extend(shape_args(f));
         let o = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(o.status.success(), "{}: {}", f.display(), stderr(&o));
@@ -95,7 +96,11 @@ fn run_output_equals_the_library_interpreter() {
     let inputs = model.random_inputs(&Default::default(), 5).unwrap();
     let expected = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
     for (name, t) in expected {
-        let got = kiln::npy::read(&tmp.path().join(format!("{name}.npy").replace(|c: char| !c.is_ascii_alphanumeric() && !"_.-".contains(c), "_"))).unwrap();
+        let got = kiln::npy::read(
+            &tmp.path()
+                .join(format!("{name}.npy").replace(|c: char| !c.is_ascii_alphanumeric() && !"_.-".contains(c), "_")),
+        )
+        .unwrap();
         assert_eq!(got, t, "{name}");
     }
 }
@@ -112,7 +117,14 @@ fn given_inputs_are_used() {
     let x = tmp.path().join("x.npy");
     kiln::npy::write(&x, &Tensor::from_vec(vec![3], vec![1.0f32, -2.0, 0.5]).unwrap()).unwrap();
     let out = tmp.path().join("out");
-    let o = kiln(&["run", model_path.to_str().unwrap(), "--input", &format!("x={}", x.display()), "--output-dir", out.to_str().unwrap()]);
+    let o = kiln(&[
+        "run",
+        model_path.to_str().unwrap(),
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let y = kiln::npy::read(&out.join("y.npy")).unwrap();
     assert_eq!(y.as_slice::<f32>().unwrap(), &[2.0, -4.0, 1.0]);
@@ -169,7 +181,9 @@ fn inspect_reports_inputs_outputs_ops_and_parameters() {
     let o = kiln(&["inspect", src.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
-    for needle in ["x: f32[batch,3]", "y: f32[batch,4]", "2  relu", "1  matmul", "parameters: 1 tensors, 12 elements, 48 bytes"] {
+    for needle in
+        ["x: f32[batch,3]", "y: f32[batch,4]", "2  relu", "1  matmul", "parameters: 1 tensors, 12 elements, 48 bytes"]
+    {
         assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
     }
     let o = kiln(&["inspect", src.to_str().unwrap(), "--json"]);
@@ -197,11 +211,21 @@ struct BadCase {
 fn bad_input_is_one_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let p = |n: &str| tmp.path().join(n).display().to_string();
-    std::fs::write(p("ok.kir"), "graph \"ok\" {\n  %0 = input {name=\"x\"} : f32[2,3]\n  %1 = exp %0 : f32[2,3]\n  output \"y\" = %1\n}\n").unwrap();
-    std::fs::write(p("bad.kir"), "graph \"bad\" {\n  %0 = input {name=\"x\"} : f32[2]\n  %1 = frobnicate %0 : f32[2]\n}\n").unwrap();
+    std::fs::write(
+        p("ok.kir"),
+        "graph \"ok\" {\n  %0 = input {name=\"x\"} : f32[2,3]\n  %1 = exp %0 : f32[2,3]\n  output \"y\" = %1\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        p("bad.kir"),
+        "graph \"bad\" {\n  %0 = input {name=\"x\"} : f32[2]\n  %1 = frobnicate %0 : f32[2]\n}\n",
+    )
+    .unwrap();
     std::fs::write(p("garbage.kir"), [0xffu8, 0xfe, 0x00, 0x41]).unwrap();
-    std::fs::write(p("sym.kir"), "graph \"sym\" {\n  %0 = input {name=\"x\"} : f32[batch,3]\n  output \"y\" = %0\n}\n").unwrap();
-    std::fs::write(p("noweights.kir"), "graph \"nw\" {\n  %0 = param {name=\"w\"} : f32[2]\n  output \"y\" = %0\n}\n").unwrap();
+    std::fs::write(p("sym.kir"), "graph \"sym\" {\n  %0 = input {name=\"x\"} : f32[batch,3]\n  output \"y\" = %0\n}\n")
+        .unwrap();
+    std::fs::write(p("noweights.kir"), "graph \"nw\" {\n  %0 = param {name=\"w\"} : f32[2]\n  output \"y\" = %0\n}\n")
+        .unwrap();
     std::fs::write(p("model.onnx"), b"\x08\x07").unwrap();
     std::fs::write(p("junk.npy"), b"definitely not numpy").unwrap();
     kiln::npy::write(Path::new(&p("i64.npy")), &Tensor::zeros(DType::I64, vec![2, 3])).unwrap();
@@ -212,19 +236,67 @@ fn bad_input_is_one_clear_error() {
         BadCase { name: "malformed kir", args: s(&["run", &p("bad.kir")]), needle: "3:" },
         BadCase { name: "binary garbage", args: s(&["opt", &p("garbage.kir")]), needle: "garbage.kir" },
         BadCase { name: "missing model", args: s(&["inspect", &p("nope.kir")]), needle: "nope.kir" },
-        BadCase { name: "unknown input", args: s(&["run", &p("ok.kir"), "--input", &format!("z={}", p("i64.npy")), "--output-dir", &out]), needle: "no input `z`" },
-        BadCase { name: "wrong dtype", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("i64.npy")), "--output-dir", &out]), needle: "must be f32" },
-        BadCase { name: "wrong shape", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("wrongshape.npy")), "--output-dir", &out]), needle: "must have shape [2,3]" },
-        BadCase { name: "missing npy", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("absent.npy")), "--output-dir", &out]), needle: "absent.npy" },
-        BadCase { name: "junk npy", args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("junk.npy")), "--output-dir", &out]), needle: "junk.npy" },
-        BadCase { name: "input without =", args: s(&["run", &p("ok.kir"), "--input", "x", "--output-dir", &out]), needle: "NAME=VALUE" },
-        BadCase { name: "symbolic dim without shape", args: s(&["run", &p("sym.kir"), "--output-dir", &out]), needle: "--shape x=1x3" },
-        BadCase { name: "bad --shape", args: s(&["run", &p("sym.kir"), "--shape", "x=2xq", "--output-dir", &out]), needle: "bad dimension" },
-        BadCase { name: "shape of wrong rank", args: s(&["run", &p("sym.kir"), "--shape", "x=2", "--output-dir", &out]), needle: "must have shape" },
-        BadCase { name: "missing weights", args: s(&["run", &p("noweights.kir"), "--output-dir", &out]), needle: "`w`" },
-        BadCase { name: "onnx not yet", args: s(&["run", &p("model.onnx")]), needle: "ONNX" },
-        BadCase { name: "cpu backend not built", args: s(&["run", &p("ok.kir"), "--backend", "cpu", "--output-dir", &out]), needle: "backend `cpu`" },
-        BadCase { name: "missing weights file", args: s(&["run", &p("ok.kir"), "--weights", &p("w.safetensors")]), needle: "w.safetensors" },
+        BadCase {
+            name: "unknown input",
+            args: s(&["run", &p("ok.kir"), "--input", &format!("z={}", p("i64.npy")), "--output-dir", &out]),
+            needle: "no input `z`",
+        },
+        BadCase {
+            name: "wrong dtype",
+            args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("i64.npy")), "--output-dir", &out]),
+            needle: "must be f32",
+        },
+        BadCase {
+            name: "wrong shape",
+            args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("wrongshape.npy")), "--output-dir", &out]),
+            needle: "must have shape [2,3]",
+        },
+        BadCase {
+            name: "missing npy",
+            args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("absent.npy")), "--output-dir", &out]),
+            needle: "absent.npy",
+        },
+        BadCase {
+            name: "junk npy",
+            args: s(&["run", &p("ok.kir"), "--input", &format!("x={}", p("junk.npy")), "--output-dir", &out]),
+            needle: "junk.npy",
+        },
+        BadCase {
+            name: "input without =",
+            args: s(&["run", &p("ok.kir"), "--input", "x", "--output-dir", &out]),
+            needle: "NAME=VALUE",
+        },
+        BadCase {
+            name: "symbolic dim without shape",
+            args: s(&["run", &p("sym.kir"), "--output-dir", &out]),
+            needle: "--shape x=1x3",
+        },
+        BadCase {
+            name: "bad --shape",
+            args: s(&["run", &p("sym.kir"), "--shape", "x=2xq", "--output-dir", &out]),
+            needle: "bad dimension",
+        },
+        BadCase {
+            name: "shape of wrong rank",
+            args: s(&["run", &p("sym.kir"), "--shape", "x=2", "--output-dir", &out]),
+            needle: "must have shape",
+        },
+        BadCase {
+            name: "missing weights",
+            args: s(&["run", &p("noweights.kir"), "--output-dir", &out]),
+            needle: "`w`",
+        },
+        BadCase { name: "onnx without a graph", args: s(&["run", &p("model.onnx")]), needle: "invalid model" },
+        BadCase {
+            name: "cpu backend not built",
+            args: s(&["run", &p("ok.kir"), "--backend", "cpu", "--output-dir", &out]),
+            needle: "backend `cpu`",
+        },
+        BadCase {
+            name: "missing weights file",
+            args: s(&["run", &p("ok.kir"), "--weights", &p("w.safetensors")]),
+            needle: "w.safetensors",
+        },
     ];
     for c in cases {
         let o = kiln(&c.args.iter().map(String::as_str).collect::<Vec<_>>());

@@ -112,7 +112,9 @@ impl<'m> Ctx<'m> {
 
     /// A scalar constant of `dtype`.
     pub fn scalar(&mut self, dtype: DType, v: f64) -> Result<Val, String> {
-        self.constant(Tensor::new(vec![], kiln_ir::Data::from_f64_iter(dtype, std::iter::once(v))).expect("one element"))
+        self.constant(
+            Tensor::new(vec![], kiln_ir::Data::from_f64_iter(dtype, std::iter::once(v))).expect("one element"),
+        )
     }
 
     /// Applies a single-result op, folding it when every operand is known and small.
@@ -203,10 +205,13 @@ impl<'m> Ctx<'m> {
                     poisoned = true;
                     inputs.push(None);
                 }
-                None => return Err(format!("node `{label}` ({op_type}) uses `{name}`, which is not defined before it")),
+                None => {
+                    return Err(format!("node `{label}` ({op_type}) uses `{name}`, which is not defined before it"));
+                }
             }
         }
-        let handler = if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
+        let handler =
+            if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
         let problem = |message: String| Unsupported { node: label.clone(), op_type: op_type.clone(), message };
         let Some(handler) = handler else {
             let message = if node.domain.is_empty() || node.domain == "ai.onnx" {
@@ -265,8 +270,8 @@ impl<'m> Ctx<'m> {
 }
 
 fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType, String> {
-    use onnx_protobuf::type_proto::Value as Tv;
     use onnx_protobuf::tensor_shape_proto::dimension::Value as Dv;
+    use onnx_protobuf::type_proto::Value as Tv;
     let Some(Tv::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
         return Err("only tensor inputs are supported".into());
     };
@@ -288,13 +293,20 @@ fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType
     let shape = match options.shapes.get(&vi.name) {
         Some(given) => {
             if given.len() != dims.len() {
-                return Err(format!("is declared with rank {}, but the given shape has rank {}", dims.len(), given.len()));
+                return Err(format!(
+                    "is declared with rank {}, but the given shape has rank {}",
+                    dims.len(),
+                    given.len()
+                ));
             }
             for (d, &g) in dims.iter().zip(given) {
                 if let Dim::Static(n) = d
                     && *n as usize != g
                 {
-                    return Err(format!("is declared {}, which the given shape {given:?} contradicts", Shape(dims.clone())));
+                    return Err(format!(
+                        "is declared {}, which the given shape {given:?} contradicts",
+                        Shape(dims.clone())
+                    ));
                 }
             }
             Shape::of(&given.iter().map(|&g| g as u64).collect::<Vec<_>>())
@@ -318,24 +330,36 @@ fn sanitize(s: &str) -> String {
 }
 
 /// Imports a decoded model.
-pub fn import_model(model: &ModelProto, base_dir: Option<&Path>, options: &ImportOptions) -> Result<Graph, ImportError> {
-    let opset = model
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map_or(1, |o| o.version);
+pub fn import_model(
+    model: &ModelProto,
+    base_dir: Option<&Path>,
+    options: &ImportOptions,
+) -> Result<Graph, ImportError> {
+    let opset =
+        model.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(1, |o| o.version);
     let g = model.graph.as_ref().ok_or_else(|| ImportError::Invalid("the model has no graph".into()))?;
     let name = if g.name.is_empty() { "main".to_string() } else { g.name.clone() };
-    let mut cx = Ctx { b: Builder::new(name), scopes: vec![HashMap::new()], problems: Vec::new(), opset, base_dir, node_name: None };
+    let mut cx = Ctx {
+        b: Builder::new(name),
+        scopes: vec![HashMap::new()],
+        problems: Vec::new(),
+        opset,
+        base_dir,
+        node_name: None,
+    };
     if !OPSETS.contains(&opset) {
         cx.problems.push(Unsupported {
             node: "(model)".into(),
             op_type: "opset".into(),
-            message: format!("default-domain opset {opset} is not supported (kiln imports {}–{})", OPSETS.start(), OPSETS.end()),
+            message: format!(
+                "default-domain opset {opset} is not supported (kiln imports {}–{})",
+                OPSETS.start(),
+                OPSETS.end()
+            ),
         });
     }
     let initializer_names: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    for (name, _) in &options.shapes {
+    for name in options.shapes.keys() {
         if !g.input.iter().any(|i| &i.name == name && !initializer_names.contains(i.name.as_str())) {
             return Err(ImportError::Invalid(format!("the model has no input `{name}` to give a shape to")));
         }

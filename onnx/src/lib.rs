@@ -73,13 +73,18 @@ pub enum ImportError {
 
 /// Reads and imports an ONNX file; external data resolves against its folder.
 pub fn import(path: &Path, options: &ImportOptions) -> Result<kiln_ir::Graph, ImportError> {
-    let bytes = std::fs::read(path).map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     import_bytes(&bytes, base, options)
 }
 
 /// Imports ONNX bytes; `base_dir` is where external data files live (`None` refuses external data).
-pub fn import_bytes(bytes: &[u8], base_dir: Option<&Path>, options: &ImportOptions) -> Result<kiln_ir::Graph, ImportError> {
+pub fn import_bytes(
+    bytes: &[u8],
+    base_dir: Option<&Path>,
+    options: &ImportOptions,
+) -> Result<kiln_ir::Graph, ImportError> {
     use protobuf::Message;
     let model = onnx_protobuf::ModelProto::parse_from_bytes(bytes).map_err(|e| ImportError::Decode(e.to_string()))?;
     import_model(&model, base_dir, options)

@@ -29,9 +29,30 @@ pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
 /// The ONNX name of a `DataType` code, for messages.
 pub fn onnx_type_name(code: i32) -> String {
     let names = [
-        "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
-        "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn", "float8e4m3fnuz",
-        "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1",
+        "undefined",
+        "float",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "int32",
+        "int64",
+        "string",
+        "bool",
+        "float16",
+        "double",
+        "uint32",
+        "uint64",
+        "complex64",
+        "complex128",
+        "bfloat16",
+        "float8e4m3fn",
+        "float8e4m3fnuz",
+        "float8e5m2",
+        "float8e5m2fnuz",
+        "uint4",
+        "int4",
+        "float4e2m1",
     ];
     usize::try_from(code).ok().and_then(|i| names.get(i)).map_or_else(|| format!("#{code}"), |n| n.to_string())
 }
@@ -109,7 +130,9 @@ fn read_external(t: &TensorProto, base_dir: Option<&Path>, bytes_needed: usize) 
         match kv.key.as_str() {
             "location" => location = Some(kv.value.clone()),
             "offset" => offset = kv.value.parse().map_err(|_| format!("bad external data offset `{}`", kv.value))?,
-            "length" => length = Some(kv.value.parse::<u64>().map_err(|_| format!("bad external data length `{}`", kv.value))?),
+            "length" => {
+                length = Some(kv.value.parse::<u64>().map_err(|_| format!("bad external data length `{}`", kv.value))?)
+            }
             "checksum" => {}
             other => return Err(format!("unknown external data key `{other}`")),
         }
@@ -125,7 +148,10 @@ fn read_external(t: &TensorProto, base_dir: Option<&Path>, bytes_needed: usize) 
     let mut f = std::fs::File::open(&path).map_err(|e| format!("external data {}: {e}", path.display()))?;
     let size = f.metadata().map_err(|e| e.to_string())?.len();
     if offset.checked_add(bytes_needed as u64).is_none_or(|end| end > size) {
-        return Err(format!("external data {} is {size} bytes; offset {offset} + {bytes_needed} runs past its end", path.display()));
+        return Err(format!(
+            "external data {} is {size} bytes; offset {offset} + {bytes_needed} runs past its end",
+            path.display()
+        ));
     }
     f.seek(SeekFrom::Start(offset)).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; bytes_needed];
@@ -156,7 +182,8 @@ pub fn contained_path(base: &Path, location: &str) -> Result<PathBuf, String> {
 pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor), String> {
     use protobuf::Message;
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let proto = TensorProto::parse_from_bytes(&bytes).map_err(|e| format!("{}: not a TensorProto: {e}", path.display()))?;
+    let proto =
+        TensorProto::parse_from_bytes(&bytes).map_err(|e| format!("{}: not a TensorProto: {e}", path.display()))?;
     let t = tensor_from_proto(&proto, path.parent()).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok((proto.name.clone(), t))
 }

@@ -63,7 +63,10 @@ impl ModelArgs {
             }
             shapes.insert(name, dims);
         }
-        Ok(kiln::Model::load(&self.model, &kiln::LoadOptions { weights: self.weights.clone(), shapes, ..Default::default() })?)
+        Ok(kiln::Model::load(
+            &self.model,
+            &kiln::LoadOptions { weights: self.weights.clone(), shapes, ..Default::default() },
+        )?)
     }
 
     /// The `--shape` options.

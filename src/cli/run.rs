@@ -72,7 +72,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     let outputs = model.run(&inputs, &RunOptions { backend: a.backend, threads: a.threads })?;
     let run_ms = t1.elapsed().as_secs_f64() * 1e3;
     write_outputs(&a.output_dir, &outputs)?;
-    println!("model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms", a.model.model.display(), a.backend.name());
+    println!(
+        "model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms",
+        a.model.model.display(),
+        a.backend.name()
+    );
     for (name, t) in &outputs {
         println!("  {name}: {} {}", t.tensor_type(), summary(t));
     }

@@ -37,7 +37,14 @@ fn reduction(n: &OnnxNode<'_>) -> Result<Reduction, String> {
 }
 
 /// Negative log-likelihood of `logp[N, C, d…]` at `target[N, d…]`, weighted, with ignored targets dropped.
-fn nll(cx: &mut Ctx<'_>, logp: &Val, target: &Val, weight: Option<&Val>, ignore: Option<i64>, red: Reduction) -> Result<Val, String> {
+fn nll(
+    cx: &mut Ctx<'_>,
+    logp: &Val,
+    target: &Val,
+    weight: Option<&Val>,
+    ignore: Option<i64>,
+    red: Reduction,
+) -> Result<Val, String> {
     let t = cast(cx, target, DType::I64)?;
     let keep = match ignore {
         Some(ii) => {
@@ -216,9 +223,18 @@ pub(crate) fn hardmax(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
         (x.clone(), axis(n.int("axis", -1), rank)?)
     };
     let wd = static_shape(&work, "Hardmax")?;
-    let arg = cx.op(Op::ArgReduce(ArgReduce { kind: ArgKind::Max, axis: a as i64, keep_dims: true, select_last_index: false }), &[&work])?;
+    let arg = cx.op(
+        Op::ArgReduce(ArgReduce { kind: ArgKind::Max, axis: a as i64, keep_dims: true, select_last_index: false }),
+        &[&work],
+    )?;
     let iota = cx.op(
-        Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&wd.iter().map(|&v| v as u64).collect::<Vec<_>>()), axis: a as i64, start: 0.0, step: 1.0 }),
+        Op::Iota(Iota {
+            dtype: DType::I64,
+            shape: Shape::of(&wd.iter().map(|&v| v as u64).collect::<Vec<_>>()),
+            axis: a as i64,
+            start: 0.0,
+            step: 1.0,
+        }),
         &[],
     )?;
     let hit = bin(cx, B::Eq, &iota, &arg)?;
@@ -236,7 +252,8 @@ pub(crate) fn eye_like(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, S
     };
     let k = n.int("k", 0);
     let shape = Shape::of(&[r as u64, c as u64]);
-    let row = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: shape.clone(), axis: 0, start: k as f64, step: 1.0 }), &[])?;
+    let row =
+        cx.op(Op::Iota(Iota { dtype: DType::I64, shape: shape.clone(), axis: 0, start: k as f64, step: 1.0 }), &[])?;
     let col = cx.op(Op::Iota(Iota { dtype: DType::I64, shape, axis: 1, start: 0.0, step: 1.0 }), &[])?;
     let hit = bin(cx, B::Eq, &row, &col)?;
     Ok(vec![cast(cx, &hit, dtype)?])
@@ -265,7 +282,15 @@ pub(crate) fn lp_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
     let ab = un(cx, U::Abs, x)?;
     let pp = scalar_like(cx, x, p as f64)?;
     let powed = bin(cx, B::Pow, &ab, &pp)?;
-    let pool = Pool { kind: PoolKind::Avg, kernel: kernel.clone(), strides, pads, dilations, ceil_mode, count_include_pad: true };
+    let pool = Pool {
+        kind: PoolKind::Avg,
+        kernel: kernel.clone(),
+        strides,
+        pads,
+        dilations,
+        ceil_mode,
+        count_include_pad: true,
+    };
     let avg = cx.op(Op::Pool(pool), &[&powed])?;
     let size = scalar_like(cx, x, kernel.iter().product::<i64>() as f64)?;
     let sum = bin(cx, B::Mul, &avg, &size)?;

@@ -204,7 +204,9 @@ pub(crate) fn static_shape(x: &Val, what: &str) -> Result<Vec<usize>, String> {
 pub(crate) fn const_ints(n: &OnnxNode<'_>, i: usize, what: &str) -> Result<Option<Vec<i64>>, String> {
     match n.opt_input(i) {
         None => Ok(None),
-        Some(v) => v.ints().map(Some).ok_or_else(|| format!("input `{what}` must be known at import time (a constant or computed from constants)")),
+        Some(v) => v.ints().map(Some).ok_or_else(|| {
+            format!("input `{what}` must be known at import time (a constant or computed from constants)")
+        }),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Neural-network ONNX ops: convolutions, pooling, normalizations, softmax, resize, recurrent layers.
 
 use kiln_ir::op::{
-    BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, LayerNorm, Lstm, Gru, NearestMode, Pool, PoolKind,
+    BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, Gru, LayerNorm, Lstm, NearestMode, Pool, PoolKind,
     Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, Softmax, UnaryOp as U,
 };
 use kiln_ir::{Dim, Op, Shape, Tensor};
@@ -11,7 +11,13 @@ use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
 /// Explicit begin/end pads for `auto_pad`, given input extents, kernel, strides and dilations.
-pub(crate) fn auto_pads(n: &OnnxNode<'_>, input: &[usize], kernel: &[i64], strides: &[i64], dilations: &[i64]) -> Result<Vec<i64>, String> {
+pub(crate) fn auto_pads(
+    n: &OnnxNode<'_>,
+    input: &[usize],
+    kernel: &[i64],
+    strides: &[i64],
+    dilations: &[i64],
+) -> Result<Vec<i64>, String> {
     let k = input.len();
     let explicit = n.ints("pads");
     match n.string("auto_pad").as_deref().unwrap_or("NOTSET") {
@@ -247,7 +253,8 @@ pub(crate) fn layer_norm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>,
 pub(crate) fn lrn(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
     let size = n.opt_int("size").ok_or("`size` is required")?;
-    let (alpha, beta, bias) = (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
+    let (alpha, beta, bias) =
+        (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
     let d = static_shape(x, "LRN")?;
     if d.len() < 3 {
         return Err("needs rank ≥ 3".into());
@@ -308,7 +315,11 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         "linear" | "bilinear" | "trilinear" => ResizeMode::Linear,
         other => return Err(format!("mode `{other}` is not supported")),
     };
-    let coord = match n.string("coordinate_transformation_mode").as_deref().unwrap_or(if n.opset < 11 { "asymmetric" } else { "half_pixel" }) {
+    let coord = match n.string("coordinate_transformation_mode").as_deref().unwrap_or(if n.opset < 11 {
+        "asymmetric"
+    } else {
+        "half_pixel"
+    }) {
         "half_pixel" => CoordMode::HalfPixel,
         "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
         "align_corners" => CoordMode::AlignCorners,
@@ -340,7 +351,9 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         (n.input(1)?.floats(), None)
     } else {
         let scales = match n.opt_input(2) {
-            Some(s) if s.ty.shape.num_elements() != Some(0) => Some(s.floats().ok_or("scales must be known at import time")?),
+            Some(s) if s.ty.shape.num_elements() != Some(0) => {
+                Some(s.floats().ok_or("scales must be known at import time")?)
+            }
             _ => None,
         };
         (scales, const_ints(n, 3, "sizes")?)
@@ -367,7 +380,12 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
 }
 
 /// Recurrent-layer operands in the IR's fixed order, with zeros for omitted optional inputs.
-fn rnn_operands(cx: &mut Ctx<'_>, n: &OnnxNode<'_>, gates: u64, has_cell: bool) -> Result<(Vec<Val>, i64, RnnDirection, f64), String> {
+fn rnn_operands(
+    cx: &mut Ctx<'_>,
+    n: &OnnxNode<'_>,
+    gates: u64,
+    has_cell: bool,
+) -> Result<(Vec<Val>, i64, RnnDirection, f64), String> {
     let x = n.input(0)?;
     let hidden = n.opt_int("hidden_size").ok_or("`hidden_size` is required")?;
     let direction = match n.string("direction").as_deref().unwrap_or("forward") {

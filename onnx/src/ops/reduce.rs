@@ -107,8 +107,10 @@ pub(crate) fn cumsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     let mut perm: Vec<i64> = (0..rank as i64).filter(|&i| i != a as i64).collect();
     perm.push(a as i64);
     let xt = transpose(cx, x, perm.clone())?;
-    let row = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&[len, len]), axis: 0, start: 0.0, step: 1.0 }), &[])?;
-    let col = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&[len, len]), axis: 1, start: 0.0, step: 1.0 }), &[])?;
+    let row = cx
+        .op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&[len, len]), axis: 0, start: 0.0, step: 1.0 }), &[])?;
+    let col = cx
+        .op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&[len, len]), axis: 1, start: 0.0, step: 1.0 }), &[])?;
     let rel = match (reverse, exclusive) {
         (false, false) => B::Le,
         (false, true) => B::Lt,
@@ -127,7 +129,8 @@ pub(crate) fn cumsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
 
 /// Einsum with one operand (permutation and sums) or two (any contraction: batch, free and summed indices).
 pub(crate) fn einsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    let eq: String = n.string("equation").ok_or("`equation` is required")?.chars().filter(|c| !c.is_whitespace()).collect();
+    let eq: String =
+        n.string("equation").ok_or("`equation` is required")?.chars().filter(|c| !c.is_whitespace()).collect();
     if eq.contains("...") {
         return Err("ellipsis in the equation is not supported".into());
     }
@@ -140,7 +143,11 @@ pub(crate) fn einsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     }
     for (t, v) in terms.iter().zip(&ins) {
         if t.len() != v.rank() {
-            return Err(format!("term `{}` does not match an operand of rank {}", t.iter().collect::<String>(), v.rank()));
+            return Err(format!(
+                "term `{}` does not match an operand of rank {}",
+                t.iter().collect::<String>(),
+                v.rank()
+            ));
         }
         if (1..t.len()).any(|i| t[..i].contains(&t[i])) {
             return Err("repeated indices within a term (diagonals) are not supported".into());
@@ -151,8 +158,20 @@ pub(crate) fn einsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
             let t = &terms[0];
             let summed: Vec<i64> = (0..t.len()).filter(|&i| !out.contains(&t[i])).map(|i| i as i64).collect();
             let kept: Vec<char> = t.iter().copied().filter(|c| out.contains(c)).collect();
-            let y = if summed.is_empty() { ins[0].clone() } else { cx.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: summed, keep_dims: false }), &[ins[0]])? };
-            let perm = out.iter().map(|c| kept.iter().position(|k| k == c).map(|p| p as i64).ok_or(format!("output index `{c}` is not in the input"))).collect::<Result<Vec<_>, _>>()?;
+            let y = if summed.is_empty() {
+                ins[0].clone()
+            } else {
+                cx.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: summed, keep_dims: false }), &[ins[0]])?
+            };
+            let perm = out
+                .iter()
+                .map(|c| {
+                    kept.iter()
+                        .position(|k| k == c)
+                        .map(|p| p as i64)
+                        .ok_or(format!("output index `{c}` is not in the input"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(vec![transpose(cx, &y, perm)?])
         }
         2 => einsum2(cx, &terms[0], &terms[1], &out, ins[0], ins[1]).map(|v| vec![v]),
@@ -169,9 +188,12 @@ fn einsum2(cx: &mut Ctx<'_>, ta: &[char], tb: &[char], out: &[char], a: &Val, b:
     if free_a.iter().chain(&free_b).any(|c| !out.contains(c)) {
         return Err("indices summed within one operand are not supported".into());
     }
-    let pos = |t: &[char], cs: &[char]| cs.iter().map(|c| t.iter().position(|x| x == c).expect("index in term") as i64).collect::<Vec<_>>();
+    let pos = |t: &[char], cs: &[char]| {
+        cs.iter().map(|c| t.iter().position(|x| x == c).expect("index in term") as i64).collect::<Vec<_>>()
+    };
     let prod = |t: &[char], v: &Val, cs: &[char]| -> Result<Dim, String> {
-        super::dim_product(&cs.iter().map(|&c| dim(t, v, c).expect("index in term")).collect::<Vec<_>>()).ok_or("symbolic dims in einsum contractions are not supported".to_string())
+        super::dim_product(&cs.iter().map(|&c| dim(t, v, c).expect("index in term")).collect::<Vec<_>>())
+            .ok_or("symbolic dims in einsum contractions are not supported".to_string())
     };
     // A → [batch..., free_a, contract], B → [batch..., contract, free_b], then one batched matmul.
     let a_perm = [pos(ta, &batch), pos(ta, &free_a), pos(ta, &contract)].concat();
@@ -185,8 +207,14 @@ fn einsum2(cx: &mut Ctx<'_>, ta: &[char], tb: &[char], out: &[char], a: &Val, b:
     let b3 = reshape(cx, &bt, [batch_dims.clone(), vec![k, nn]].concat())?;
     let y = cx.op(Op::MatMul, &[&a3, &b3])?;
     let order: Vec<char> = [batch.clone(), free_a.clone(), free_b.clone()].concat();
-    let full: Vec<Dim> = order.iter().map(|&c| dim(ta, a, c).or_else(|| dim(tb, b, c)).expect("index in a term")).collect();
+    let full: Vec<Dim> =
+        order.iter().map(|&c| dim(ta, a, c).or_else(|| dim(tb, b, c)).expect("index in a term")).collect();
     let y = reshape(cx, &y, full)?;
-    let perm = out.iter().map(|c| order.iter().position(|x| x == c).map(|p| p as i64).ok_or(format!("output index `{c}` is in no operand"))).collect::<Result<Vec<_>, _>>()?;
+    let perm = out
+        .iter()
+        .map(|c| {
+            order.iter().position(|x| x == c).map(|p| p as i64).ok_or(format!("output index `{c}` is in no operand"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     transpose(cx, &y, perm)
 }

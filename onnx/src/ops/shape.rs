@@ -10,9 +10,7 @@ use kiln_ir::op::{
 };
 use kiln_ir::{DType, Dim, Op, Shape, Tensor};
 
-use super::{
-    axis, bin, const_ints, dim_product, dims_from_args, i64_tensor, scalar_like, static_shape,
-};
+use super::{axis, bin, const_ints, dim_product, dims_from_args, i64_tensor, scalar_like, static_shape};
 use crate::import::{Ctx, DimArg, Val};
 use crate::node::OnnxNode;
 
@@ -36,7 +34,9 @@ pub(crate) fn constant(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, S
 
 /// A shape argument (possibly with symbolic dims) of a node input.
 fn shape_arg(n: &OnnxNode<'_>, i: usize, what: &str) -> Result<Vec<DimArg>, String> {
-    n.input(i)?.dim_args().ok_or_else(|| format!("the {what} must be known at import time (or computed from the shapes of inputs)"))
+    n.input(i)?
+        .dim_args()
+        .ok_or_else(|| format!("the {what} must be known at import time (or computed from the shapes of inputs)"))
 }
 
 pub(crate) fn constant_of_shape(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
@@ -66,7 +66,10 @@ pub(crate) fn shape(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
     let mut out = if start == 0 && end == rank as usize {
         full
     } else {
-        cx.op(Op::Slice(Slice { starts: vec![start as i64], ends: vec![end as i64], axes: vec![0], steps: vec![1] }), &[&full])?
+        cx.op(
+            Op::Slice(Slice { starts: vec![start as i64], ends: vec![end as i64], axes: vec![0], steps: vec![1] }),
+            &[&full],
+        )?
     };
     out.dims = Some(dims.into_iter().map(DimArg::from).collect());
     Ok(vec![out])
@@ -84,7 +87,9 @@ fn reshape_target(input: &[Dim], args: &[DimArg], allowzero: bool) -> Result<Vec
     let mut infer_at = None;
     for (i, a) in args.iter().enumerate() {
         out.push(match a {
-            DimArg::Int(0) if !allowzero => Some(input.get(i).cloned().ok_or(format!("0 at position {i} has no input dim to copy"))?),
+            DimArg::Int(0) if !allowzero => {
+                Some(input.get(i).cloned().ok_or(format!("0 at position {i} has no input dim to copy"))?)
+            }
             DimArg::Int(-1) => {
                 if infer_at.replace(i).is_some() {
                     return Err("more than one -1 in the target shape".into());
@@ -119,7 +124,7 @@ fn reshape_target(input: &[Dim], args: &[DimArg], allowzero: bool) -> Result<Vec
             }
         }
         let inferred = match syms.as_slice() {
-            [] if den != 0 && num % den == 0 => Dim::Static(num / den),
+            [] if den != 0 && num.is_multiple_of(den) => Dim::Static(num / den),
             [] if den == 0 && num == 0 => Dim::Static(0),
             [s] if den == num => Dim::Sym(s.clone()),
             _ => return Err(format!("cannot infer -1 of the target shape from input dims {}", Shape(input.to_vec()))),
@@ -153,7 +158,9 @@ pub(crate) fn flatten(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
         return Err(format!("axis {} is out of range for rank {rank}", n.int("axis", 1)));
     }
     let (head, tail) = x.ty.shape.0.split_at(a as usize);
-    let both = dim_product(head).zip(dim_product(tail)).ok_or_else(|| format!("flattening {} needs static dims", x.ty.shape))?;
+    let both = dim_product(head)
+        .zip(dim_product(tail))
+        .ok_or_else(|| format!("flattening {} needs static dims", x.ty.shape))?;
     Ok(vec![super::reshape(cx, x, vec![both.0, both.1])?])
 }
 
@@ -180,7 +187,8 @@ pub(crate) fn squeeze(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
             return Err(format!("cannot squeeze axis {a} of extent {}", x.ty.shape.0[a]));
         }
     }
-    let dims: Vec<Dim> = x.ty.shape.0.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect();
+    let dims: Vec<Dim> =
+        x.ty.shape.0.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect();
     let mut out = super::reshape(cx, x, dims)?;
     out.dims = x.dims.clone();
     Ok(vec![out])
@@ -196,8 +204,9 @@ pub(crate) fn unsqueeze(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, 
         return Err(format!("axes {axes:?} repeat"));
     }
     let mut src = x.ty.shape.0.iter();
-    let dims: Vec<Dim> =
-        (0..out_rank).map(|i| if norm.contains(&i) { Dim::Static(1) } else { src.next().cloned().expect("rank adds up") }).collect();
+    let dims: Vec<Dim> = (0..out_rank)
+        .map(|i| if norm.contains(&i) { Dim::Static(1) } else { src.next().cloned().expect("rank adds up") })
+        .collect();
     let mut out = super::reshape(cx, x, dims)?;
     out.dims = x.dims.clone();
     Ok(vec![out])
@@ -239,7 +248,7 @@ pub(crate) fn split(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
             (0..k).map(|i| piece.min(extent - piece * i).max(0)).collect()
         }
     };
-    Ok(cx.op_multi(Op::Split(Split { axis: a as i64, sizes }), &[x])?)
+    cx.op_multi(Op::Split(Split { axis: a as i64, sizes }), &[x])
 }
 
 pub(crate) fn slice(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
@@ -265,7 +274,8 @@ pub(crate) fn slice(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
     let attrs = Slice { starts, ends, axes, steps };
     let mut out = cx.op(Op::Slice(attrs.clone()), &[x])?;
     if let (Some(dims), None) = (&x.dims, &out.konst) {
-        let (s, st, count) = kiln_ir::infer::slice_range(attrs.starts[0], attrs.ends[0], attrs.steps[0], dims.len() as i64);
+        let (s, st, count) =
+            kiln_ir::infer::slice_range(attrs.starts[0], attrs.ends[0], attrs.steps[0], dims.len() as i64);
         out.dims = Some((0..count).map(|i| dims[(s + i * st) as usize].clone()).collect());
     }
     Ok(vec![out])
@@ -277,8 +287,10 @@ pub(crate) fn gather(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     let mut out = cx.op(Op::Gather(Gather { axis: a }), &[data, idx])?;
     if let (Some(dims), Some(ix), None) = (&data.dims, idx.ints(), &out.konst) {
         let len = dims.len() as i64;
-        let picked: Option<Vec<DimArg>> =
-            ix.iter().map(|&i| usize::try_from(if i < 0 { i + len } else { i }).ok().and_then(|i| dims.get(i).cloned())).collect();
+        let picked: Option<Vec<DimArg>> = ix
+            .iter()
+            .map(|&i| usize::try_from(if i < 0 { i + len } else { i }).ok().and_then(|i| dims.get(i).cloned()))
+            .collect();
         out.dims = picked;
     }
     Ok(vec![out])
@@ -291,7 +303,11 @@ pub(crate) fn gather_elements(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<
 
 /// Linear indices into the first `k` dims of `data_dims` from `indices[..., k]`, with negatives wrapped.
 fn linear_indices(cx: &mut Ctx<'_>, idx: &Val, data_dims: &[usize], k: usize) -> Result<Val, String> {
-    let idx = if idx.dtype() == DType::I64 { idx.clone() } else { cx.op(Op::Cast(kiln_ir::op::Cast { to: DType::I64 }), &[idx])? };
+    let idx = if idx.dtype() == DType::I64 {
+        idx.clone()
+    } else {
+        cx.op(Op::Cast(kiln_ir::op::Cast { to: DType::I64 }), &[idx])?
+    };
     let extents = cx.constant(i64_tensor(data_dims[..k].iter().map(|&d| d as i64).collect()))?;
     let zero = cx.scalar(DType::I64, 0.0)?;
     let neg = bin(cx, B::Lt, &idx, &zero)?;
@@ -456,7 +472,10 @@ pub(crate) fn one_hot(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
     let mut exp_dims: Vec<Dim> = id.iter().map(|&d| Dim::Static(d as u64)).collect();
     exp_dims.insert(a, Dim::Static(1));
     let idx64 = super::reshape(cx, &idx64, exp_dims)?;
-    let iota = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&out_dims), axis: a as i64, start: 0.0, step: 1.0 }), &[])?;
+    let iota = cx.op(
+        Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&out_dims), axis: a as i64, start: 0.0, step: 1.0 }),
+        &[],
+    )?;
     let hit = bin(cx, B::Eq, &iota, &idx64)?;
     let off = cx.op(Op::Slice(Slice { starts: vec![0], ends: vec![1], axes: vec![0], steps: vec![1] }), &[values])?;
     let on = cx.op(Op::Slice(Slice { starts: vec![1], ends: vec![2], axes: vec![0], steps: vec![1] }), &[values])?;
@@ -474,8 +493,10 @@ pub(crate) fn trilu(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
         return Err("needs rank ≥ 2".into());
     }
     let mn = [d[d.len() - 2] as u64, d[d.len() - 1] as u64];
-    let row = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&mn), axis: 0, start: 0.0, step: 1.0 }), &[])?;
-    let col = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&mn), axis: 1, start: 0.0, step: 1.0 }), &[])?;
+    let row =
+        cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&mn), axis: 0, start: 0.0, step: 1.0 }), &[])?;
+    let col =
+        cx.op(Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&mn), axis: 1, start: 0.0, step: 1.0 }), &[])?;
     let diff = bin(cx, B::Sub, &col, &row)?;
     let kk = cx.scalar(DType::I64, k as f64)?;
     let keep = bin(cx, if upper { B::Ge } else { B::Le }, &diff, &kk)?;
@@ -498,8 +519,11 @@ pub(crate) fn depth_to_space(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
         "CRD" => true,
         other => return Err(format!("mode `{other}` is not supported")),
     };
-    let (inter, perm): (Vec<u64>, Vec<i64>) =
-        if crd { (vec![nb, cc, b, b, h, w], vec![0, 1, 4, 2, 5, 3]) } else { (vec![nb, b, b, cc, h, w], vec![0, 3, 4, 1, 5, 2]) };
+    let (inter, perm): (Vec<u64>, Vec<i64>) = if crd {
+        (vec![nb, cc, b, b, h, w], vec![0, 1, 4, 2, 5, 3])
+    } else {
+        (vec![nb, b, b, cc, h, w], vec![0, 3, 4, 1, 5, 2])
+    };
     let y = super::reshape(cx, x, inter.into_iter().map(Dim::Static).collect())?;
     let y = super::transpose(cx, &y, perm)?;
     Ok(vec![super::reshape(cx, &y, [nb, cc, h * b, w * b].into_iter().map(Dim::Static).collect())?])
@@ -549,7 +573,7 @@ mod tests {
             reshape_target(&input, &args(&[0, 0, 4, 16]), false).unwrap(),
             vec![Dim::sym("batch"), Dim::Static(12), Dim::Static(4), Dim::Static(16)]
         );
-        assert_eq!(reshape_target(&input, &args(&[-1, 64]), false).unwrap_err().contains("cannot infer"), true);
+        assert!(reshape_target(&input, &args(&[-1, 64]), false).unwrap_err().contains("cannot infer"));
         let st = vec![Dim::Static(2), Dim::Static(6)];
         assert_eq!(reshape_target(&st, &args(&[3, -1]), false).unwrap(), vec![Dim::Static(3), Dim::Static(4)]);
         assert!(reshape_target(&st, &args(&[-1, -1]), false).is_err());
