@@ -13,6 +13,24 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+echo "== ONNX node conformance (reference interpreter)"
+# ONNX ships its node tests as Python definitions; generate the data once into .cache (about 10 s).
+ONNX_VERSION=1.23.2
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import onnx, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION')" 2>/dev/null; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check "onnx==$ONNX_VERSION" numpy
+fi
+cases=.cache/onnx-node-tests
+if ! grep -q "onnx $ONNX_VERSION" "$cases/VERSION" 2>/dev/null; then
+  mkdir -p .cache
+  .venv/bin/python -W ignore scripts/gen_onnx_node_tests.py "$cases"
+fi
+# Debug build: kiln-ir and every dependency are optimized in dev builds, so this is fast and shares nextest's.
+cargo build --quiet --bin kiln
+./target/debug/kiln conformance "$cases" --backend interp --min-passed "$(cat tests/conformance-floor.txt)" > target/conformance.txt \
+  || { grep -E "^FAILED" target/conformance.txt; tail -1 target/conformance.txt; exit 1; }
+tail -1 target/conformance.txt
+
 echo "== tests"
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
