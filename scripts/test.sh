@@ -36,5 +36,6 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked --quiet
 fi
-cargo nextest run --workspace --no-fail-fast --failure-output final
+# Doc tests first (nextest does not run them), so the run closes on nextest's summary line.
 cargo test --workspace --doc --quiet
+cargo nextest run --workspace --no-fail-fast --failure-output final
