@@ -106,11 +106,17 @@ fn apply(g: &mut Graph, id: NodeId, rewrite: Rewrite) {
     }
 }
 
-/// Removes a computed node (never an `input`, `param` or `constant`: those are dce's call) nobody uses.
+/// Removes a computed node nobody uses, then its producers that this leaves unused, and so on up the chain.
+/// Sources (`input`, `param`, `constant`, `iota`) are left for `dce`.
 fn remove_if_unused(g: &mut Graph, id: NodeId) {
-    let computed = g.get(id).is_some_and(|n| !n.op.is_source());
-    if computed && g.users(id).is_empty() && !g.outputs().iter().any(|(_, v)| v.node == id) {
-        g.remove_node(id);
+    let mut work = vec![id];
+    while let Some(id) = work.pop() {
+        let computed = g.get(id).is_some_and(|n| !n.op.is_source());
+        if computed && g.users(id).is_empty() && !g.outputs().iter().any(|(_, v)| v.node == id) {
+            if let Some(node) = g.remove_node(id) {
+                work.extend(node.inputs.iter().map(|v| v.node));
+            }
+        }
     }
 }
 
