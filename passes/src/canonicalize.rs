@@ -112,10 +112,12 @@ fn remove_if_unused(g: &mut Graph, id: NodeId) {
     let mut work = vec![id];
     while let Some(id) = work.pop() {
         let computed = g.get(id).is_some_and(|n| !n.op.is_source());
-        if computed && g.users(id).is_empty() && !g.outputs().iter().any(|(_, v)| v.node == id) {
-            if let Some(node) = g.remove_node(id) {
-                work.extend(node.inputs.iter().map(|v| v.node));
-            }
+        if computed
+            && g.users(id).is_empty()
+            && !g.outputs().iter().any(|(_, v)| v.node == id)
+            && let Some(node) = g.remove_node(id)
+        {
+            work.extend(node.inputs.iter().map(|v| v.node));
         }
     }
 }

@@ -158,6 +158,15 @@ impl PassManager {
         PassManager::new(&Pipeline::parse(text)?)
     }
 
+    /// A manager over passes built in code (custom passes of tools and tests), run in order. Its pipeline text,
+    /// used in reproducers, lists their names.
+    pub fn from_passes(passes: Vec<Box<dyn Pass>>) -> PassManager {
+        let item = |p: &dyn Pass| PipelineItem::Pass { name: p.name().to_string(), options: Vec::new() };
+        let pipeline = Pipeline { items: passes.iter().map(|p| item(p.as_ref())).collect() };
+        let steps = passes.into_iter().map(|pass| Step::Pass { text: pass.name().to_string(), pass }).collect();
+        PassManager { pipeline, steps }
+    }
+
     /// The pipeline, as given (named pipelines unexpanded).
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline

@@ -115,8 +115,7 @@ fn every_pass_and_pipeline_preserves_every_fixture() {
             for cx in [PassContext::default(), PassContext { bindings: symbols(&original) }] {
                 let mut g = original.clone();
                 let pm = PassManager::parse(pipeline).expect("registered pipelines parse");
-                let mut inst =
-                    Instrumentation { verify_each: true, reproducer: Reproducer::Off, ..Default::default() };
+                let mut inst = Instrumentation { verify_each: true, reproducer: Reproducer::Off, ..Default::default() };
                 if let Err(e) = pm.run(&mut g, &cx, &mut inst) {
                     failures.push(format!("{name} / {pipeline}: {e}"));
                     continue;
