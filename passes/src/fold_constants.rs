@@ -68,6 +68,7 @@ impl Pass for FoldConstants {
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
         let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
+        // Values computed in this run; `constant` operands are read from the graph without copying.
         let mut known: HashMap<Value, Arc<Tensor>> = HashMap::new();
         // Nodes this run evaluated (not the constant and iota sources, which are already as small as they get).
         let mut folded: Vec<NodeId> = Vec::new();
@@ -75,21 +76,18 @@ impl Pass for FoldConstants {
             let node = g.node(id);
             let small = |n: u64| n <= self.max_elements as u64;
             match &node.op {
-                Op::Input(_) | Op::Parameter(_) => continue,
-                Op::Constant(c) => {
-                    known.insert(Value::new(id, 0), Arc::new(c.value.clone()));
-                    continue;
-                }
+                Op::Input(_) | Op::Parameter(_) | Op::Constant(_) => continue,
                 Op::Iota(i) if !i.shape.num_elements().is_some_and(small) => continue,
                 _ => {}
             }
             if !node.outputs.iter().all(|t| t.shape.num_elements().is_some_and(small)) {
                 continue;
             }
-            let Some(operands) = node.inputs.iter().map(|v| known.get(v).cloned()).collect::<Option<Vec<_>>>() else {
-                continue;
+            let value_of = |v: &Value| match g.get(v.node).map(|n| &n.op) {
+                Some(Op::Constant(c)) if v.index == 0 => Some(&c.value),
+                _ => known.get(v).map(|t| t.as_ref()),
             };
-            let refs: Vec<&Tensor> = operands.iter().map(|t| t.as_ref()).collect();
+            let Some(refs) = node.inputs.iter().map(value_of).collect::<Option<Vec<&Tensor>>>() else { continue };
             let Ok(results) = eval_op(&node.op, &refs) else { continue };
             if results.len() != node.outputs.len()
                 || results.iter().zip(&node.outputs).any(|(r, t)| &r.tensor_type() != t)
