@@ -1,0 +1,114 @@
+//! `infer-shapes`: re-infers every node's result types, specializing symbolic dims that have bindings.
+//!
+//! Bindings come from the pass options (`infer-shapes{bind=batch:8,bind=seq:128}`, `bind` may repeat) and from
+//! [`PassContext::bindings`]; an option wins over the context for the same symbol. With bindings, each bound
+//! symbol is replaced by its value in the declared types of `input` and `param` nodes and in the shape
+//! attributes of `reshape`, `broadcast`, `iota` and `resize` (as the interpreter substitutes them when it runs).
+//! Then every other node's result types are recomputed with `kiln_ir::infer::infer` in topological order, so
+//! static extents propagate through the graph. Without bindings the pass only re-derives types, which for a
+//! verified graph changes nothing. A node whose types no longer infer (a binding contradicts a static dim) is an
+//! error naming the node and the bindings.
+
+use std::collections::BTreeMap;
+
+use kiln_ir::infer::infer;
+use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
+use kiln_ir::{Graph, Op, Shape, TensorType};
+
+use crate::declare_pass;
+use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+
+declare_pass! {
+    /// Re-infers every node's result types in topological order, specializing bound symbolic dims.
+    #[derive(Clone, Debug, Default)]
+    pub struct InferShapes = "infer-shapes" {
+        /// Symbol values given as options; they win over the context's.
+        pub bindings: BTreeMap<String, u64>,
+    }
+}
+
+impl FromOptions for InferShapes {
+    const OPTIONS: &'static [OptionDoc] = &[OptionDoc {
+        name: "bind",
+        value: "SYMBOL:N",
+        summary: "specialize symbolic dim SYMBOL to N (repeatable; wins over the caller's bindings)",
+    }];
+
+    fn from_options(options: &mut PassOptions<'_>) -> Result<InferShapes, OptionError> {
+        let mut bindings = BTreeMap::new();
+        for o in options.take_all("bind") {
+            let bad = |why: &str| OptionError {
+                option: o.key.clone(),
+                column: o.column,
+                message: format!("option `bind` of `infer-shapes`: bad value `{}`: {why}", o.value),
+            };
+            let (sym, n) = o.value.split_once(':').ok_or_else(|| bad("expected SYMBOL:N"))?;
+            if !kiln_ir::verify::is_valid_symbol(sym) {
+                return Err(bad("the symbol is not an identifier"));
+            }
+            let n: u64 = n.parse().map_err(|e| bad(&format!("{e}")))?;
+            if bindings.insert(sym.to_string(), n).is_some_and(|old| old != n) {
+                return Err(bad("the symbol is bound twice"));
+            }
+        }
+        Ok(InferShapes { bindings })
+    }
+}
+
+impl Pass for InferShapes {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        Self::SUMMARY
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<bool, PassError> {
+        let mut bindings = cx.bindings.clone();
+        bindings.extend(self.bindings.iter().map(|(k, v)| (k.clone(), *v)));
+        let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
+        let mut changed = false;
+        for id in order {
+            let node = g.node(id);
+            let sub = |s: &Shape| s.substitute(&bindings);
+            // Only shape attributes are rewritten, and compared by shape: `Op`'s `==` never holds for a constant
+            // holding NaN, which would report a change on every run.
+            let new_op = match &node.op {
+                Op::Reshape(r) if sub(&r.shape) != r.shape => Some(Op::Reshape(Reshape { shape: sub(&r.shape) })),
+                Op::Broadcast(b) if sub(&b.shape) != b.shape => Some(Op::Broadcast(Broadcast { shape: sub(&b.shape) })),
+                Op::Iota(i) if sub(&i.shape) != i.shape => Some(Op::Iota(Iota { shape: sub(&i.shape), ..i.clone() })),
+                Op::Resize(r) if sub(&r.shape) != r.shape => {
+                    Some(Op::Resize(Resize { shape: sub(&r.shape), ..r.clone() }))
+                }
+                _ => None,
+            };
+            let outputs = match &node.op {
+                Op::Input(_) | Op::Parameter(_) => {
+                    node.outputs.iter().map(|t| TensorType::new(t.dtype, sub(&t.shape))).collect()
+                }
+                op => {
+                    let types = node
+                        .inputs
+                        .iter()
+                        .map(|&v| g.value_type(v).cloned())
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| PassError::at(Self::NAME, g.describe(id), "an operand has no type"))?;
+                    infer(new_op.as_ref().unwrap_or(op), &types).map_err(|m| {
+                        let b: Vec<String> = bindings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        PassError::at(Self::NAME, g.describe(id), format!("{m} (bindings: {})", b.join(", ")))
+                    })?
+                }
+            };
+            if new_op.is_some() || outputs != node.outputs {
+                let n = g.node_mut(id);
+                if let Some(op) = new_op {
+                    *n.op = op;
+                }
+                *n.outputs = outputs;
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+}
