@@ -308,3 +308,33 @@ fn bad_input_is_one_clear_error() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("unknown backend `tpu`"));
 }
+
+#[test]
+fn opt_runs_pipelines_with_instrumentation() {
+    let f = fixtures().into_iter().find(|f| f.ends_with("mlp_symbolic_batch.kir")).expect("fixture");
+    let o = kiln(&["opt", f.to_str().unwrap(), "-O2", "--print-after-all", "--time-passes", "--verify-each"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for pass in ["infer-shapes", "canonicalize", "fold-constants", "cse", "dce"] {
+        assert!(err.contains(&format!("IR Dump After {pass}")), "no dump after {pass}:\n{err}");
+    }
+    assert!(err.contains("Pass execution timing report"), "{err}");
+    // The optimized text still parses and runs.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("o.kir");
+    std::fs::write(&out, &o.stdout).unwrap();
+    let o = kiln(&[
+        "run",
+        out.to_str().unwrap(),
+        "--shape",
+        "x=2x4",
+        "--output-dir",
+        tmp.path().join("d").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A malformed pipeline is one clear error with a caret.
+    let o = kiln(&["opt", f.to_str().unwrap(), "--pipeline", "cse,,dce"]);
+    assert_clean_failure(&o, "^");
+    let o = kiln(&["opt", f.to_str().unwrap(), "--pipeline", "frobnicate"]);
+    assert_clean_failure(&o, "frobnicate");
+}

@@ -1,9 +1,10 @@
-//! `kiln opt`: print a model as `.kir`, or write it (and its weights) to a file.
+//! `kiln opt`: run a pass pipeline over a model and print or write the result as `.kir`.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use kiln_passes::{Instrumentation, PassContext, PassManager, PassSelection, Reproducer};
 
 use super::ModelArgs;
 
@@ -16,17 +17,94 @@ pub struct OptArgs {
     /// printing it.
     #[arg(long, short = 'o', value_name = "OUT.kir")]
     output: Option<PathBuf>,
+    #[command(flatten)]
+    passes: PipelineArgs,
+}
+
+/// Pipeline selection and instrumentation, shared by every command that runs passes.
+#[derive(Args, Debug)]
+pub struct PipelineArgs {
+    /// Optimization level: a named pipeline O0..O3 (default O0: print the model as it is).
+    #[arg(short = 'O', value_name = "LEVEL", conflicts_with = "pipeline")]
+    level: Option<u8>,
+    /// A pipeline in text form, e.g. `canonicalize,cse,fixpoint(fold-constants,dce)`.
+    #[arg(long, value_name = "PIPELINE")]
+    pipeline: Option<String>,
+    /// Print the IR (to stderr) before this pass (repeatable).
+    #[arg(long, value_name = "PASS")]
+    print_before: Vec<String>,
+    /// Print the IR (to stderr) after this pass (repeatable).
+    #[arg(long, value_name = "PASS")]
+    print_after: Vec<String>,
+    /// Print the IR after every pass.
+    #[arg(long)]
+    print_after_all: bool,
+    /// Print the IR only after passes that changed it (alone: after every pass that changed it).
+    #[arg(long)]
+    print_after_change: bool,
+    /// Print a table of wall time per pass (to stderr).
+    #[arg(long)]
+    time_passes: bool,
+    /// Verify the graph after every pass; a failure names the pass.
+    #[arg(long)]
+    verify_each: bool,
+    /// Stop after N pass executions (to find a miscompiling pass).
+    #[arg(long, value_name = "N")]
+    bisect: Option<usize>,
+    /// Where a failing pass writes its reproducer (input IR and pipeline); default: the temp directory.
+    #[arg(long, value_name = "DIR")]
+    reproducer_dir: Option<PathBuf>,
+}
+
+impl PipelineArgs {
+    /// The pipeline text these options select.
+    pub fn pipeline_text(&self) -> Result<String> {
+        match (&self.pipeline, self.level) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(l @ 0..=3)) => Ok(format!("O{l}")),
+            (None, Some(l)) => bail!("-O{l}: optimization levels are 0 to 3"),
+            (None, None) => Ok("O0".into()),
+        }
+    }
+
+    /// Runs the selected pipeline over `g` with the requested instrumentation (dumps and timing to stderr).
+    pub fn run(&self, g: &mut kiln_ir::Graph) -> Result<()> {
+        let manager = PassManager::parse(&self.pipeline_text()?)?;
+        let select = |names: &[String], all: bool| {
+            if all {
+                PassSelection::All
+            } else if names.is_empty() {
+                PassSelection::None
+            } else {
+                PassSelection::passes(names.iter().cloned())
+            }
+        };
+        let mut inst = Instrumentation {
+            print_before: select(&self.print_before, false),
+            print_after: select(&self.print_after, self.print_after_all),
+            print_after_change: self.print_after_change,
+            time_passes: self.time_passes,
+            verify_each: self.verify_each,
+            bisect: self.bisect,
+            reproducer: self.reproducer_dir.clone().map_or(Reproducer::TempDir, Reproducer::Dir),
+            sink: None,
+        };
+        manager.run(g, &PassContext::default(), &mut inst)?;
+        Ok(())
+    }
 }
 
 pub fn run(a: OptArgs) -> Result<()> {
     let model = a.model.load()?;
-    let text = kiln_ir::print(model.graph());
+    let mut graph = model.graph().clone();
+    a.passes.run(&mut graph)?;
+    let text = kiln_ir::print(&graph);
     match a.output {
         None => print!("{text}"),
         Some(out) => {
             std::fs::write(&out, &text).with_context(|| format!("cannot write {}", out.display()))?;
-            if !model.graph().weights.is_empty() {
-                kiln::weights::save(&out.with_extension("safetensors"), &model.graph().weights)?;
+            if !graph.weights.is_empty() {
+                kiln::weights::save(&out.with_extension("safetensors"), &graph.weights)?;
             }
         }
     }
