@@ -52,19 +52,12 @@ pub fn eval(kernel: &Kernel, args: &mut [Tensor], symbols: &[i64]) -> Result<(),
             .collect();
         let got: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
         if t.dtype() != a.dtype || got != want {
-            return Err(err(format!(
-                "argument `{}` should be {}{want:?}, got {}{got:?}",
-                a.name,
-                a.dtype,
-                t.dtype(),
-            )));
+            return Err(err(format!("argument `{}` should be {}{want:?}, got {}{got:?}", a.name, a.dtype, t.dtype(),)));
         }
     }
     // Work on the raw storage and put the tensors back whatever happens.
-    let mut data: Vec<(Vec<usize>, Data)> = args
-        .iter_mut()
-        .map(|t| std::mem::replace(t, Tensor::zeros(DType::Bool, vec![0])).into_parts())
-        .collect();
+    let mut data: Vec<(Vec<usize>, Data)> =
+        args.iter_mut().map(|t| std::mem::replace(t, Tensor::zeros(DType::Bool, vec![0])).into_parts()).collect();
     let mut slots: Vec<Slot> = vec![Slot::Missing; kernel.args.len()];
     for (i, &id) in launch.iter().enumerate() {
         slots[id.0 as usize] = Slot::Launch(i);
@@ -154,9 +147,10 @@ impl Machine<'_> {
                     return Err(format!("output `{}` has no buffer", a.name));
                 };
                 let data = &mut self.data[slot].1;
-                let i = usize::try_from(i).ok().filter(|&i| i < data.len()).ok_or_else(|| {
-                    format!("store to `{}` at {i} is out of range (length {})", a.name, data.len())
-                })?;
+                let i = usize::try_from(i)
+                    .ok()
+                    .filter(|&i| i < data.len())
+                    .ok_or_else(|| format!("store to `{}` at {i} is out of range (length {})", a.name, data.len()))?;
                 v.write(data, i).map_err(|m| format!("store to `{}`: {m}", a.name))?;
             }
         }
@@ -206,9 +200,10 @@ impl Machine<'_> {
                     (ArgRole::Input, Slot::Launch(s)) => &self.data[s].1,
                     _ => return Err(format!("load from `{}`, which is not an input or constant", a.name)),
                 };
-                let i = usize::try_from(i).ok().filter(|&i| i < data.len()).ok_or_else(|| {
-                    format!("load from `{}` at {i} is out of range (length {})", a.name, data.len())
-                })?;
+                let i = usize::try_from(i)
+                    .ok()
+                    .filter(|&i| i < data.len())
+                    .ok_or_else(|| format!("load from `{}` at {i} is out of range (length {})", a.name, data.len()))?;
                 Ok(Scalar::read(data, i))
             }
             Expr::Var(v) => self.env.lets.get(v).copied().ok_or_else(|| format!("v{} is not defined", v.0)),

@@ -351,17 +351,17 @@ pub enum VarRef {
 /// Shorthands for building index expressions.
 impl IExpr {
     /// `a + b`.
-    pub fn add(a: IExpr, b: IExpr) -> IExpr {
+    pub fn plus(a: IExpr, b: IExpr) -> IExpr {
         IExpr::Add(Box::new(a), Box::new(b))
     }
 
     /// `a - b`.
-    pub fn sub(a: IExpr, b: IExpr) -> IExpr {
+    pub fn minus(a: IExpr, b: IExpr) -> IExpr {
         IExpr::Sub(Box::new(a), Box::new(b))
     }
 
     /// `a * b`.
-    pub fn mul(a: IExpr, b: IExpr) -> IExpr {
+    pub fn times(a: IExpr, b: IExpr) -> IExpr {
         IExpr::Mul(Box::new(a), Box::new(b))
     }
 
@@ -371,7 +371,7 @@ impl IExpr {
     }
 
     /// `a mod b` (the divisor's sign).
-    pub fn rem(a: IExpr, b: IExpr) -> IExpr {
+    pub fn modulo(a: IExpr, b: IExpr) -> IExpr {
         IExpr::Rem(Box::new(a), Box::new(b))
     }
 
@@ -415,9 +415,21 @@ impl Expr {
         Expr::Select(Box::new(cond), Box::new(a), Box::new(b))
     }
 
-    /// `x` converted to `to` (no node when `from == to`).
+    /// `x` converted to `to` (no node when `from == to`; a constant is converted now, with `cast` semantics).
     pub fn cast(x: Expr, from: DType, to: DType) -> Expr {
-        if from == to { x } else { Expr::Cast(Box::new(x), to) }
+        match x {
+            _ if from == to => x,
+            Expr::Const(s) => Expr::Const(kiln_ir::interp::scalar::cast(s, to)),
+            x => Expr::Cast(Box::new(x), to),
+        }
+    }
+
+    /// `value` converted to `dtype` (a constant index is converted now).
+    pub fn index(value: IExpr, dtype: DType) -> Expr {
+        match value {
+            IExpr::Const(c) => Expr::Const(Scalar::from_i64(dtype, c)),
+            value => Expr::Index { value, dtype },
+        }
     }
 
     /// `lhs op rhs` on indices, as a bool.

@@ -11,9 +11,7 @@ use std::fmt::Write;
 
 use kiln_ir::interp::scalar::Scalar;
 
-use super::ir::{
-    AccOp, ArgRole, Block, CmpOp, Expr, Extent, ICond, IExpr, Kernel, LoopKind, LoopVar, Stmt,
-};
+use super::ir::{AccOp, ArgRole, Block, CmpOp, Expr, Extent, ICond, IExpr, Kernel, LoopKind, LoopVar, Stmt};
 
 /// Constants with at most this many elements print their values; larger ones print only their type.
 const SHOWN_CONSTANT_ELEMENTS: usize = 16;

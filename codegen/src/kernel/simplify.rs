@@ -50,7 +50,7 @@ pub fn simplify(e: &IExpr, ext: Extents<'_>) -> IExpr {
 
 /// Whether `lhs op rhs` holds everywhere (`Some(true)`), nowhere (`Some(false)`), or depends on the point.
 pub fn decide(op: CmpOp, lhs: &IExpr, rhs: &IExpr, ext: Extents<'_>) -> Option<bool> {
-    let d = linear(&IExpr::sub(lhs.clone(), rhs.clone()), ext).build();
+    let d = linear(&IExpr::minus(lhs.clone(), rhs.clone()), ext).build();
     let r = range(&d, ext);
     match op {
         CmpOp::Lt if r.hi.is_some_and(|h| h < 0) => Some(true),
@@ -191,32 +191,66 @@ impl Linear {
         self.constant = self.constant.wrapping_mul(k);
     }
 
+    /// Folds `k·c·(x/c) + k·(x mod c)` back into `k·x` (floor division and remainder recombine exactly).
+    fn merge_div_rem(&mut self) {
+        let mut i = 0;
+        while i < self.terms.len() {
+            let (IExpr::FloorDiv(x, c), k_div) = &self.terms[i] else {
+                i += 1;
+                continue;
+            };
+            let Some(cv) = c.as_const().filter(|&cv| cv > 0 && k_div % cv == 0) else {
+                i += 1;
+                continue;
+            };
+            let k = k_div / cv;
+            let rem = IExpr::Rem(x.clone(), c.clone());
+            match self.terms.iter().position(|(t, kr)| *t == rem && *kr == k) {
+                Some(j) => {
+                    let x = (**x).clone();
+                    let (hi, lo) = (i.max(j), i.min(j));
+                    self.terms.remove(hi);
+                    self.terms.remove(lo);
+                    self.add_term(x, k);
+                    i = 0;
+                }
+                None => i += 1,
+            }
+        }
+    }
+
     fn as_const(&self) -> Option<i64> {
         self.terms.is_empty().then_some(self.constant)
     }
 
     /// Positive terms first (in order), then negative ones subtracted, then the constant.
     fn build(&self) -> IExpr {
-        let term = |a: &IExpr, c: i64| if c == 1 { a.clone() } else { IExpr::mul(a.clone(), IExpr::Const(c)) };
+        let term = |a: &IExpr, c: i64| if c == 1 { a.clone() } else { IExpr::times(a.clone(), IExpr::Const(c)) };
         let mut acc: Option<IExpr> = None;
+        let mut constant = self.constant;
+        // `c - t` reads better than `t*-1 + c` when nothing is added.
+        if constant > 0 && self.terms.iter().all(|(_, c)| *c < 0) {
+            acc = Some(IExpr::Const(constant));
+            constant = 0;
+        }
         for (a, c) in self.terms.iter().filter(|(_, c)| *c > 0) {
             let t = term(a, *c);
             acc = Some(match acc {
                 None => t,
-                Some(x) => IExpr::add(x, t),
+                Some(x) => IExpr::plus(x, t),
             });
         }
         for (a, c) in self.terms.iter().filter(|(_, c)| *c < 0) {
             let t = term(a, c.wrapping_neg());
             acc = Some(match acc {
-                None => IExpr::mul(t, IExpr::Const(-1)),
-                Some(x) => IExpr::sub(x, t),
+                None => IExpr::times(t, IExpr::Const(-1)),
+                Some(x) => IExpr::minus(x, t),
             });
         }
         match acc {
-            None => IExpr::Const(self.constant),
-            Some(x) if self.constant > 0 => IExpr::add(x, IExpr::Const(self.constant)),
-            Some(x) if self.constant < 0 => IExpr::sub(x, IExpr::Const(self.constant.wrapping_neg())),
+            None => IExpr::Const(constant),
+            Some(x) if constant > 0 => IExpr::plus(x, IExpr::Const(constant)),
+            Some(x) if constant < 0 => IExpr::minus(x, IExpr::Const(constant.wrapping_neg())),
             Some(x) => x,
         }
     }
@@ -224,6 +258,12 @@ impl Linear {
 
 /// The linear form of `e`, simplifying non-linear parts as atoms.
 fn linear(e: &IExpr, ext: Extents<'_>) -> Linear {
+    let mut l = linear_parts(e, ext);
+    l.merge_div_rem();
+    l
+}
+
+fn linear_parts(e: &IExpr, ext: Extents<'_>) -> Linear {
     match e {
         IExpr::Const(c) => Linear { terms: Vec::new(), constant: *c },
         IExpr::Add(a, b) | IExpr::Sub(a, b) => {
@@ -244,7 +284,7 @@ fn linear(e: &IExpr, ext: Extents<'_>) -> Linear {
                     l.scale(y);
                     l
                 }
-                _ => atom(IExpr::mul(la.build(), lb.build())),
+                _ => atom(IExpr::times(la.build(), lb.build())),
             }
         }
         other => {
@@ -263,7 +303,7 @@ fn atom(e: IExpr) -> Linear {
 
 /// `floor(a / b)` (`div`) or `a mod b`, both already simplified.
 fn div_rem(a: IExpr, b: IExpr, ext: Extents<'_>, div: bool) -> IExpr {
-    let make = |a: IExpr, b: IExpr| if div { IExpr::floor_div(a, b) } else { IExpr::rem(a, b) };
+    let make = |a: IExpr, b: IExpr| if div { IExpr::floor_div(a, b) } else { IExpr::modulo(a, b) };
     let Some(c) = b.as_const() else { return make(a, b) };
     if c == 0 {
         return IExpr::Const(0);
@@ -338,23 +378,27 @@ mod tests {
     #[test]
     fn folds_and_cancels() {
         let s = |e: IExpr| simplify(&e, &ext);
-        assert_eq!(s(IExpr::add(IExpr::mul(v(0), c(1)), c(0))), v(0));
-        assert_eq!(s(IExpr::mul(IExpr::add(c(2), c(3)), c(4))), c(20));
-        assert_eq!(s(IExpr::floor_div(IExpr::mul(v(2), c(3)), c(3))), v(2));
+        assert_eq!(s(IExpr::plus(IExpr::times(v(0), c(1)), c(0))), v(0));
+        assert_eq!(s(IExpr::times(IExpr::plus(c(2), c(3)), c(4))), c(20));
+        assert_eq!(s(IExpr::floor_div(IExpr::times(v(2), c(3)), c(3))), v(2));
         // (i0*6 + i1) / 6 = i0 and mod 6 = i1, since i1 < 6.
-        let flat = IExpr::add(IExpr::mul(v(0), c(6)), v(1));
+        let flat = IExpr::plus(IExpr::times(v(0), c(6)), v(1));
         assert_eq!(s(IExpr::floor_div(flat.clone(), c(6))), v(0));
-        assert_eq!(s(IExpr::rem(flat.clone(), c(6))), v(1));
+        assert_eq!(s(IExpr::modulo(flat.clone(), c(6))), v(1));
         // i0 < 4, so i0 mod 8 is i0, and i0 / 8 is 0.
-        assert_eq!(s(IExpr::rem(v(0), c(8))), v(0));
+        assert_eq!(s(IExpr::modulo(v(0), c(8))), v(0));
         assert_eq!(s(IExpr::floor_div(v(0), c(8))), c(0));
         // The unbounded var keeps its division.
         assert_eq!(s(IExpr::floor_div(v(2), c(2))), IExpr::floor_div(v(2), c(2)));
         assert_eq!(s(IExpr::min(v(0), c(3))), v(0));
-        assert_eq!(s(IExpr::max(IExpr::sub(v(0), c(0)), c(0))), v(0));
+        assert_eq!(s(IExpr::max(IExpr::minus(v(0), c(0)), c(0))), v(0));
         assert_eq!(s(IExpr::select(CmpOp::Lt, v(1), c(6), v(0), c(9))), v(0));
-        assert_eq!(s(IExpr::sub(v(1), v(1))), c(0));
-        assert_eq!(s(IExpr::rem(c(-7), c(3))), c(2));
+        assert_eq!(s(IExpr::minus(v(1), v(1))), c(0));
+        assert_eq!(s(IExpr::modulo(c(-7), c(3))), c(2));
         assert_eq!(s(IExpr::floor_div(c(-7), c(2))), c(-4));
+        // (i2/6)*6 + i2%6 is i2 again.
+        let split = IExpr::plus(IExpr::times(IExpr::floor_div(v(2), c(6)), c(6)), IExpr::modulo(v(2), c(6)));
+        assert_eq!(s(IExpr::plus(split, v(0))), IExpr::plus(v(2), v(0)));
+        assert_eq!(s(IExpr::minus(c(4), v(0))), IExpr::minus(c(4), v(0)));
     }
 }

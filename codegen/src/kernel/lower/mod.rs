@@ -100,7 +100,7 @@ pub fn lower_with(graph: &Graph, group: &[NodeId], name: &str, options: &LowerOp
     let mut cx = Ctx::new(graph, group)?;
     let outputs = cx.outputs()?;
     // Iteration spaces: (domain shape, outputs computed in it).
-    let mut nests: Vec<(Shape, Vec<(ArgId, Value, OutIndex)>)> = Vec::new();
+    let mut nests: Vec<(Shape, Vec<NestOutput>)> = Vec::new();
     let mut first_space: Option<(Shape, Value)> = None;
     for &(arg, v) in &outputs {
         let (domain, how, space) = cx.output_domain(v)?;
@@ -129,6 +129,9 @@ pub fn lower_with(graph: &Graph, group: &[NodeId], name: &str, options: &LowerOp
     let body = Block(cx.frames.pop().expect("the kernel body frame").stmts);
     Ok(Kernel { name: name.to_string(), args: cx.args, symbols: cx.symbols, body })
 }
+
+/// An output computed in a nest: its buffer, its value, and how its index derives from the nest's loops.
+type NestOutput = (ArgId, Value, OutIndex);
 
 /// How an output's index derives from its nest's loop variables.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -186,7 +189,8 @@ impl<'g> Ctx<'g> {
     fn new(graph: &'g Graph, group: &[NodeId]) -> Result<Ctx<'g>, LowerError> {
         let mut in_group = BTreeSet::new();
         for &id in group {
-            let node = graph.get(id).ok_or_else(|| LowerError::InvalidGroup(format!("node {id} is not in the graph")))?;
+            let node =
+                graph.get(id).ok_or_else(|| LowerError::InvalidGroup(format!("node {id} is not in the graph")))?;
             if matches!(node.op, Op::Input(_) | Op::Parameter(_)) {
                 return Err(LowerError::InvalidGroup(format!(
                     "{} is a graph source; its value is a kernel input, not part of a group",
@@ -277,7 +281,10 @@ impl<'g> Ctx<'g> {
 
     fn value_type(&self, v: Value) -> Result<kiln_ir::TensorType, LowerError> {
         self.graph.value_type(v).cloned().ok_or_else(|| {
-            LowerError::InvalidGroup(format!("operand {}#{} has no type: its node or result is missing", v.node, v.index))
+            LowerError::InvalidGroup(format!(
+                "operand {}#{} has no type: its node or result is missing",
+                v.node, v.index
+            ))
         })
     }
 
@@ -319,7 +326,7 @@ impl<'g> Ctx<'g> {
         let mut acc = IExpr::Const(1);
         for d in dims {
             let e = self.dim(d);
-            acc = IExpr::mul(acc, e);
+            acc = IExpr::times(acc, e);
         }
         self.simp(acc)
     }
@@ -333,7 +340,7 @@ impl<'g> Ctx<'g> {
         let mut acc = IExpr::Const(0);
         for (i, d) in idx.iter().zip(&shape.0) {
             let n = self.dim(d);
-            acc = IExpr::add(IExpr::mul(acc, n), i.clone());
+            acc = IExpr::plus(IExpr::times(acc, n), i.clone());
         }
         self.simp(acc)
     }
@@ -355,11 +362,9 @@ impl<'g> Ctx<'g> {
             | IExpr::Rem(a, b)
             | IExpr::Min(a, b)
             | IExpr::Max(a, b) => self.iexpr_depth(a).max(self.iexpr_depth(b)),
-            IExpr::Select(c, a, b) => self
-                .iexpr_depth(&c.lhs)
-                .max(self.iexpr_depth(&c.rhs))
-                .max(self.iexpr_depth(a))
-                .max(self.iexpr_depth(b)),
+            IExpr::Select(c, a, b) => {
+                self.iexpr_depth(&c.lhs).max(self.iexpr_depth(&c.rhs)).max(self.iexpr_depth(a)).max(self.iexpr_depth(b))
+            }
         }
     }
 
@@ -395,14 +400,19 @@ impl<'g> Ctx<'g> {
         Expr::Var(var)
     }
 
-    fn new_loop(&mut self, extent: IExpr, kind: LoopKind) -> IExpr {
+    /// Opens a loop over `0..extent` and returns its variable — or, for an extent of 1, opens nothing and
+    /// returns 0 (the second result says whether a loop was opened).
+    fn new_loop(&mut self, extent: IExpr, kind: LoopKind) -> (IExpr, bool) {
+        let extent = self.simp(extent);
+        if extent == IExpr::Const(1) {
+            return (IExpr::Const(0), false);
+        }
         let var = LoopVar(self.next_loop);
         self.next_loop += 1;
-        let extent = self.simp(extent);
         self.loop_depth.insert(var, self.frames.len());
         self.loop_extent.insert(var, extent.as_const().map(|c| c.max(0) as u64));
         self.frames.push(Frame::new(Some((var, extent, kind))));
-        IExpr::Var(var)
+        (IExpr::Var(var), true)
     }
 
     /// Closes the innermost loop, appending it to its parent unless its body is empty (`keep_empty` aside).
@@ -438,14 +448,16 @@ impl<'g> Ctx<'g> {
         self.next_acc += 1;
         self.acc_depth.insert(acc, index_depth);
         self.frames[index_depth].stmts.push(Stmt::Acc { var: acc, dtype, op });
-        let vars: Vec<IExpr> = extents.into_iter().map(|e| self.new_loop(e, LoopKind::Reduction)).collect();
+        let loops: Vec<(IExpr, bool)> = extents.into_iter().map(|e| self.new_loop(e, LoopKind::Reduction)).collect();
+        let opened = loops.iter().filter(|l| l.1).count();
+        let vars: Vec<IExpr> = loops.into_iter().map(|l| l.0).collect();
         let result = body(self, &vars);
         let ok = result.is_ok();
         if let Ok((value, position)) = result.as_ref() {
             let top = self.frames.last_mut().expect("a frame");
             top.stmts.push(Stmt::Update { acc, value: value.clone(), position: position.clone() });
         }
-        for _ in 0..vars.len() {
+        for _ in 0..opened {
             self.close_loop(true);
         }
         self.frames.extend(stashed);
@@ -481,11 +493,14 @@ impl<'g> Ctx<'g> {
     }
 
     /// One top-level loop nest over `domain`, storing `outputs`.
-    fn nest(&mut self, domain: &Shape, outputs: &[(ArgId, Value, OutIndex)]) -> Result<(), LowerError> {
+    fn nest(&mut self, domain: &Shape, outputs: &[NestOutput]) -> Result<(), LowerError> {
         let mut vars = Vec::with_capacity(domain.rank());
+        let mut opened = 0;
         for d in &domain.0 {
             let e = self.dim(d);
-            vars.push(self.new_loop(e, LoopKind::Parallel));
+            let (var, open) = self.new_loop(e, LoopKind::Parallel);
+            vars.push(var);
+            opened += usize::from(open);
         }
         let mut result = Ok(());
         for &(arg, v, how) in outputs {
@@ -514,7 +529,7 @@ impl<'g> Ctx<'g> {
                 }
             }
         }
-        for _ in 0..vars.len() {
+        for _ in 0..opened {
             self.close_loop(false);
         }
         result
@@ -574,10 +589,9 @@ impl<'g> Ctx<'g> {
             Op::LayerNorm(l) => self.layer_norm(v, l, idx),
             Op::BatchNorm(b) => self.batch_norm(v, b.epsilon, idx),
             Op::Gelu(g) => self.gelu(v, g.approximate, idx),
-            Op::Input(_) | Op::Parameter(_) => Err(LowerError::InvalidGroup(format!(
-                "{} is a graph source inside the group",
-                graph.describe(v.node)
-            ))),
+            Op::Input(_) | Op::Parameter(_) => {
+                Err(LowerError::InvalidGroup(format!("{} is a graph source inside the group", graph.describe(v.node))))
+            }
             op @ (Op::MatMul
             | Op::Conv(_)
             | Op::ConvTranspose(_)
@@ -635,7 +649,7 @@ impl<'g> Ctx<'g> {
     /// `start + i * step` in f64, converted to the dtype as `cast` converts.
     fn iota(&mut self, id: NodeId, i: &Iota, idx: &[IExpr]) -> Result<Expr, LowerError> {
         let axis = kiln_ir::types::normalize_axis(i.axis, idx.len()).map_err(|m| self.node_err(id, m))?;
-        let pos = Expr::Index { value: idx[axis].clone(), dtype: DType::F64 };
+        let pos = Expr::index(idx[axis].clone(), DType::F64);
         let scaled = Expr::binary(kiln_ir::op::BinaryOp::Mul, pos, Expr::Const(Scalar::F64(i.step)));
         let value = Expr::binary(kiln_ir::op::BinaryOp::Add, Expr::Const(Scalar::F64(i.start)), scaled);
         Ok(Expr::cast(value, DType::F64, i.dtype))

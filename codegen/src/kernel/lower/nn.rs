@@ -64,10 +64,11 @@ impl Ctx<'_> {
             vec![extent.clone()],
             |cx, vars| Ok((cx.load_compute(x, &at(&vars[0]), c)?, None)),
         )?;
-        let sum = self.reduction(Key::Internal(v.node, 1, row.clone()), depth, c, AccOp::Sum, vec![extent], |cx, vars| {
-            let e = cx.load_compute(x, &at(&vars[0]), c)?;
-            Ok((Expr::unary(UnaryOp::Exp, bin(BinaryOp::Sub, e, max.clone())), None))
-        })?;
+        let sum =
+            self.reduction(Key::Internal(v.node, 1, row.clone()), depth, c, AccOp::Sum, vec![extent], |cx, vars| {
+                let e = cx.load_compute(x, &at(&vars[0]), c)?;
+                Ok((Expr::unary(UnaryOp::Exp, bin(BinaryOp::Sub, e, max.clone())), None))
+            })?;
         let d = bin(BinaryOp::Sub, self.load_compute(x, idx, c)?, max);
         let y = if log {
             let log_sum = self.bind(Key::Internal(v.node, 2, row), Expr::unary(UnaryOp::Log, sum), c);
@@ -88,12 +89,17 @@ impl Ctx<'_> {
         let row = idx[..a].to_vec();
         let extents: Vec<IExpr> = norm.0.iter().map(|d| self.dim(d)).collect();
         let count = self.dims_product(&norm.0);
-        let n = Expr::cast(Expr::Index { value: count, dtype: DType::F64 }, DType::F64, c);
+        let n = Expr::cast(Expr::index(count, DType::F64), DType::F64, c);
         let depth = self.index_depth(&row);
         let at = |vars: &[IExpr]| -> Vec<IExpr> { row.iter().chain(vars).cloned().collect() };
-        let sum = self.reduction(Key::Internal(v.node, 0, row.clone()), depth, c, AccOp::Sum, extents.clone(), |cx, vars| {
-            Ok((cx.load_compute(x, &at(vars), c)?, None))
-        })?;
+        let sum = self.reduction(
+            Key::Internal(v.node, 0, row.clone()),
+            depth,
+            c,
+            AccOp::Sum,
+            extents.clone(),
+            |cx, vars| Ok((cx.load_compute(x, &at(vars), c)?, None)),
+        )?;
         let mean = self.bind(Key::Internal(v.node, 1, row.clone()), bin(BinaryOp::Div, sum, n.clone()), c);
         let sq = self.reduction(Key::Internal(v.node, 2, row.clone()), depth, c, AccOp::Sum, extents, |cx, vars| {
             let own = at(vars);
@@ -137,7 +143,8 @@ impl Ctx<'_> {
         let std = Expr::unary(UnaryOp::Sqrt, bin(BinaryOp::Add, var, eps));
         let std = self.bind(Key::Internal(v.node, 0, ch.to_vec()), std, c);
         let x = self.load_compute(ins[0], idx, c)?;
-        let y = bin(BinaryOp::Add, bin(BinaryOp::Mul, bin(BinaryOp::Div, bin(BinaryOp::Sub, x, mean), std), scale), bias);
+        let y =
+            bin(BinaryOp::Add, bin(BinaryOp::Mul, bin(BinaryOp::Div, bin(BinaryOp::Sub, x, mean), std), scale), bias);
         Ok(Expr::cast(y, c, dtype))
     }
 
@@ -152,7 +159,11 @@ impl Ctx<'_> {
         let inner = match approx {
             GeluApprox::None => Expr::unary(UnaryOp::Erf, bin(BinaryOp::Div, x, k(std::f64::consts::SQRT_2))),
             GeluApprox::Tanh => {
-                let cube = bin(BinaryOp::Mul, bin(BinaryOp::Mul, bin(BinaryOp::Mul, k(0.044715), x.clone()), x.clone()), x.clone());
+                let cube = bin(
+                    BinaryOp::Mul,
+                    bin(BinaryOp::Mul, bin(BinaryOp::Mul, k(0.044715), x.clone()), x.clone()),
+                    x.clone(),
+                );
                 let arg = bin(BinaryOp::Mul, k((2.0 / std::f64::consts::PI).sqrt()), bin(BinaryOp::Add, x, cube));
                 Expr::unary(UnaryOp::Tanh, arg)
             }

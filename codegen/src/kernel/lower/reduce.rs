@@ -14,7 +14,13 @@ use super::{Ctx, Key, LowerError, acc_op, compute_type};
 
 impl Ctx<'_> {
     /// The operand index of a reduction: reduced dims take the loop variables, kept dims the result's index.
-    fn reduced_operand_index(rank: usize, axes: &[usize], keep_dims: bool, idx: &[IExpr], vars: &[IExpr]) -> Vec<IExpr> {
+    fn reduced_operand_index(
+        rank: usize,
+        axes: &[usize],
+        keep_dims: bool,
+        idx: &[IExpr],
+        vars: &[IExpr],
+    ) -> Vec<IExpr> {
         let mut kept = 0;
         (0..rank)
             .map(|d| match axes.iter().position(|&a| a == d) {
@@ -58,11 +64,9 @@ impl Ctx<'_> {
             Ok((Expr::cast(e, dtype, acc_dtype), None))
         })?;
         let result = match r.kind {
-            ReduceKind::Mean if int_mean => {
-                Expr::binary(BinaryOp::Div, acc, Expr::Index { value: count, dtype: DType::I64 })
-            }
+            ReduceKind::Mean if int_mean => Expr::binary(BinaryOp::Div, acc, Expr::index(count, DType::I64)),
             ReduceKind::Mean => {
-                let n = Expr::cast(Expr::Index { value: count, dtype: DType::F64 }, DType::F64, acc_dtype);
+                let n = Expr::cast(Expr::index(count, DType::F64), DType::F64, acc_dtype);
                 Expr::binary(BinaryOp::Div, acc, n)
             }
             _ => acc,

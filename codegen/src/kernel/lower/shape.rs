@@ -37,7 +37,7 @@ impl Ctx<'_> {
         for d in pre..t.len() - suf {
             if t[d] != Dim::Static(1) {
                 let n = self.dim(&t[d]);
-                flat = IExpr::add(IExpr::mul(flat, n), idx[d].clone());
+                flat = IExpr::plus(IExpr::times(flat, n), idx[d].clone());
             }
         }
         let flat = self.simp(flat);
@@ -47,8 +47,8 @@ impl Ctx<'_> {
                 IExpr::Const(0)
             } else {
                 let n = self.dim(&f[d]);
-                let e = IExpr::rem(IExpr::floor_div(flat.clone(), stride.clone()), n.clone());
-                stride = IExpr::mul(stride, n);
+                let e = IExpr::modulo(IExpr::floor_div(flat.clone(), stride.clone()), n.clone());
+                stride = IExpr::times(stride, n);
                 e
             });
         }
@@ -73,7 +73,7 @@ impl Ctx<'_> {
             let axis = normalize_axis(s.axes[i], shape.rank()).map_err(|m| self.node_err(id, m))?;
             let n = self.static_extent(id, &shape, axis, "slice")?;
             let (start, step, _) = kiln_ir::infer::slice_range(s.starts[i], s.ends[i], s.steps[i], n);
-            own[axis] = IExpr::add(IExpr::Const(start), IExpr::mul(idx[axis].clone(), IExpr::Const(step)));
+            own[axis] = IExpr::plus(IExpr::Const(start), IExpr::times(idx[axis].clone(), IExpr::Const(step)));
         }
         self.value_at(x, &own)
     }
@@ -101,7 +101,7 @@ impl Ctx<'_> {
                 continue;
             }
             let n = self.static_extent(id, &shape, d, "pad")?;
-            let i = self.simp(IExpr::sub(idx[d].clone(), IExpr::Const(b)));
+            let i = self.simp(IExpr::minus(idx[d].clone(), IExpr::Const(b)));
             let src = match p.mode {
                 PadMode::Constant if n == 0 => return Ok(fill),
                 PadMode::Constant => {
@@ -123,14 +123,18 @@ impl Ctx<'_> {
                 PadMode::Edge if n > 0 => IExpr::max(IExpr::min(i, IExpr::Const(n - 1)), IExpr::Const(0)),
                 PadMode::Reflect if n > 1 => {
                     let period = 2 * (n - 1);
-                    let r = self.simp(IExpr::rem(i, IExpr::Const(period)));
-                    IExpr::select(CmpOp::Lt, r.clone(), IExpr::Const(n), r.clone(), IExpr::sub(IExpr::Const(period), r))
+                    let r = self.simp(IExpr::modulo(i, IExpr::Const(period)));
+                    IExpr::select(
+                        CmpOp::Lt,
+                        r.clone(),
+                        IExpr::Const(n),
+                        r.clone(),
+                        IExpr::minus(IExpr::Const(period), r),
+                    )
                 }
                 mode => {
-                    return Err(self.node_err(
-                        id,
-                        format!("{} padding of dim {d} (extent {n}) has nothing to copy", mode.name()),
-                    ));
+                    return Err(self
+                        .node_err(id, format!("{} padding of dim {d} (extent {n}) has nothing to copy", mode.name())));
                 }
             };
             own.push(src);
@@ -164,7 +168,7 @@ impl Ctx<'_> {
         // Built from the last part backwards: select(i < end_k, part_k, rest).
         for &(start, n, x) in parts.iter().rev() {
             let mut own = idx.to_vec();
-            let local = IExpr::sub(idx[axis].clone(), IExpr::Const(start));
+            let local = IExpr::minus(idx[axis].clone(), IExpr::Const(start));
             own[axis] = IExpr::max(IExpr::min(local, IExpr::Const(n - 1)), IExpr::Const(0));
             let v = self.value_at(x, &own)?;
             result = Some(match result {
@@ -187,7 +191,7 @@ impl Ctx<'_> {
         let axis = normalize_axis(s.axis, idx.len()).map_err(|m| self.node_err(id, m))?;
         let offset: i64 = s.sizes[..k].iter().sum();
         let mut own = idx.to_vec();
-        own[axis] = IExpr::add(idx[axis].clone(), IExpr::Const(offset));
+        own[axis] = IExpr::plus(idx[axis].clone(), IExpr::Const(offset));
         self.value_at(x, &own)
     }
 
@@ -199,6 +203,6 @@ impl Ctx<'_> {
             let n = self.dim(dim);
             value = IExpr::select(CmpOp::Eq, idx[0].clone(), IExpr::Const(d as i64), n, value);
         }
-        Ok(Expr::Index { value: self.simp(value), dtype: kiln_ir::DType::I64 })
+        Ok(Expr::index(self.simp(value), kiln_ir::DType::I64))
     }
 }
