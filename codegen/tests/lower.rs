@@ -472,3 +472,48 @@ fn partial_groups_take_outside_values_as_inputs() {
     let names: Vec<&str> = k.args.iter().map(|a| a.name.as_str()).collect();
     assert_eq!(names, vec!["x", "n"]);
 }
+
+#[test]
+fn malformed_groups_and_unlowerable_uses_are_errors() {
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : i64[2,3]
+          %1 = reduce %0 {kind=mean, axes=[1], keep_dims=false} : i64[2]
+          output "m" = %1
+        }"#,
+    )
+    .unwrap();
+    let all: Vec<_> = g.node_ids().collect();
+    assert!(matches!(kernel::lower(&g, &all, "k"), Err(LowerError::InvalidGroup(_))));
+    assert!(matches!(kernel::lower(&g, &[], "k"), Err(LowerError::InvalidGroup(_))));
+    match kernel::lower(&g, &whole_group(&g), "k") {
+        Err(LowerError::NotLowerable { node, reason }) => {
+            assert!(node.starts_with("reduce") && reason.contains("i64 mean"), "{node}: {reason}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn the_evaluator_reports_bad_launches() {
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[batch,3]
+          %1 = exp %0 : f32[batch,3]
+          output "y" = %1
+        }"#,
+    )
+    .unwrap();
+    let k = kernel::lower(&g, &whole_group(&g), "k").unwrap();
+    let x = kiln_ir::Tensor::zeros(kiln_ir::DType::F32, vec![2, 3]);
+    let y = kiln_ir::Tensor::zeros(kiln_ir::DType::F32, vec![2, 3]);
+    let err = kernel::eval(&k, &mut [x.clone()], &[2]).unwrap_err();
+    assert!(err.message.contains("launch argument"), "{err}");
+    let err = kernel::eval(&k, &mut [x.clone(), y.clone()], &[]).unwrap_err();
+    assert!(err.message.contains("symbol"), "{err}");
+    let err = kernel::eval(&k, &mut [x.clone(), y.clone()], &[4]).unwrap_err();
+    assert!(err.message.contains("should be f32[4, 3]"), "{err}");
+    let mut args = [x, y];
+    kernel::eval(&k, &mut args, &[2]).unwrap();
+    assert_eq!(args[1].to_f64_vec(), vec![1.0; 6]);
+}
