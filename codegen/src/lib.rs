@@ -1,7 +1,25 @@
-//! `kiln-codegen`: lowering of fusion groups to the target-independent kernel IR, the Cranelift CPU emitter, the
-//! NVPTX emitter, and the `Executable` they produce.
+//! `kiln-codegen`: lowering of fusion groups to the target-independent kernel IR, and (with later issues) the
+//! Cranelift CPU emitter, the NVPTX emitter, and the `Executable` they produce.
 //!
-//! Nothing here runs on a device outside tests. The emitters arrive with the CPU and GPU backend issues; for now
-//! this crate re-exports the IR it will lower.
+//! What exists today is [`kernel`]: the loop-level kernel IR both emitters will translate (and nothing else),
+//! its text dump, its reference evaluator, and the lowering of a fusion group of graph nodes — elementwise ops,
+//! constants, iota, data movement, reductions, softmax, layer/batch norm and gelu — to one kernel. Matmul,
+//! convolution, pooling, gather/scatter, resize and the recurrent ops are not lowered here; they become library
+//! calls or kernels of their own, and a group holding one is a [`kernel::LowerError::Unsupported`].
+//!
+//! Nothing here runs on a device outside tests.
+
+pub mod kernel;
 
 pub use kiln_ir as ir;
+
+/// Errors of the code generator.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A fusion group could not be lowered to kernel IR.
+    #[error(transparent)]
+    Lower(#[from] kernel::LowerError),
+    /// The reference evaluator could not run a kernel.
+    #[error(transparent)]
+    Eval(#[from] kernel::EvalError),
+}

@@ -9,6 +9,8 @@
 //! rule ([`infer`]), which validates attributes and operands, then the kernel (`elementwise`, `reduce`, `shape`,
 //! or `nn` for the neural-net ops), then checks the kernel's results against the rule's types.
 //!
+//! [`scalar`] exposes the same elementwise semantics one element at a time, for the kernel IR's evaluator.
+//!
 //! Nothing here panics on user input: out-of-range indices, integer division by zero or `MIN / -1`, negative
 //! integer exponents and empty `max`/`min` reductions are errors. Numeric conventions (compute types, wrapping,
 //! NaN handling) are stated in each kernel file.
@@ -18,6 +20,7 @@ mod index;
 mod nn;
 mod num;
 mod reduce;
+pub mod scalar;
 mod shape;
 
 use std::borrow::Cow;

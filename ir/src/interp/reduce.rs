@@ -182,7 +182,7 @@ fn arg_extremes<T: PartialOrd + Copy>(
 
 /// Whether candidate `c` displaces the current `best`: NaN beats every number, and NaNs tie with each other,
 /// so ties (equal values or two NaNs) go to the first index, or the last with `select_last_index`.
-fn replaces<T: PartialOrd>(c: T, best: T, kind: ArgKind, last: bool) -> bool {
+pub(super) fn replaces<T: PartialOrd>(c: T, best: T, kind: ArgKind, last: bool) -> bool {
     match (is_nan(&c), is_nan(&best)) {
         (true, true) => last,
         (true, false) => true,

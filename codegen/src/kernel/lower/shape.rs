@@ -1,0 +1,208 @@
+//! Data movement as index rewriting: reshape, transpose, slice, pad, concat, split and shape_of.
+//!
+//! None of these computes anything: each maps the index its consumer asks for onto its operand's index.
+//! Where a position may fall outside the operand (pad's border, concat's other operands), the operand is read at
+//! a clamped index and a select picks the right value, so every load stays in bounds (the IR's promise to
+//! emitters). Reshape matches a common prefix and suffix of equal dims and drops unit dims, so only the dims it
+//! really regroups are linearized and split again; the simplifier then removes what ranges make redundant.
+
+use kiln_ir::interp::scalar::Scalar;
+use kiln_ir::op::{BinaryOp, Pad, PadMode, Slice, Split};
+use kiln_ir::types::normalize_axis;
+use kiln_ir::{Dim, NodeId, Shape, Value};
+
+use super::super::ir::{CmpOp, Expr, IExpr};
+use super::{Ctx, LowerError};
+
+impl Ctx<'_> {
+    /// Same elements in a new shape: `idx` indexes `to`.
+    pub(super) fn reshape(&mut self, x: Value, idx: &[IExpr], to: &Shape) -> Result<Expr, LowerError> {
+        let from = self.shape(x)?;
+        let (f, t) = (&from.0, &to.0);
+        let mut own: Vec<Option<IExpr>> = vec![None; f.len()];
+        // Equal leading and trailing dims map straight through.
+        let mut pre = 0;
+        while pre < f.len() && pre < t.len() && f[pre] == t[pre] {
+            own[pre] = Some(idx[pre].clone());
+            pre += 1;
+        }
+        let mut suf = 0;
+        while suf < f.len() - pre && suf < t.len() - pre && f[f.len() - 1 - suf] == t[t.len() - 1 - suf] {
+            own[f.len() - 1 - suf] = Some(idx[t.len() - 1 - suf].clone());
+            suf += 1;
+        }
+        // The middle: linearize the result's index (unit dims contribute nothing), then split it over the
+        // operand's dims, last fastest.
+        let mut flat = IExpr::Const(0);
+        for d in pre..t.len() - suf {
+            if t[d] != Dim::Static(1) {
+                let n = self.dim(&t[d]);
+                flat = IExpr::plus(IExpr::times(flat, n), idx[d].clone());
+            }
+        }
+        let flat = self.simp(flat);
+        let mut stride = IExpr::Const(1);
+        for d in (pre..f.len() - suf).rev() {
+            own[d] = Some(if f[d] == Dim::Static(1) {
+                IExpr::Const(0)
+            } else {
+                let n = self.dim(&f[d]);
+                let e = IExpr::modulo(IExpr::floor_div(flat.clone(), stride.clone()), n.clone());
+                stride = IExpr::times(stride, n);
+                e
+            });
+        }
+        let own: Vec<IExpr> = own.into_iter().map(|e| e.expect("every operand dim is mapped")).collect();
+        self.value_at(x, &own)
+    }
+
+    /// `out[i] = x[i permuted]`: `out.shape[k] = x.shape[perm[k]]`.
+    pub(super) fn transpose(&mut self, x: Value, perm: &[i64], idx: &[IExpr]) -> Result<Expr, LowerError> {
+        let mut own = vec![IExpr::Const(0); idx.len()];
+        for (k, &p) in perm.iter().enumerate() {
+            own[p as usize] = idx[k].clone();
+        }
+        self.value_at(x, &own)
+    }
+
+    /// ONNX slice: per sliced axis, `x[start + i*step]`.
+    pub(super) fn slice(&mut self, id: NodeId, x: Value, s: &Slice, idx: &[IExpr]) -> Result<Expr, LowerError> {
+        let shape = self.shape(x)?;
+        let mut own = idx.to_vec();
+        for i in 0..s.axes.len() {
+            let axis = normalize_axis(s.axes[i], shape.rank()).map_err(|m| self.node_err(id, m))?;
+            let n = self.static_extent(id, &shape, axis, "slice")?;
+            let (start, step, _) = kiln_ir::infer::slice_range(s.starts[i], s.ends[i], s.steps[i], n);
+            own[axis] = IExpr::plus(IExpr::Const(start), IExpr::times(idx[axis].clone(), IExpr::Const(step)));
+        }
+        self.value_at(x, &own)
+    }
+
+    /// The static extent of dim `d`, or an error naming the op that needs it.
+    fn static_extent(&self, id: NodeId, shape: &Shape, d: usize, what: &str) -> Result<i64, LowerError> {
+        shape.0[d]
+            .as_static()
+            .and_then(|n| i64::try_from(n).ok())
+            .ok_or_else(|| self.node_err(id, format!("{what} on symbolic dim {d} needs a static extent")))
+    }
+
+    /// Constant, edge or reflect padding (negative pads crop).
+    pub(super) fn pad(&mut self, id: NodeId, x: Value, p: &Pad, idx: &[IExpr]) -> Result<Expr, LowerError> {
+        let shape = self.shape(x)?;
+        let rank = shape.rank();
+        let dtype = self.dtype(x)?;
+        let fill = Expr::Const(Scalar::from_f64(dtype, p.value));
+        let mut own = Vec::with_capacity(rank);
+        let mut inside: Option<Expr> = None;
+        for d in 0..rank {
+            let (b, e) = (p.pads[d], p.pads[d + rank]);
+            if b == 0 && e == 0 {
+                own.push(idx[d].clone());
+                continue;
+            }
+            let n = self.static_extent(id, &shape, d, "pad")?;
+            let i = self.simp(IExpr::minus(idx[d].clone(), IExpr::Const(b)));
+            let src = match p.mode {
+                PadMode::Constant if n == 0 => return Ok(fill),
+                PadMode::Constant => {
+                    let mut conds = Vec::new();
+                    if b > 0 {
+                        conds.push(Expr::cond(CmpOp::Le, IExpr::Const(0), i.clone()));
+                    }
+                    if e > 0 {
+                        conds.push(Expr::cond(CmpOp::Lt, i.clone(), IExpr::Const(n)));
+                    }
+                    for c in conds {
+                        inside = Some(match inside {
+                            None => c,
+                            Some(prev) => Expr::binary(BinaryOp::And, prev, c),
+                        });
+                    }
+                    IExpr::max(IExpr::min(i, IExpr::Const(n - 1)), IExpr::Const(0))
+                }
+                PadMode::Edge if n > 0 => IExpr::max(IExpr::min(i, IExpr::Const(n - 1)), IExpr::Const(0)),
+                PadMode::Reflect if n > 1 => {
+                    let period = 2 * (n - 1);
+                    let r = self.simp(IExpr::modulo(i, IExpr::Const(period)));
+                    IExpr::select(
+                        CmpOp::Lt,
+                        r.clone(),
+                        IExpr::Const(n),
+                        r.clone(),
+                        IExpr::minus(IExpr::Const(period), r),
+                    )
+                }
+                mode => {
+                    return Err(self
+                        .node_err(id, format!("{} padding of dim {d} (extent {n}) has nothing to copy", mode.name())));
+                }
+            };
+            own.push(src);
+        }
+        let value = self.value_at(x, &own)?;
+        Ok(match inside {
+            Some(c) => Expr::select(c, value, fill),
+            None => value,
+        })
+    }
+
+    /// Joins operands along an axis: each is read at its clamped position, and selects over the axis ranges
+    /// pick one.
+    pub(super) fn concat(&mut self, id: NodeId, ins: &[Value], axis: i64, idx: &[IExpr]) -> Result<Expr, LowerError> {
+        let rank = idx.len();
+        let axis = normalize_axis(axis, rank).map_err(|m| self.node_err(id, m))?;
+        if ins.len() == 1 {
+            return self.value_at(ins[0], idx);
+        }
+        // (start, extent, operand) of each non-empty operand.
+        let mut parts = Vec::new();
+        let mut start = 0;
+        for &x in ins {
+            let n = self.static_extent(id, &self.shape(x)?, axis, "concat")?;
+            if n > 0 {
+                parts.push((start, n, x));
+            }
+            start += n;
+        }
+        let mut result: Option<Expr> = None;
+        // Built from the last part backwards: select(i < end_k, part_k, rest).
+        for &(start, n, x) in parts.iter().rev() {
+            let mut own = idx.to_vec();
+            let local = IExpr::minus(idx[axis].clone(), IExpr::Const(start));
+            own[axis] = IExpr::max(IExpr::min(local, IExpr::Const(n - 1)), IExpr::Const(0));
+            let v = self.value_at(x, &own)?;
+            result = Some(match result {
+                None => v,
+                Some(rest) => Expr::select(Expr::cond(CmpOp::Lt, idx[axis].clone(), IExpr::Const(start + n)), v, rest),
+            });
+        }
+        result.ok_or_else(|| self.node_err(id, "concat of only empty operands is never read"))
+    }
+
+    /// Result `k` of a split: the operand shifted along the axis by the sizes before it.
+    pub(super) fn split(
+        &mut self,
+        id: NodeId,
+        x: Value,
+        s: &Split,
+        k: usize,
+        idx: &[IExpr],
+    ) -> Result<Expr, LowerError> {
+        let axis = normalize_axis(s.axis, idx.len()).map_err(|m| self.node_err(id, m))?;
+        let offset: i64 = s.sizes[..k].iter().sum();
+        let mut own = idx.to_vec();
+        own[axis] = IExpr::plus(idx[axis].clone(), IExpr::Const(offset));
+        self.value_at(x, &own)
+    }
+
+    /// The operand's extents as i64: a select over the position.
+    pub(super) fn shape_of(&mut self, x: Value, idx: &[IExpr]) -> Result<Expr, LowerError> {
+        let shape = self.shape(x)?;
+        let mut value = IExpr::Const(0);
+        for (d, dim) in shape.0.iter().enumerate().rev() {
+            let n = self.dim(dim);
+            value = IExpr::select(CmpOp::Eq, idx[0].clone(), IExpr::Const(d as i64), n, value);
+        }
+        Ok(Expr::index(self.simp(value), kiln_ir::DType::I64))
+    }
+}

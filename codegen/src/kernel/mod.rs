@@ -1,0 +1,34 @@
+//! `codegen::kernel`: the target-independent loop-level kernel IR, the lowering of fusion groups to it, and its
+//! reference evaluator.
+//!
+//! One lowering, two emitters: the Cranelift (CPU) and NVPTX (GPU) emitters translate a [`Kernel`] and nothing
+//! else. The IR is therefore small and explicit:
+//! - buffers ([`KernelArg`]: dense row-major, static or symbolic extents) and runtime symbols (i64 extents);
+//! - a tree of loops ([`Stmt::For`]) annotated with a [`LoopKind`] — `Parallel` (threads / the grid),
+//!   `Vectorizable` (innermost parallel: SIMD lanes), `Reduction` (feeds accumulators: sequential on the CPU, a
+//!   cooperative block reduction on the GPU), `Serial`;
+//! - SSA scalars ([`Stmt::Let`]), accumulators ([`Stmt::Acc`], [`Stmt::Update`], with [`AccOp`] identities and
+//!   the interpreter's folding rules, arg-max/min included so the GPU emitter can reduce (value, index) pairs),
+//!   and stores ([`Stmt::Store`]) at flat element indices;
+//! - i64 index arithmetic ([`IExpr`], kept lean by [`simplify`]) apart from typed element arithmetic
+//!   ([`Expr`]), which reuses `kiln_ir`'s unary/binary/cast semantics exactly.
+//!
+//! Two choices differ from the first sketch of this IR, for the emitters' sake: accumulators take their
+//! initial value from their op ([`AccOp::identity`]) rather than an arbitrary expression, so an emitter always
+//! knows the neutral element a parallel reduction needs; and large constants are `Constant` buffers carried by
+//! the kernel (read-only data in the object file or PTX), so a launch passes only real inputs and outputs.
+//!
+//! [`lower`] turns a fusion group into a kernel (see its module for coverage and the sharing rule), [`print()`]
+//! dumps one as text for snapshots, and [`eval`] runs one with the interpreter's scalar semantics — the oracle
+//! lowering is tested against, and later the emitters.
+
+mod eval;
+mod ir;
+mod lower;
+mod print;
+pub mod simplify;
+
+pub use eval::{EvalError, eval};
+pub use ir::*;
+pub use lower::{LowerError, LowerOptions, SpacePolicy, lower, lower_with};
+pub use print::{expr as print_expr, iexpr as print_iexpr, print};
