@@ -187,6 +187,9 @@ impl<'m> Ctx<'m> {
     /// Imports one node. `Err` only for malformed models; unsupported features become problems.
     fn node(&mut self, index: usize, node: &NodeProto) -> Result<(), String> {
         let label = if node.name.is_empty() { format!("#{index}") } else { node.name.clone() };
+        if node.op_type.is_empty() {
+            return Err(format!("node `{label}` has no op type"));
+        }
         let op_type = if node.domain.is_empty() || node.domain == "ai.onnx" {
             node.op_type.clone()
         } else {
@@ -388,6 +391,9 @@ pub fn import_model(
         }
     }
     cx.walk(g).map_err(ImportError::Invalid)?;
+    if g.output.is_empty() {
+        return Err(ImportError::Invalid("the graph has no outputs".into()));
+    }
     for o in &g.output {
         match cx.lookup(&o.name).cloned() {
             Some(Some(v)) => cx.b.output(&o.name, v.v),
