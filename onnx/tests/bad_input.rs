@@ -11,8 +11,7 @@ use model::*;
 
 /// Imports `bytes` with no model folder and snapshots the error as `name`.
 fn check(name: &str, bytes: &[u8]) {
-    let err = kiln_onnx::import_bytes(bytes, None, &ImportOptions::default())
-        .expect_err("a bad model must not import");
+    let err = kiln_onnx::import_bytes(bytes, None, &ImportOptions::default()).expect_err("a bad model must not import");
     insta::assert_snapshot!(name, err.to_string());
 }
 
@@ -68,8 +67,8 @@ fn every_truncation_of_a_valid_model_is_an_error() {
 fn random_garbage_is_an_error() {
     for seed in 1..=200u64 {
         let bytes = pseudo_random_bytes(seed, (seed as usize * 37) % 600);
-        let err = kiln_onnx::import_bytes(&bytes, None, &ImportOptions::default())
-            .expect_err("random bytes must not import");
+        let err =
+            kiln_onnx::import_bytes(&bytes, None, &ImportOptions::default()).expect_err("random bytes must not import");
         let message = err.to_string();
         assert!(
             message.starts_with("not a valid ONNX model: ") || message.starts_with("invalid model: "),
@@ -176,10 +175,7 @@ fn graph_output_nobody_produces_is_named() {
 #[test]
 fn unsupported_input_dtypes_are_named() {
     let m = |elem_type| {
-        ModelBuilder::new("g")
-            .input("s", elem_type, &["2"])
-            .node(node("id", "Identity", &["s"], &["y"]))
-            .output("y")
+        ModelBuilder::new("g").input("s", elem_type, &["2"]).node(node("id", "Identity", &["s"], &["y"])).output("y")
     };
     check("input_dtype_string", &m(dtype::STRING).bytes());
     check("input_dtype_uint16", &m(dtype::UINT16).bytes());
@@ -205,4 +201,50 @@ fn structural_problems_are_named() {
     check("node_without_op_type", &m.bytes());
     let m = relu_model(&["2"]).node(with_attr(node("relu2", "Relu", &["y"], &["z"]), attr_int("alpha", 1)));
     check("unread_attribute", &m.output("z").bytes());
+}
+
+/// A model applying `op` to `x: f32[x_dims]` (plus the initializers) into `y`.
+fn one_op(x_dims: &[&str], op: onnx_protobuf::NodeProto, inits: Vec<onnx_protobuf::TensorProto>) -> Vec<u8> {
+    let mut m = ModelBuilder::new("g").input("x", dtype::FLOAT, x_dims);
+    for t in inits {
+        m = m.initializer(t);
+    }
+    m.node(op).output("y").bytes()
+}
+
+/// Inputs the fuzz smoke test found panicking in handlers (index out of range, overflow, division by zero), each
+/// now an error naming the node.
+#[test]
+fn handler_edge_cases_found_by_fuzzing_are_errors() {
+    let conv = node("conv", "Conv", &["x", "w"], &["y"]);
+    check("conv_rank1_weights", &one_op(&["1", "1", "4"], conv.clone(), vec![tensor_f32("w", &[2], &[1.0; 2])]));
+    let w = || vec![tensor_f32("w", &[1, 1, 2], &[1.0; 2])];
+    check("conv_short_strides", &one_op(&["1", "1", "4"], with_attr(conv.clone(), attr_ints("strides", &[])), w()));
+    check("conv_zero_stride", &one_op(&["1", "1", "4"], with_attr(conv, attr_ints("strides", &[0])), w()));
+    let pool = with_attr(node("pool", "MaxPool", &["x"], &["y"]), attr_ints("kernel_shape", &[2]));
+    check("pool_zero_dilation", &one_op(&["1", "1", "4"], with_attr(pool, attr_ints("dilations", &[0])), vec![]));
+    let lp = with_attr(node("lp", "LpPool", &["x"], &["y"]), attr_ints("kernel_shape", &[]));
+    check("lp_pool_rank1", &one_op(&["4"], lp, vec![]));
+    let huge = 1i64 << 40;
+    let reshape = node("reshape", "Reshape", &["x", "shape"], &["y"]);
+    check("reshape_overflowing_target", &one_op(&["4"], reshape, vec![tensor_i64("shape", &[3], &[huge, huge, -1])]));
+    check(
+        "concat_without_inputs",
+        &one_op(&["4"], with_attr(node("concat", "Concat", &[], &["y"]), attr_int("axis", 0)), vec![]),
+    );
+    check(
+        "squeeze_scalar",
+        &one_op(&[], node("squeeze", "Squeeze", &["x", "axes"], &["y"]), vec![tensor_i64("axes", &[1], &[0])]),
+    );
+    check("split_scalar", &one_op(&[], node("split", "Split", &["x"], &["y"]), vec![]));
+    check(
+        "split_num_outputs_disagrees",
+        &one_op(&["4"], with_attr(node("split", "Split", &["x"], &["y"]), attr_int("num_outputs", i64::MAX)), vec![]),
+    );
+    check(
+        "cumsum_scalar",
+        &one_op(&[], node("cumsum", "CumSum", &["x", "axis"], &["y"]), vec![tensor_i64("axis", &[], &[0])]),
+    );
+    let nll = node("nll", "NegativeLogLikelihoodLoss", &["x", "t"], &["y"]);
+    check("nll_scalar_target", &one_op(&["2", "3"], nll, vec![tensor_i64("t", &[], &[0])]));
 }

@@ -55,7 +55,8 @@ fn dim_params_become_symbolic_dims() {
     // Names that are not identifiers are sanitized; a dim with neither value nor param gets a name of its own.
     let mut m = relu_model(&["batch size", "3"]).model();
     let graph = m.graph.as_mut().unwrap();
-    let onnx_protobuf::type_proto::Value::TensorType(tt) = graph.input[0].type_.as_mut().unwrap().value.as_mut().unwrap()
+    let onnx_protobuf::type_proto::Value::TensorType(tt) =
+        graph.input[0].type_.as_mut().unwrap().value.as_mut().unwrap()
     else {
         unreachable!("built as a tensor input")
     };
@@ -66,22 +67,6 @@ fn dim_params_become_symbolic_dims() {
     let options = ImportOptions { shapes: BTreeMap::from([("x".to_string(), vec![5, 3])]), ..Default::default() };
     let g = kiln_onnx::import_bytes(&relu_model(&["batch", "3"]).bytes(), None, &options).unwrap();
     assert_eq!(output_shape(&g, "y"), Shape::of(&[5, 3]));
-}
-
-/// `y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1]))`: flatten all but the first dim, the way exporters
-/// spell it.
-fn flatten_chain(x_dims: &[&str]) -> ModelBuilder {
-    ModelBuilder::new("flatten")
-        .input("x", dtype::FLOAT, x_dims)
-        .node(node("shape", "Shape", &["x"], &["s"]))
-        .node(constant("zero", "k0", tensor_i64("", &[], &[0])))
-        .node(with_attr(node("gather", "Gather", &["s", "k0"], &["d0"]), attr_int("axis", 0)))
-        .node(constant("axes", "ax", tensor_i64("", &[1], &[0])))
-        .node(node("unsqueeze", "Unsqueeze", &["d0", "ax"], &["d0v"]))
-        .node(constant("minus_one", "m1", tensor_i64("", &[1], &[-1])))
-        .node(with_attr(node("concat", "Concat", &["d0v", "m1"], &["target"]), attr_int("axis", 0)))
-        .node(node("reshape", "Reshape", &["x", "target"], &["y"]))
-        .output("y")
 }
 
 #[test]
@@ -105,21 +90,6 @@ fn shape_chain_with_a_symbolic_batch_resolves() {
         let y = &run(&g, &[("x", iota_f32(vec![batch, 3, 4]))])["y"];
         assert_eq!(y, &iota_f32(vec![batch, 12]), "batch {batch}");
     }
-}
-
-/// `y = If(cond, then: Neg(x), else: Abs(x))` with `cond` a constant.
-fn if_model(cond: bool) -> ModelBuilder {
-    let then_branch = ModelBuilder::new("then").node(node("neg", "Neg", &["x"], &["t"])).output("t").graph();
-    let else_branch = ModelBuilder::new("else").node(node("abs", "Abs", &["x"], &["e"])).output("e").graph();
-    let iff = with_attr(
-        with_attr(node("if", "If", &["cond"], &["y"]), attr_graph("then_branch", then_branch)),
-        attr_graph("else_branch", else_branch),
-    );
-    ModelBuilder::new("if")
-        .input("x", dtype::FLOAT, &["3"])
-        .node(constant("cond", "cond", tensor_bool("", cond)))
-        .node(iff)
-        .output("y")
 }
 
 #[test]
@@ -180,4 +150,18 @@ fn every_unsupported_op_is_listed_by_node() {
     assert_eq!(&checked, list);
     std::fs::write(&path, relu_model(&["4"]).bytes()).unwrap();
     assert_eq!(kiln_onnx::check(&path, &ImportOptions::default()).unwrap(), []);
+}
+
+#[test]
+fn huge_constant_of_shape_is_built_not_folded() {
+    // Folding would materialize 2^31 floats; the op stays in the graph, typed, for the backend to handle.
+    let bytes = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["1"])
+        .node(constant("shape", "s", tensor_i64("", &[1], &[i32::MAX as i64])))
+        .node(node("fill", "ConstantOfShape", &["s"], &["y"]))
+        .output("y")
+        .bytes();
+    let g = import(&bytes);
+    assert_eq!(output_shape(&g, "y"), Shape::of(&[i32::MAX as u64]));
+    assert!(mnemonics(&g).contains(&"broadcast"), "{}", kiln_ir::print(&g));
 }

@@ -222,10 +222,7 @@ pub fn constant(name: &str, output: &str, t: TensorProto) -> NodeProto {
 
 /// `y = Relu(x)` on `f32[dims]`: the smallest valid model.
 pub fn relu_model(dims: &[&str]) -> ModelBuilder {
-    ModelBuilder::new("relu")
-        .input("x", dtype::FLOAT, dims)
-        .node(node("relu", "Relu", &["x"], &["y"]))
-        .output("y")
+    ModelBuilder::new("relu").input("x", dtype::FLOAT, dims).node(node("relu", "Relu", &["x"], &["y"])).output("y")
 }
 
 /// `y = Relu(x @ W + b)` on `f32[batch, 4]` with initializers: a small model with every section filled, the
@@ -239,5 +236,36 @@ pub fn small_mlp() -> ModelBuilder {
         .node(node("matmul", "MatMul", &["x", "w"], &["xw"]))
         .node(node("add", "Add", &["xw", "b"], &["h"]))
         .node(node("relu", "Relu", &["h"], &["y"]))
+        .output("y")
+}
+
+/// `y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1]))`: flatten all but the first dim, the way exporters
+/// spell it.
+pub fn flatten_chain(x_dims: &[&str]) -> ModelBuilder {
+    ModelBuilder::new("flatten")
+        .input("x", dtype::FLOAT, x_dims)
+        .node(node("shape", "Shape", &["x"], &["s"]))
+        .node(constant("zero", "k0", tensor_i64("", &[], &[0])))
+        .node(with_attr(node("gather", "Gather", &["s", "k0"], &["d0"]), attr_int("axis", 0)))
+        .node(constant("axes", "ax", tensor_i64("", &[1], &[0])))
+        .node(node("unsqueeze", "Unsqueeze", &["d0", "ax"], &["d0v"]))
+        .node(constant("minus_one", "m1", tensor_i64("", &[1], &[-1])))
+        .node(with_attr(node("concat", "Concat", &["d0v", "m1"], &["target"]), attr_int("axis", 0)))
+        .node(node("reshape", "Reshape", &["x", "target"], &["y"]))
+        .output("y")
+}
+
+/// `y = If(cond, then: Neg(x), else: Abs(x))` with `cond` a constant.
+pub fn if_model(cond: bool) -> ModelBuilder {
+    let then_branch = ModelBuilder::new("then").node(node("neg", "Neg", &["x"], &["t"])).output("t").graph();
+    let else_branch = ModelBuilder::new("else").node(node("abs", "Abs", &["x"], &["e"])).output("e").graph();
+    let iff = with_attr(
+        with_attr(node("if", "If", &["cond"], &["y"]), attr_graph("then_branch", then_branch)),
+        attr_graph("else_branch", else_branch),
+    );
+    ModelBuilder::new("if")
+        .input("x", dtype::FLOAT, &["3"])
+        .node(constant("cond", "cond", tensor_bool("", cond)))
+        .node(iff)
         .output("y")
 }
