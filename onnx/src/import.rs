@@ -133,11 +133,13 @@ impl<'m> Ctx<'m> {
         if let Some(known) = known
             && known.iter().map(|t| t.len()).sum::<usize>() <= FOLD_LIMIT
         {
-            let results = kiln_ir::interp::eval_op(&op, &known).map_err(|e| format!("{}: {e}", op.mnemonic()))?;
-            if results.iter().all(|t| t.len() <= FOLD_LIMIT) {
-                // Type-check as if built, so folding never hides a type error.
-                let types: Vec<TensorType> = ins.iter().map(|v| v.ty.clone()).collect();
-                kiln_ir::infer::infer(&op, &types).map_err(|e| format!("{}: {e}", op.mnemonic()))?;
+            // Type-check as if built, so folding never hides a type error; and size the results from their types
+            // before evaluating, so a huge constant (`ConstantOfShape` of [2^31]) is never materialized.
+            let types: Vec<TensorType> = ins.iter().map(|v| v.ty.clone()).collect();
+            let result_types = kiln_ir::infer::infer(&op, &types).map_err(|e| format!("{}: {e}", op.mnemonic()))?;
+            let small = |t: &TensorType| t.shape.num_elements().is_some_and(|n| n <= FOLD_LIMIT as u64);
+            if result_types.iter().all(small) {
+                let results = kiln_ir::interp::eval_op(&op, &known).map_err(|e| format!("{}: {e}", op.mnemonic()))?;
                 return results.into_iter().map(|t| self.constant(t)).collect();
             }
         }
@@ -187,6 +189,9 @@ impl<'m> Ctx<'m> {
     /// Imports one node. `Err` only for malformed models; unsupported features become problems.
     fn node(&mut self, index: usize, node: &NodeProto) -> Result<(), String> {
         let label = if node.name.is_empty() { format!("#{index}") } else { node.name.clone() };
+        if node.op_type.is_empty() {
+            return Err(format!("node `{label}` has no op type"));
+        }
         let op_type = if node.domain.is_empty() || node.domain == "ai.onnx" {
             node.op_type.clone()
         } else {
@@ -388,6 +393,9 @@ pub fn import_model(
         }
     }
     cx.walk(g).map_err(ImportError::Invalid)?;
+    if g.output.is_empty() {
+        return Err(ImportError::Invalid("the graph has no outputs".into()));
+    }
     for o in &g.output {
         match cx.lookup(&o.name).cloned() {
             Some(Some(v)) => cx.b.output(&o.name, v.v),

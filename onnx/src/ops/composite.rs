@@ -45,6 +45,9 @@ fn nll(
     ignore: Option<i64>,
     red: Reduction,
 ) -> Result<Val, String> {
+    if target.rank() == 0 || logp.rank() < 2 {
+        return Err(format!("needs scores of rank ≥ 2 and a target of rank ≥ 1, got {} and {}", logp.ty, target.ty));
+    }
     let t = cast(cx, target, DType::I64)?;
     let keep = match ignore {
         Some(ii) => {
@@ -266,7 +269,10 @@ pub(crate) fn lp_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
         return Err(format!("p={p} is not supported"));
     }
     let d = static_shape(x, "LpPool")?;
-    let k = d.len().saturating_sub(2);
+    if d.len() < 3 {
+        return Err(format!("needs an input of rank ≥ 3, got {}", x.ty.shape));
+    }
+    let k = d.len() - 2;
     let kernel = n.ints("kernel_shape").ok_or("`kernel_shape` is required")?;
     if kernel.len() != k {
         return Err(format!("kernel_shape {kernel:?} does not have {k} spatial dims"));

@@ -19,6 +19,7 @@ pub(crate) fn auto_pads(
     dilations: &[i64],
 ) -> Result<Vec<i64>, String> {
     let k = input.len();
+    check_window(k, &[("kernel_shape", kernel), ("strides", strides), ("dilations", dilations)])?;
     let explicit = n.ints("pads");
     match n.string("auto_pad").as_deref().unwrap_or("NOTSET") {
         "NOTSET" => {
@@ -44,6 +45,28 @@ pub(crate) fn auto_pads(
     }
 }
 
+/// Checks that window attributes have one positive entry per spatial dim, before anything indexes them.
+fn check_window(k: usize, lists: &[(&str, &[i64])]) -> Result<(), String> {
+    for (name, v) in lists {
+        if v.len() != k {
+            return Err(format!("{name} {v:?} does not have {k} spatial dims"));
+        }
+        if v.iter().any(|&x| x <= 0) {
+            return Err(format!("{name} {v:?} must be positive"));
+        }
+    }
+    Ok(())
+}
+
+/// Weight extents for a convolution over `k` spatial dims: `[out, in, kernel…]`.
+fn conv_weights(w: &Val, k: usize, what: &str) -> Result<Vec<usize>, String> {
+    let wd = static_shape(w, what)?;
+    if wd.len() != k + 2 {
+        return Err(format!("{what} have shape {}, expected rank {}", w.ty.shape, k + 2));
+    }
+    Ok(wd)
+}
+
 fn spatial(x: &Val, what: &str) -> Result<Vec<usize>, String> {
     let d = static_shape(x, what)?;
     if d.len() < 3 {
@@ -55,8 +78,8 @@ fn spatial(x: &Val, what: &str) -> Result<Vec<usize>, String> {
 pub(crate) fn conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (x, w) = (n.input(0)?, n.input(1)?);
     let sp = spatial(x, "Conv")?;
-    let wd = static_shape(w, "Conv weights")?;
     let k = sp.len();
+    let wd = conv_weights(w, k, "Conv weights")?;
     let kernel = n.ints("kernel_shape").unwrap_or_else(|| wd[2..].iter().map(|&d| d as i64).collect());
     if kernel.len() != k || kernel.iter().zip(&wd[2..]).any(|(&a, &b)| a != b as i64) {
         return Err(format!("kernel_shape {kernel:?} disagrees with the weights {:?}", wd));
@@ -73,12 +96,16 @@ pub(crate) fn conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Strin
 pub(crate) fn conv_transpose(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (x, w) = (n.input(0)?, n.input(1)?);
     let sp = spatial(x, "ConvTranspose")?;
-    let wd = static_shape(w, "ConvTranspose weights")?;
     let k = sp.len();
+    let wd = conv_weights(w, k, "ConvTranspose weights")?;
     let kernel: Vec<i64> = n.ints("kernel_shape").unwrap_or_else(|| wd[2..].iter().map(|&d| d as i64).collect());
     let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
     let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
+    check_window(k, &[("kernel_shape", &kernel), ("strides", &strides), ("dilations", &dilations)])?;
     let mut output_padding = n.ints("output_padding").unwrap_or_else(|| vec![0; k]);
+    if output_padding.len() != k {
+        return Err(format!("output_padding {output_padding:?} does not have {k} spatial dims"));
+    }
     let auto = n.string("auto_pad").unwrap_or_else(|| "NOTSET".into());
     let explicit = n.ints("pads");
     let pads = if let Some(out_shape) = n.ints("output_shape") {

@@ -102,7 +102,7 @@ pub(crate) fn cumsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     let d = static_shape(x, "CumSum")?;
     let rank = d.len();
     let a = axis(a, rank)?;
-    let len = d[a] as u64;
+    let len = *d.get(a).ok_or("needs an input of rank ≥ 1")? as u64;
     // Move the axis last, multiply by a triangular 0/1 matrix, move it back: out[j] = Σ_{i ⊲ j} x[i].
     let mut perm: Vec<i64> = (0..rank as i64).filter(|&i| i != a as i64).collect();
     perm.push(a as i64);

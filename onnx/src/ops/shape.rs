@@ -107,14 +107,14 @@ fn reshape_target(input: &[Dim], args: &[DimArg], allowzero: bool) -> Result<Vec
         let mut num = 1u64;
         for d in input {
             match d {
-                Dim::Static(k) => num *= k,
+                Dim::Static(k) => num = num.checked_mul(*k).ok_or("the input's element count overflows")?,
                 Dim::Sym(s) => syms.push(s.clone()),
             }
         }
         let mut den = 1u64;
         for d in out.iter().flatten() {
             match d {
-                Dim::Static(k) => den *= k,
+                Dim::Static(k) => den = den.checked_mul(*k).ok_or("the target shape's element count overflows")?,
                 Dim::Sym(s) => match syms.iter().position(|x| x == s) {
                     Some(p) => {
                         syms.remove(p);
@@ -183,8 +183,11 @@ pub(crate) fn squeeze(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
         None => (0..rank).filter(|&i| x.ty.shape.0[i] == Dim::Static(1)).collect(),
     };
     for &a in &axes {
-        if x.ty.shape.0[a] != Dim::Static(1) {
-            return Err(format!("cannot squeeze axis {a} of extent {}", x.ty.shape.0[a]));
+        // `axis` accepts axis 0 of a scalar, which has no extent to squeeze.
+        match x.ty.shape.0.get(a) {
+            Some(Dim::Static(1)) => {}
+            Some(d) => return Err(format!("cannot squeeze axis {a} of extent {d}")),
+            None => return Err(format!("axis {a} is out of range for rank {rank}")),
         }
     }
     let dims: Vec<Dim> =
@@ -214,6 +217,9 @@ pub(crate) fn unsqueeze(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, 
 
 pub(crate) fn concat(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let ins = n.all_inputs()?;
+    if ins.is_empty() {
+        return Err("needs at least one input".into());
+    }
     let ax = n.opt_int("axis").ok_or("the `axis` attribute is required")?;
     // Empty operands (ONNX allows [0]-shaped pieces) contribute nothing.
     let nonempty: Vec<&Val> = ins.iter().copied().filter(|v| v.ty.shape.num_elements() != Some(0)).collect();
@@ -229,7 +235,8 @@ pub(crate) fn concat(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
 pub(crate) fn split(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
     let a = axis(n.int("axis", 0), x.rank())?;
-    let extent = x.ty.shape.0[a].as_static().ok_or("splitting a symbolic dim is not supported")? as i64;
+    let extent = x.ty.shape.0.get(a).ok_or("splitting a scalar is not supported")?;
+    let extent = extent.as_static().ok_or("splitting a symbolic dim is not supported")? as i64;
     let outputs = n.proto.output.len() as i64;
     let sizes = if n.opset < 13 { n.ints("split") } else { const_ints(n, 1, "split")? };
     let num_outputs = n.opt_int("num_outputs");
@@ -239,6 +246,9 @@ pub(crate) fn split(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
             let k = num_outputs.unwrap_or(outputs);
             if k < 1 {
                 return Err("needs at least one output".into());
+            }
+            if k != outputs {
+                return Err(format!("num_outputs {k} disagrees with the node's {outputs} outputs"));
             }
             // Equal pieces; with num_outputs the last may be smaller (ceil division), as opset 18 says.
             let piece = (extent + k - 1) / k;

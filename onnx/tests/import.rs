@@ -1,0 +1,167 @@
+//! The ONNX importer on small, valid models built in Rust: symbolic `dim_param` inputs, shape arithmetic folded at
+//! import time (and tracked dim by dim under a symbolic batch), `If` on a known condition, external data, and the
+//! complete list of unsupported ops. Each case checks the imported graph's structure and, where it computes
+//! numbers, runs it on the reference interpreter.
+
+mod model;
+
+use std::collections::BTreeMap;
+
+use kiln_ir::{Dim, Graph, Op, Shape, Tensor};
+use kiln_onnx::{ImportError, ImportOptions};
+use model::*;
+
+fn import(bytes: &[u8]) -> Graph {
+    kiln_onnx::import_bytes(bytes, None, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn input_shape(g: &Graph, name: &str) -> Shape {
+    g.inputs()
+        .iter()
+        .map(|&id| g.node(id))
+        .find(|n| matches!(&n.op, Op::Input(i) if i.name == name))
+        .unwrap_or_else(|| panic!("no input `{name}`"))
+        .outputs[0]
+        .shape
+        .clone()
+}
+
+fn output_shape(g: &Graph, name: &str) -> Shape {
+    let (_, v) = g.outputs().iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no output `{name}`"));
+    g.value_type(*v).unwrap().shape.clone()
+}
+
+fn mnemonics(g: &Graph) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = g.node_ids().map(|id| g.node(id).op.mnemonic()).collect();
+    v.sort_unstable();
+    v
+}
+
+fn run(g: &Graph, inputs: &[(&str, Tensor)]) -> BTreeMap<String, Tensor> {
+    let inputs: BTreeMap<String, Tensor> = inputs.iter().map(|(n, t)| (n.to_string(), t.clone())).collect();
+    kiln_ir::interp::run(g, &inputs).unwrap().into_iter().collect()
+}
+
+fn iota_f32(shape: Vec<usize>) -> Tensor {
+    let n = shape.iter().product::<usize>();
+    Tensor::from_vec(shape, (0..n).map(|i| i as f32).collect()).unwrap()
+}
+
+#[test]
+fn dim_params_become_symbolic_dims() {
+    let g = import(&relu_model(&["batch", "3"]).bytes());
+    assert_eq!(input_shape(&g, "x"), Shape(vec![Dim::sym("batch"), Dim::Static(3)]));
+    assert_eq!(output_shape(&g, "y"), Shape(vec![Dim::sym("batch"), Dim::Static(3)]));
+    // Names that are not identifiers are sanitized; a dim with neither value nor param gets a name of its own.
+    let mut m = relu_model(&["batch size", "3"]).model();
+    let graph = m.graph.as_mut().unwrap();
+    let onnx_protobuf::type_proto::Value::TensorType(tt) =
+        graph.input[0].type_.as_mut().unwrap().value.as_mut().unwrap()
+    else {
+        unreachable!("built as a tensor input")
+    };
+    tt.shape.as_mut().unwrap().dim.push(Default::default());
+    let g = import(&onnx_protobuf::Message::write_to_bytes(&m).unwrap());
+    assert_eq!(input_shape(&g, "x"), Shape(vec![Dim::sym("batch_size"), Dim::Static(3), Dim::sym("x_2")]));
+    // A given static shape replaces the symbols.
+    let options = ImportOptions { shapes: BTreeMap::from([("x".to_string(), vec![5, 3])]), ..Default::default() };
+    let g = kiln_onnx::import_bytes(&relu_model(&["batch", "3"]).bytes(), None, &options).unwrap();
+    assert_eq!(output_shape(&g, "y"), Shape::of(&[5, 3]));
+}
+
+#[test]
+fn shape_chain_with_static_shapes_folds_to_a_constant_target() {
+    let g = import(&flatten_chain(&["2", "3", "4"]).bytes());
+    let ops = mnemonics(&g);
+    assert!(!ops.contains(&"shape_of") && !ops.contains(&"gather") && !ops.contains(&"concat"), "{ops:?}");
+    // Folded shape arithmetic leaves dead constants behind for DCE; the only computation left is the reshape.
+    let computing: Vec<&str> = ops.into_iter().filter(|m| !matches!(*m, "input" | "constant")).collect();
+    assert_eq!(computing, ["reshape"], "{}", kiln_ir::print(&g));
+    assert_eq!(output_shape(&g, "y"), Shape::of(&[2, 12]));
+    let y = &run(&g, &[("x", iota_f32(vec![2, 3, 4]))])["y"];
+    assert_eq!(y, &iota_f32(vec![2, 12]));
+}
+
+#[test]
+fn shape_chain_with_a_symbolic_batch_resolves() {
+    let g = import(&flatten_chain(&["batch", "3", "4"]).bytes());
+    assert_eq!(output_shape(&g, "y"), Shape(vec![Dim::sym("batch"), Dim::Static(12)]));
+    for batch in [1, 5] {
+        let y = &run(&g, &[("x", iota_f32(vec![batch, 3, 4]))])["y"];
+        assert_eq!(y, &iota_f32(vec![batch, 12]), "batch {batch}");
+    }
+}
+
+#[test]
+fn if_on_a_constant_condition_inlines_the_taken_branch() {
+    let x = Tensor::from_vec(vec![3], vec![-1.0f32, 2.0, -3.0]).unwrap();
+    for (cond, op, other, want) in [(true, "neg", "abs", [1.0f32, -2.0, 3.0]), (false, "abs", "neg", [1.0, 2.0, 3.0])] {
+        let g = import(&if_model(cond).bytes());
+        let ops = mnemonics(&g);
+        assert!(ops.contains(&op) && !ops.contains(&other), "cond {cond}: {ops:?}");
+        assert_eq!(run(&g, &[("x", x.clone())])["y"].as_slice::<f32>().unwrap(), &want, "cond {cond}");
+    }
+}
+
+#[test]
+fn external_data_inside_the_model_folder_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let w = [0.5f32, -1.0, 2.0, 4.0];
+    // Eight bytes of something else first, so the offset matters.
+    let mut file = vec![0xAAu8; 8];
+    file.extend(w.iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(dir.path().join("data/weights.bin"), &file).unwrap();
+    let bytes = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["4"])
+        .initializer(tensor_f32_external("w", &[4], "data/weights.bin", Some(8)))
+        .node(node("add", "Add", &["x", "w"], &["y"]))
+        .output("y")
+        .bytes();
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, bytes).unwrap();
+    let g = kiln_onnx::import(&path, &ImportOptions::default()).unwrap();
+    let y = &run(&g, &[("x", Tensor::from_vec(vec![4], vec![1.0f32; 4]).unwrap())])["y"];
+    assert_eq!(y.as_slice::<f32>().unwrap(), &[1.5, 0.0, 3.0, 5.0]);
+}
+
+#[test]
+fn every_unsupported_op_is_listed_by_node() {
+    let bytes = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["4"])
+        .node(node("nz", "NonZero", &["x"], &["idx"]))
+        .node(node("relu", "Relu", &["x"], &["r"]))
+        .node(node("uniq", "Unique", &["r"], &["u"]))
+        // Fed by an unsupported node: not reported again.
+        .node(node("cast", "Cast", &["idx"], &["c"]))
+        .output("c")
+        .output("u")
+        .bytes();
+    let err = kiln_onnx::import_bytes(&bytes, None, &ImportOptions::default()).unwrap_err();
+    let ImportError::Unsupported(list) = &err else { panic!("expected Unsupported, got {err}") };
+    let found: Vec<(&str, &str)> = list.iter().map(|u| (u.node.as_str(), u.op_type.as_str())).collect();
+    assert_eq!(found, [("nz", "NonZero"), ("uniq", "Unique")]);
+    insta::assert_snapshot!("two_unsupported_ops", err.to_string());
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, &bytes).unwrap();
+    let checked = kiln_onnx::check(&path, &ImportOptions::default()).unwrap();
+    assert_eq!(&checked, list);
+    std::fs::write(&path, relu_model(&["4"]).bytes()).unwrap();
+    assert_eq!(kiln_onnx::check(&path, &ImportOptions::default()).unwrap(), []);
+}
+
+#[test]
+fn huge_constant_of_shape_is_built_not_folded() {
+    // Folding would materialize 2^31 floats; the op stays in the graph, typed, for the backend to handle.
+    let bytes = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["1"])
+        .node(constant("shape", "s", tensor_i64("", &[1], &[i32::MAX as i64])))
+        .node(node("fill", "ConstantOfShape", &["s"], &["y"]))
+        .output("y")
+        .bytes();
+    let g = import(&bytes);
+    assert_eq!(output_shape(&g, "y"), Shape::of(&[i32::MAX as u64]));
+    assert!(mnemonics(&g).contains(&"broadcast"), "{}", kiln_ir::print(&g));
+}
