@@ -4,6 +4,7 @@
 //! reported as unsupported) and returns the node's results, in output order. It may return fewer results than
 //! the node declares when only trailing optional outputs are unsupported and unused.
 
+mod attention;
 mod composite;
 mod elementwise;
 mod nn;
@@ -28,6 +29,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("And", elementwise::binary),
     ("ArgMax", reduce::arg_reduce),
     ("ArgMin", reduce::arg_reduce),
+    ("Attention", attention::attention),
     ("Asin", elementwise::unary),
     ("Asinh", elementwise::unary),
     ("Atan", elementwise::unary),
