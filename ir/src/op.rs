@@ -126,6 +126,8 @@ define_ops! {
     Reduce(Reduce) = "reduce", Arity::Exact(1);
     /// Index of the largest or smallest element along one axis (i64 result).
     ArgReduce(ArgReduce) = "arg_reduce", Arity::Exact(1);
+    /// The `k` largest (or smallest) elements along one axis, sorted, and their i64 indices: two results.
+    TopK(TopK) = "top_k", Arity::Exact(1);
     /// Batched matrix product with numpy broadcasting of the batch dims; rank-1 operands are promoted as numpy does.
     MatMul = "matmul", Arity::Exact(2);
     /// N-d convolution `conv(x[N,C,*], w[M,C/groups,*])`, optional `bias[M]` as a third operand.
@@ -370,6 +372,14 @@ attrs! {
     /// Index (i64) of the extreme value along `axis`; ties take the first index, or the last with
     /// `select_last_index`. A NaN counts as the extreme value.
     pub struct ArgReduce { kind: ArgKind, axis: i64, keep_dims: bool, select_last_index: bool }
+}
+
+attrs! {
+    /// The `k` (static, at most the axis extent) largest elements along `axis` with `largest`, else the smallest,
+    /// and their indices. Results are ordered best first; equal values keep index order (the lower index first),
+    /// and NaN ranks above every number (first when largest, last otherwise), NaNs in index order. `sorted=false`
+    /// allows any order of the `k` results; the interpreter sorts regardless, which is one such order.
+    pub struct TopK { axis: i64, k: i64, largest: bool, sorted: bool }
 }
 
 attrs! {

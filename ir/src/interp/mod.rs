@@ -7,7 +7,7 @@
 //! (with symbols substituted), so a bug that escaped the verifier surfaces at the node that has it, and it drops
 //! every value after its last use. [`eval_op`] evaluates one op on concrete tensors: it first runs the op's type
 //! rule ([`infer`]), which validates attributes and operands, then the kernel (`elementwise`, `reduce`, `shape`,
-//! or `nn` for the neural-net ops), then checks the kernel's results against the rule's types.
+//! `topk`, or `nn` for the neural-net ops), then checks the kernel's results against the rule's types.
 //!
 //! Nothing here panics on user input: out-of-range indices, integer division by zero or `MIN / -1`, negative
 //! integer exponents and empty `max`/`min` reductions are errors. Numeric conventions (compute types, wrapping,
@@ -19,6 +19,7 @@ mod nn;
 mod num;
 mod reduce;
 mod shape;
+mod topk;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -66,6 +67,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::Select => one(elementwise::select(inputs[0], inputs[1], inputs[2])?),
         Op::Reduce(r) => one(reduce::reduce(r, inputs[0])?),
         Op::ArgReduce(r) => one(reduce::arg_reduce(r, inputs[0])?),
+        Op::TopK(t) => topk::top_k(t, inputs[0])?,
         Op::MatMul => one(reduce::matmul(inputs[0], inputs[1])?),
         Op::Reshape(r) => one(shape::reshape(inputs[0], &r.shape)?),
         Op::Transpose(t) => one(shape::transpose(inputs[0], &t.perm)?),

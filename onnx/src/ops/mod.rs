@@ -149,6 +149,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Tanh", elementwise::unary),
     ("ThresholdedRelu", elementwise::activation),
     ("Tile", shape::tile),
+    ("TopK", reduce::top_k),
     ("Transpose", shape::transpose),
     ("Trilu", shape::trilu),
     ("Unsqueeze", shape::unsqueeze),

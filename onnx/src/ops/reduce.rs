@@ -1,6 +1,6 @@
-//! Reductions, arg-reductions, matrix products (MatMul, Gemm, Einsum) and CumSum.
+//! Reductions, arg-reductions, TopK, matrix products (MatMul, Gemm, Einsum) and CumSum.
 
-use kiln_ir::op::{ArgKind, ArgReduce, BinaryOp as B, Iota, Reduce, ReduceKind, UnaryOp as U};
+use kiln_ir::op::{ArgKind, ArgReduce, BinaryOp as B, Iota, Reduce, ReduceKind, TopK, UnaryOp as U};
 use kiln_ir::{DType, Dim, Op, Shape};
 
 use super::{axis, bin, const_ints, reshape, scalar_like, static_shape, transpose, un};
@@ -65,6 +65,20 @@ pub(crate) fn arg_reduce(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>,
         select_last_index: n.int("select_last_index", 0) != 0,
     };
     Ok(vec![cx.op(Op::ArgReduce(attrs), &[n.input(0)?])?])
+}
+
+pub(crate) fn top_k(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // `k` is an attribute before opset 10 and a one-element input from then on.
+    let k = if n.opset < 10 {
+        n.opt_int("k").ok_or("`k` is required")?
+    } else {
+        match const_ints(n, 1, "k")?.as_deref() {
+            Some(&[k]) => k,
+            _ => return Err("`k` must be a one-element tensor".into()),
+        }
+    };
+    let attrs = TopK { axis: n.int("axis", -1), k, largest: n.int("largest", 1) != 0, sorted: n.int("sorted", 1) != 0 };
+    cx.op_multi(Op::TopK(attrs), &[n.input(0)?])
 }
 
 pub(crate) fn matmul(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
