@@ -9,6 +9,7 @@ mod composite;
 mod elementwise;
 mod nn;
 mod reduce;
+mod rotary;
 mod shape;
 
 use kiln_ir::op::{BinaryOp, Reshape, Transpose, UnaryOp};
@@ -48,6 +49,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("ConvTranspose", nn::conv_transpose),
     ("Cos", elementwise::unary),
     ("Cosh", elementwise::unary),
+    ("CumProd", reduce::cumprod),
     ("CumSum", reduce::cumsum),
     ("DepthToSpace", shape::depth_to_space),
     ("Div", elementwise::binary),
@@ -122,6 +124,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Reshape", shape::reshape),
     ("Resize", nn::resize),
     ("RMSNormalization", composite::rms_norm),
+    ("RotaryEmbedding", rotary::rotary_embedding),
     ("Round", elementwise::unary),
     ("ScatterElements", shape::scatter_elements),
     ("ScatterND", shape::scatter_nd),
