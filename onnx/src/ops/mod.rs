@@ -9,6 +9,7 @@ mod composite;
 mod elementwise;
 mod nn;
 mod reduce;
+mod rnn;
 mod rotary;
 mod shape;
 
@@ -124,6 +125,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Reshape", shape::reshape),
     ("Resize", nn::resize),
     ("RMSNormalization", composite::rms_norm),
+    ("RNN", rnn::rnn),
     ("RotaryEmbedding", rotary::rotary_embedding),
     ("Round", elementwise::unary),
     ("ScatterElements", shape::scatter_elements),
