@@ -26,6 +26,10 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                     expect_dtype(t, |d| d == DType::Bool, "bool")?;
                     one(t.clone())
                 }
+                UnaryOp::BitNot => {
+                    expect_dtype(t, DType::is_int, "an integer type")?;
+                    one(t.clone())
+                }
                 UnaryOp::IsNan | UnaryOp::IsInf => {
                     expect_dtype(t, DType::is_float, "a float type")?;
                     one(TensorType::new(DType::Bool, t.shape.clone()))
@@ -47,6 +51,8 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             }
             if k.is_logical() {
                 expect_dtype(a, |d| d == DType::Bool, "bool")?;
+            } else if k.is_bitwise() {
+                expect_dtype(a, DType::is_int, "an integer type")?;
             } else if *k != BinaryOp::Eq {
                 expect_dtype(a, |d| d != DType::Bool, "a numeric type")?;
             }

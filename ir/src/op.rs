@@ -240,11 +240,14 @@ named_enum! {
         IsNan = "is_nan",
         /// True where ±inf.
         IsInf = "is_inf",
+        /// Bitwise complement (integers only).
+        BitNot = "bit_not",
     }
 }
 
 named_enum! {
-    /// Elementwise binary kinds. Comparisons return bool; `and`/`or`/`xor` take bool.
+    /// Elementwise binary kinds. Comparisons return bool; `and`/`or`/`xor` take bool; the bitwise kinds and shifts
+    /// take integers.
     pub enum BinaryOp {
         /// `a + b` (wrapping for integers).
         Add = "add",
@@ -280,6 +283,17 @@ named_enum! {
         Or = "or",
         /// Logical exclusive or.
         Xor = "xor",
+        /// Bitwise and.
+        BitAnd = "bit_and",
+        /// Bitwise or.
+        BitOr = "bit_or",
+        /// Bitwise exclusive or.
+        BitXor = "bit_xor",
+        /// `a << b`, dropping the bits shifted out; 0 when `b` is negative or at least the bit width.
+        Shl = "shl",
+        /// `a >> b`, arithmetic (sign-filling) for signed types; when `b` is negative or at least the bit width,
+        /// every bit is the sign (-1 or 0).
+        Shr = "shr",
     }
 }
 
@@ -292,6 +306,11 @@ impl BinaryOp {
     /// True for the logical kinds, which take bool operands.
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    }
+
+    /// True for the bitwise kinds and shifts, which take integer operands.
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr)
     }
 }
 
@@ -307,6 +326,7 @@ impl UnaryOp {
                 | UnaryOp::Not
                 | UnaryOp::IsNan
                 | UnaryOp::IsInf
+                | UnaryOp::BitNot
         ) && !self.is_rounding()
     }
 

@@ -17,6 +17,7 @@ pub(crate) fn unary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
         "Asinh" => U::Asinh,
         "Atan" => U::Atan,
         "Atanh" => U::Atanh,
+        "BitwiseNot" => U::BitNot,
         "Ceil" => U::Ceil,
         "Cos" => U::Cos,
         "Cosh" => U::Cosh,
@@ -59,6 +60,15 @@ pub(crate) fn binary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         "LessOrEqual" => B::Le,
         "Greater" => B::Gt,
         "GreaterOrEqual" => B::Ge,
+        "BitwiseAnd" => B::BitAnd,
+        "BitwiseOr" => B::BitOr,
+        "BitwiseXor" => B::BitXor,
+        "BitShift" => match n.string("direction").as_deref() {
+            Some("LEFT") => B::Shl,
+            Some("RIGHT") => B::Shr,
+            Some(other) => return Err(format!("direction `{other}` is not supported (LEFT or RIGHT)")),
+            None => return Err("`direction` is required".into()),
+        },
         other => return Err(format!("internal: `{other}` is not a binary op")),
     };
     // Opsets before 7 had explicit broadcast attributes; kiln imports 7 and later, where broadcasting is numpy's.
