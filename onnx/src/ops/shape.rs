@@ -529,6 +529,47 @@ pub(crate) fn depth_to_space(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
     Ok(vec![super::reshape(cx, &y, [nb, cc, h * b, w * b].into_iter().map(Dim::Static).collect())?])
 }
 
+pub(crate) fn center_crop_pad(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let target = const_ints(n, 1, "shape")?.ok_or("`shape` is required")?;
+    let d = static_shape(x, "CenterCropPad")?;
+    let rank = d.len();
+    let axes: Vec<usize> = match n.ints("axes") {
+        Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    if axes.len() != target.len() {
+        return Err(format!("shape has {} entries for {} axes", target.len(), axes.len()));
+    }
+    // Crop (centred, the extra element off the end) where the target is smaller, pad with zeros where larger.
+    let (mut starts, mut ends, mut sliced) = (vec![], vec![], vec![]);
+    let mut pads = vec![0i64; 2 * rank];
+    for (&a, &want) in axes.iter().zip(&target) {
+        let have = d[a] as i64;
+        if want < 0 {
+            return Err(format!("negative target extent {want}"));
+        }
+        if want < have {
+            let begin = (have - want) / 2;
+            starts.push(begin);
+            ends.push(begin + want);
+            sliced.push(a as i64);
+        } else if want > have {
+            pads[a] = (want - have) / 2;
+            pads[a + rank] = want - have - pads[a];
+        }
+    }
+    let mut y = x.clone();
+    if !sliced.is_empty() {
+        let steps = vec![1; sliced.len()];
+        y = cx.op(Op::Slice(Slice { starts, ends, axes: sliced, steps }), &[&y])?;
+    }
+    if pads.iter().any(|&p| p != 0) {
+        y = cx.op(Op::Pad(Pad { mode: PadMode::Constant, pads, value: 0.0 }), &[&y])?;
+    }
+    Ok(vec![y])
+}
+
 pub(crate) fn space_to_depth(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
     let b = n.opt_int("blocksize").ok_or("`blocksize` is required")? as u64;
@@ -538,8 +579,13 @@ pub(crate) fn space_to_depth(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
     if b == 0 || h % b != 0 || w % b != 0 {
         return Err(format!("spatial dims {h}x{w} are not divisible by blocksize {b}"));
     }
+    let perm = match n.string("mode").as_deref().unwrap_or("DCR") {
+        "DCR" => vec![0, 3, 5, 1, 2, 4],
+        "CRD" => vec![0, 1, 3, 5, 2, 4],
+        other => return Err(format!("mode `{other}` is not supported")),
+    };
     let y = super::reshape(cx, x, [nb, c, h / b, b, w / b, b].into_iter().map(Dim::Static).collect())?;
-    let y = super::transpose(cx, &y, vec![0, 3, 5, 1, 2, 4])?;
+    let y = super::transpose(cx, &y, perm)?;
     Ok(vec![super::reshape(cx, &y, [nb, c * b * b, h / b, w / b].into_iter().map(Dim::Static).collect())?])
 }
 
