@@ -50,6 +50,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Celu", elementwise::activation),
     ("CenterCropPad", shape::center_crop_pad),
     ("Clip", elementwise::clip),
+    ("Compress", shape::compress),
     ("Concat", shape::concat),
     ("Constant", shape::constant),
     ("ConstantOfShape", shape::constant_of_shape),
@@ -134,6 +135,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Relu", elementwise::unary),
     ("Reshape", shape::reshape),
     ("Resize", nn::resize),
+    ("ReverseSequence", shape::reverse_sequence),
     ("RMSNormalization", composite::rms_norm),
     ("RNN", rnn::rnn),
     ("RotaryEmbedding", rotary::rotary_embedding),
@@ -170,6 +172,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Transpose", shape::transpose),
     ("Trilu", shape::trilu),
     ("Unsqueeze", shape::unsqueeze),
+    ("Upsample", nn::upsample),
     ("Where", elementwise::where_),
     ("Xor", elementwise::binary),
 ];
