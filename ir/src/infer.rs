@@ -26,6 +26,10 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                     expect_dtype(t, |d| d == DType::Bool, "bool")?;
                     one(t.clone())
                 }
+                UnaryOp::BitNot => {
+                    expect_dtype(t, DType::is_int, "an integer type")?;
+                    one(t.clone())
+                }
                 UnaryOp::IsNan | UnaryOp::IsInf => {
                     expect_dtype(t, DType::is_float, "a float type")?;
                     one(TensorType::new(DType::Bool, t.shape.clone()))
@@ -47,6 +51,8 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             }
             if k.is_logical() {
                 expect_dtype(a, |d| d == DType::Bool, "bool")?;
+            } else if k.is_bitwise() {
+                expect_dtype(a, DType::is_int, "an integer type")?;
             } else if *k != BinaryOp::Eq {
                 expect_dtype(a, |d| d != DType::Bool, "a numeric type")?;
             }
@@ -78,6 +84,21 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             }
             let axis = normalize_axis(r.axis, t.shape.rank())?;
             one(TensorType::new(DType::I64, reduced_shape(&t.shape, &[axis], r.keep_dims)))
+        }
+        Op::TopK(t) => {
+            let x = &ins[0];
+            expect_dtype(x, |d| d != DType::Bool, "a numeric type")?;
+            if x.shape.rank() == 0 {
+                return Err("needs an operand of rank 1 or more".into());
+            }
+            let axis = normalize_axis(t.axis, x.shape.rank())?;
+            let n = static_dim(&x.shape, axis, "top_k")?;
+            if t.k < 0 || t.k as u64 > n {
+                return Err(format!("k={} is out of range for an axis of extent {n}", t.k));
+            }
+            let mut shape = x.shape.clone();
+            shape.0[axis] = Dim::Static(t.k as u64);
+            Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
         }
         Op::MatMul => matmul(&ins[0], &ins[1]).map(|t| vec![t]),
         Op::Conv(c) => conv(c, ins).map(|t| vec![t]),

@@ -126,6 +126,8 @@ define_ops! {
     Reduce(Reduce) = "reduce", Arity::Exact(1);
     /// Index of the largest or smallest element along one axis (i64 result).
     ArgReduce(ArgReduce) = "arg_reduce", Arity::Exact(1);
+    /// The `k` largest (or smallest) elements along one axis, sorted, and their i64 indices: two results.
+    TopK(TopK) = "top_k", Arity::Exact(1);
     /// Batched matrix product with numpy broadcasting of the batch dims; rank-1 operands are promoted as numpy does.
     MatMul = "matmul", Arity::Exact(2);
     /// N-d convolution `conv(x[N,C,*], w[M,C/groups,*])`, optional `bias[M]` as a third operand.
@@ -238,11 +240,14 @@ named_enum! {
         IsNan = "is_nan",
         /// True where ±inf.
         IsInf = "is_inf",
+        /// Bitwise complement (integers only).
+        BitNot = "bit_not",
     }
 }
 
 named_enum! {
-    /// Elementwise binary kinds. Comparisons return bool; `and`/`or`/`xor` take bool.
+    /// Elementwise binary kinds. Comparisons return bool; `and`/`or`/`xor` take bool; the bitwise kinds and shifts
+    /// take integers.
     pub enum BinaryOp {
         /// `a + b` (wrapping for integers).
         Add = "add",
@@ -278,6 +283,17 @@ named_enum! {
         Or = "or",
         /// Logical exclusive or.
         Xor = "xor",
+        /// Bitwise and.
+        BitAnd = "bit_and",
+        /// Bitwise or.
+        BitOr = "bit_or",
+        /// Bitwise exclusive or.
+        BitXor = "bit_xor",
+        /// `a << b`, dropping the bits shifted out; 0 when `b` is negative or at least the bit width.
+        Shl = "shl",
+        /// `a >> b`, arithmetic (sign-filling) for signed types; when `b` is negative or at least the bit width,
+        /// every bit is the sign (-1 or 0).
+        Shr = "shr",
     }
 }
 
@@ -290,6 +306,11 @@ impl BinaryOp {
     /// True for the logical kinds, which take bool operands.
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)
+    }
+
+    /// True for the bitwise kinds and shifts, which take integer operands.
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr)
     }
 }
 
@@ -305,6 +326,7 @@ impl UnaryOp {
                 | UnaryOp::Not
                 | UnaryOp::IsNan
                 | UnaryOp::IsInf
+                | UnaryOp::BitNot
         ) && !self.is_rounding()
     }
 
@@ -370,6 +392,14 @@ attrs! {
     /// Index (i64) of the extreme value along `axis`; ties take the first index, or the last with
     /// `select_last_index`. A NaN counts as the extreme value.
     pub struct ArgReduce { kind: ArgKind, axis: i64, keep_dims: bool, select_last_index: bool }
+}
+
+attrs! {
+    /// The `k` (static, at most the axis extent) largest elements along `axis` with `largest`, else the smallest,
+    /// and their indices. Results are ordered best first; equal values keep index order (the lower index first),
+    /// and NaN ranks above every number (first when largest, last otherwise), NaNs in index order. `sorted=false`
+    /// allows any order of the `k` results; the interpreter sorts regardless, which is one such order.
+    pub struct TopK { axis: i64, k: i64, largest: bool, sorted: bool }
 }
 
 attrs! {

@@ -158,6 +158,28 @@ fn integer_arithmetic_wraps() {
 }
 
 #[test]
+fn bitwise_and_shifts() {
+    let (a, b) = (u8s(&[2], &[0b1100, 0xF0]), u8s(&[2], &[0b1010, 0x0F]));
+    check("and", &bin(B::BitAnd), &[a.clone(), b.clone()], &[u8s(&[2], &[0b1000, 0])]);
+    check("or", &bin(B::BitOr), &[a.clone(), b.clone()], &[u8s(&[2], &[0b1110, 0xFF])]);
+    check("xor", &bin(B::BitXor), &[a, b], &[u8s(&[2], &[0b0110, 0xFF])]);
+    check("not i8", &un(U::BitNot), &[i8s(&[3], &[0, -1, 5])], &[i8s(&[3], &[-1, 0, -6])]);
+    check("not u8", &un(U::BitNot), &[u8s(&[1], &[1])], &[u8s(&[1], &[254])]);
+    // Left: bits shifted out are dropped; a shift past the width or below zero gives 0.
+    let x = i8s(&[4], &[3, 64, -1, 5]);
+    check("shl i8", &bin(B::Shl), &[x.clone(), i8s(&[4], &[2, 1, 7, 8])], &[i8s(&[4], &[12, -128, -128, 0])]);
+    check("shl negative", &bin(B::Shl), &[x.clone(), i8s(&[1], &[-1])], &[i8s(&[4], &[0, 0, 0, 0])]);
+    // Right: arithmetic for signed; past the width every bit is the sign.
+    check("shr i8", &bin(B::Shr), &[x, i8s(&[4], &[1, 6, 3, 8])], &[i8s(&[4], &[1, 1, -1, 0])]);
+    check("shr i8 past width", &bin(B::Shr), &[i8s(&[2], &[-7, 7]), i8s(&[1], &[-3])], &[i8s(&[2], &[-1, 0])]);
+    check("shr u8 is logical", &bin(B::Shr), &[u8s(&[2], &[255, 255]), u8s(&[2], &[4, 8])], &[u8s(&[2], &[15, 0])]);
+    check("shl i64", &bin(B::Shl), &[i64s(&[1], &[1]), i64s(&[1], &[63])], &[i64s(&[1], &[i64::MIN])]);
+    check_err("and f32", &bin(B::BitAnd), &[f32s(&[1], &[1.0]), f32s(&[1], &[1.0])], "integer");
+    check_err("and bool", &bin(B::BitAnd), &[bools(&[1], &[true]), bools(&[1], &[true])], "integer");
+    check_err("not f32", &un(U::BitNot), &[f32s(&[1], &[1.0])], "integer");
+}
+
+#[test]
 fn integer_division_family() {
     let a = i32s(&[4], &[7, -7, 7, -7]);
     let b = i32s(&[4], &[2, 2, -2, -2]);

@@ -70,6 +70,11 @@ impl<'a> OnnxNode<'a> {
         self.attr(name).map_or(default, |a| a.f)
     }
 
+    /// A float attribute without a default.
+    pub fn opt_float(&self, name: &str) -> Option<f32> {
+        self.attr(name).map(|a| a.f)
+    }
+
     /// An integer-list attribute.
     pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
         self.attr(name).map(|a| a.ints.clone())

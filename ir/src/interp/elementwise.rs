@@ -1,8 +1,8 @@
 //! Elementwise ops: unary math, binary math and comparisons with numpy broadcasting, `cast` and `select`.
 //!
 //! Floats compute in their [`Real`] type (f16/bf16 widen to f32 and round once per element); integers wrap;
-//! bool supports only the logical kinds and `eq`. Integer `div`/`mod`/`rem` by zero, `MIN / -1` and negative
-//! `pow` exponents are errors, never traps. The scalar kernels ([`real_binary`], [`int_binary`]) are shared with
+//! bool supports only the logical kinds and `eq`; the bitwise kinds and shifts take integers only. Integer
+//! `div`/`mod`/`rem` by zero, `MIN / -1` and negative `pow` exponents are errors, never traps. The scalar kernels ([`real_binary`], [`int_binary`]) are shared with
 //! `scatter`'s reductions so the two cannot disagree.
 
 use crate::op::{BinaryOp, UnaryOp};
@@ -78,7 +78,7 @@ pub(super) fn real_unary<R: Real>(k: UnaryOp) -> Option<fn(R) -> R> {
                 x
             }
         },
-        UnaryOp::Not | UnaryOp::IsNan | UnaryOp::IsInf => return None,
+        UnaryOp::Not | UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::BitNot => return None,
     })
 }
 
@@ -91,6 +91,7 @@ pub(super) fn int_unary<I: IntElem>(k: UnaryOp) -> Option<fn(I) -> I> {
         UnaryOp::Relu => |x: I| if x.is_negative() { I::ZERO } else { x },
         UnaryOp::Sign => I::sign,
         UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => |x: I| x,
+        UnaryOp::BitNot => |x: I| !x,
         _ => return None,
     })
 }
@@ -238,6 +239,11 @@ pub(super) fn int_binary<I: IntElem>(k: BinaryOp) -> Option<IntBinaryFn<I>> {
             Ok(if r != I::ZERO && r.is_negative() != y.is_negative() { r.wadd(y) } else { r })
         },
         BinaryOp::Rem => |x: I, y| x.checked_rem(y).ok_or_else(|| format!("integer remainder by zero ({x:?} rem 0)")),
+        BinaryOp::BitAnd => |x: I, y| Ok(x & y),
+        BinaryOp::BitOr => |x: I, y| Ok(x | y),
+        BinaryOp::BitXor => |x: I, y| Ok(x ^ y),
+        BinaryOp::Shl => |x: I, y| Ok(x.shl(y)),
+        BinaryOp::Shr => |x: I, y| Ok(x.shr(y)),
         _ => return None,
     })
 }

@@ -7,7 +7,7 @@
 //! (with symbols substituted), so a bug that escaped the verifier surfaces at the node that has it, and it drops
 //! every value after its last use. [`eval_op`] evaluates one op on concrete tensors: it first runs the op's type
 //! rule ([`infer`]), which validates attributes and operands, then the kernel (`elementwise`, `reduce`, `shape`,
-//! or `nn` for the neural-net ops), then checks the kernel's results against the rule's types.
+//! `topk`, or `nn` for the neural-net ops), then checks the kernel's results against the rule's types.
 //!
 //! [`scalar`] exposes the same elementwise semantics one element at a time, for the kernel IR's evaluator.
 //!
@@ -22,6 +22,7 @@ mod num;
 mod reduce;
 pub mod scalar;
 mod shape;
+mod topk;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -69,6 +70,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::Select => one(elementwise::select(inputs[0], inputs[1], inputs[2])?),
         Op::Reduce(r) => one(reduce::reduce(r, inputs[0])?),
         Op::ArgReduce(r) => one(reduce::arg_reduce(r, inputs[0])?),
+        Op::TopK(t) => topk::top_k(t, inputs[0])?,
         Op::MatMul => one(reduce::matmul(inputs[0], inputs[1])?),
         Op::Reshape(r) => one(shape::reshape(inputs[0], &r.shape)?),
         Op::Transpose(t) => one(shape::transpose(inputs[0], &t.perm)?),

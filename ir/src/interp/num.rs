@@ -228,7 +228,14 @@ impl FloatElem for bf16 {
 }
 
 /// An integer element type with two's-complement wrapping arithmetic.
-pub(super) trait IntElem: Element + Ord {
+pub(super) trait IntElem:
+    Element
+    + Ord
+    + std::ops::BitAnd<Output = Self>
+    + std::ops::BitOr<Output = Self>
+    + std::ops::BitXor<Output = Self>
+    + std::ops::Not<Output = Self>
+{
     /// 0.
     const ZERO: Self;
     /// 1.
@@ -251,6 +258,10 @@ pub(super) trait IntElem: Element + Ord {
     fn sign(self) -> Self;
     /// True when below zero.
     fn is_negative(self) -> bool;
+    /// `a << b`, dropping the bits shifted out; 0 when `b` is negative or at least the bit width.
+    fn shl(self, b: Self) -> Self;
+    /// `a >> b`, sign-filling for signed types; all sign bits when `b` is negative or at least the bit width.
+    fn shr(self, b: Self) -> Self;
 }
 
 macro_rules! int_elem {
@@ -287,6 +298,19 @@ macro_rules! int_elem {
             fn is_negative(self) -> bool {
                 let f: fn($t) -> bool = $neg;
                 f(self)
+            }
+            fn shl(self, b: Self) -> Self {
+                match u32::try_from(b.to_i64()) {
+                    Ok(n) if n < <$t>::BITS => self << n,
+                    _ => 0,
+                }
+            }
+            fn shr(self, b: Self) -> Self {
+                match u32::try_from(b.to_i64()) {
+                    Ok(n) if n < <$t>::BITS => self >> n,
+                    _ if self.is_negative() => !0,
+                    _ => 0,
+                }
             }
         }
     };

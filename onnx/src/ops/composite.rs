@@ -1,5 +1,5 @@
 //! ONNX ops kiln imports as compositions of IR primitives: losses, the less common normalizations and
-//! activations, hardmax, eye-like, Lp pooling.
+//! activations, hardmax, eye-like, Lp pooling, SwiGLU, and the signal windows (Hann, Hamming, Blackman).
 
 use kiln_ir::op::{
     ArgKind, ArgReduce, BinaryOp as B, Cast, GatherElements, Iota, Pool, PoolKind, Reduce, ReduceKind, Softmax,
@@ -302,4 +302,73 @@ pub(crate) fn lp_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
     let sum = bin(cx, B::Mul, &avg, &size)?;
     let inv = scalar_like(cx, x, 1.0 / p as f64)?;
     Ok(vec![bin(cx, B::Pow, &sum, &inv)?])
+}
+
+pub(crate) fn mean_variance_normalization(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // ONNX's function body: (X - E[X]) / (sqrt(E[X²] - E[X]²) + 1e-9).
+    let x = n.input(0)?;
+    let axes = n.ints("axes").unwrap_or_else(|| vec![0, 2, 3]);
+    let two = scalar_like(cx, x, 2.0)?;
+    let mean = reduce(cx, ReduceKind::Mean, x, axes.clone(), true)?;
+    let mean_sq = bin(cx, B::Pow, &mean, &two)?;
+    let sq = bin(cx, B::Pow, x, &two)?;
+    let sq_mean = reduce(cx, ReduceKind::Mean, &sq, axes, true)?;
+    let var = bin(cx, B::Sub, &sq_mean, &mean_sq)?;
+    let std = un(cx, U::Sqrt, &var)?;
+    let eps = scalar_like(cx, x, 1e-9)?;
+    let std = bin(cx, B::Add, &std, &eps)?;
+    let centered = bin(cx, B::Sub, x, &mean)?;
+    Ok(vec![bin(cx, B::Div, &centered, &std)?])
+}
+
+pub(crate) fn swiglu(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // a · sigmoid(alpha · a) · b, with identical shapes (no broadcasting).
+    let (a, b) = (n.input(0)?, n.input(1)?);
+    if a.ty != b.ty {
+        return Err(format!("A and B must have one type (no broadcasting), got {} and {}", a.ty, b.ty));
+    }
+    let alpha = scalar_like(cx, a, n.float("alpha", 1.0) as f64)?;
+    let scaled = bin(cx, B::Mul, &alpha, a)?;
+    let gate = un(cx, U::Sigmoid, &scaled)?;
+    let swish = bin(cx, B::Mul, a, &gate)?;
+    Ok(vec![bin(cx, B::Mul, &swish, b)?])
+}
+
+/// Hann, Hamming and Blackman windows of a known length: sums of `c_k · cos(2πk·n / N)` with `N` the length
+/// (periodic) or the length - 1 (symmetric).
+pub(crate) fn window(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let size = match super::const_ints(n, 0, "size")?.as_deref() {
+        Some(&[s]) if s >= 0 => s as u64,
+        _ => return Err("`size` must be one non-negative integer".into()),
+    };
+    let dtype = onnx_dtype(n.int("output_datatype", 1))?;
+    if !dtype.is_float() {
+        return Err(format!("output_datatype {dtype} is not supported (float types only)"));
+    }
+    let periodic = n.int("periodic", 1) != 0;
+    let span = if periodic { size as f64 } else { size as f64 - 1.0 };
+    let alpha = 25.0 / 46.0;
+    // (constant term, [cos(2πn/N), cos(4πn/N)] coefficients)
+    let (c0, c1, c2) = match n.proto.op_type.as_str() {
+        // sin²(πn/N) = 1/2 - 1/2·cos(2πn/N)
+        "HannWindow" => (0.5, -0.5, 0.0),
+        "HammingWindow" => (alpha, -(1.0 - alpha), 0.0),
+        "BlackmanWindow" => (0.42, -0.5, 0.08),
+        other => return Err(format!("internal: `{other}` is not a window")),
+    };
+    let idx =
+        cx.op(Op::Iota(Iota { dtype: DType::F64, shape: Shape::of(&[size]), axis: 0, start: 0.0, step: 1.0 }), &[])?;
+    let mut y = cx.scalar(DType::F64, c0)?;
+    for (k, c) in [(1.0, c1), (2.0, c2)] {
+        if c == 0.0 {
+            continue;
+        }
+        let w = cx.scalar(DType::F64, 2.0 * std::f64::consts::PI * k / span)?;
+        let angle = bin(cx, B::Mul, &idx, &w)?;
+        let cosine = un(cx, U::Cos, &angle)?;
+        let coef = cx.scalar(DType::F64, c)?;
+        let term = bin(cx, B::Mul, &cosine, &coef)?;
+        y = bin(cx, B::Add, &y, &term)?;
+    }
+    Ok(vec![cast(cx, &y, dtype)?])
 }

@@ -17,6 +17,7 @@ pub(crate) fn unary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
         "Asinh" => U::Asinh,
         "Atan" => U::Atan,
         "Atanh" => U::Atanh,
+        "BitwiseNot" => U::BitNot,
         "Ceil" => U::Ceil,
         "Cos" => U::Cos,
         "Cosh" => U::Cosh,
@@ -59,6 +60,15 @@ pub(crate) fn binary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         "LessOrEqual" => B::Le,
         "Greater" => B::Gt,
         "GreaterOrEqual" => B::Ge,
+        "BitwiseAnd" => B::BitAnd,
+        "BitwiseOr" => B::BitOr,
+        "BitwiseXor" => B::BitXor,
+        "BitShift" => match n.string("direction").as_deref() {
+            Some("LEFT") => B::Shl,
+            Some("RIGHT") => B::Shr,
+            Some(other) => return Err(format!("direction `{other}` is not supported (LEFT or RIGHT)")),
+            None => return Err("`direction` is required".into()),
+        },
         other => return Err(format!("internal: `{other}` is not a binary op")),
     };
     // Opsets before 7 had explicit broadcast attributes; kiln imports 7 and later, where broadcasting is numpy's.
@@ -92,17 +102,34 @@ pub(crate) fn identity(_cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, 
     Ok(vec![n.input(0)?.clone()])
 }
 
-pub(crate) fn dropout(_cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    n.ignore(&["ratio", "seed", "is_test"]);
-    if let Some(mode) = n.opt_input(2)
-        && mode.ints().is_none_or(|v| v.iter().any(|&m| m != 0))
-    {
-        return Err("training mode is not supported (inference only)".into());
+pub(crate) fn dropout(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    n.ignore(&["seed", "is_test"]);
+    let x = n.input(0)?;
+    // Before opset 12 the ratio is an attribute (and training is off); from 12 both are inputs.
+    let ratio = if n.opset < 12 {
+        n.float("ratio", 0.5) as f64
+    } else {
+        match n.opt_input(1) {
+            Some(r) => *r.floats().ok_or("input `ratio` must be known at import time")?.first().ok_or("empty ratio")?,
+            None => 0.5,
+        }
+    };
+    let training = match n.opt_input(2) {
+        Some(t) => t.ints().ok_or("input `training_mode` must be known at import time")?.iter().any(|&m| m != 0),
+        None => false,
+    };
+    // Without training, or with a zero ratio, nothing is dropped: y = x and the mask is all true.
+    if training && ratio != 0.0 {
+        return Err(format!("random dropout (training mode with ratio {ratio}) is not supported"));
     }
+    let mut outs = vec![x.clone()];
     if n.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
-        return Err("the mask output is not supported".into());
+        let t = cx.constant(kiln_ir::Tensor::new(vec![], kiln_ir::Data::Bool(vec![true])).expect("one element"))?;
+        let mask = cx.op(Op::Broadcast(kiln_ir::op::Broadcast { shape: x.ty.shape.clone() }), &[&t])?;
+        // Before opset 10 the mask has the input's type.
+        outs.push(if n.opset < 10 { cx.op(Op::Cast(Cast { to: x.dtype() }), &[&mask])? } else { mask });
     }
-    Ok(vec![n.input(0)?.clone()])
+    Ok(outs)
 }
 
 pub(crate) fn cast(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

@@ -4,10 +4,13 @@
 //! reported as unsupported) and returns the node's results, in output order. It may return fewer results than
 //! the node declares when only trailing optional outputs are unsupported and unused.
 
+mod attention;
 mod composite;
 mod elementwise;
 mod nn;
 mod reduce;
+mod rnn;
+mod rotary;
 mod shape;
 
 use kiln_ir::op::{BinaryOp, Reshape, Transpose, UnaryOp};
@@ -32,13 +35,22 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Asinh", elementwise::unary),
     ("Atan", elementwise::unary),
     ("Atanh", elementwise::unary),
+    ("Attention", attention::attention),
     ("AveragePool", nn::pool),
     ("BatchNormalization", nn::batch_norm),
+    ("BitShift", elementwise::binary),
+    ("BitwiseAnd", elementwise::binary),
+    ("BitwiseNot", elementwise::unary),
+    ("BitwiseOr", elementwise::binary),
+    ("BitwiseXor", elementwise::binary),
+    ("BlackmanWindow", composite::window),
     ("Cast", elementwise::cast),
     ("CastLike", elementwise::cast_like),
     ("Ceil", elementwise::unary),
     ("Celu", elementwise::activation),
+    ("CenterCropPad", shape::center_crop_pad),
     ("Clip", elementwise::clip),
+    ("Compress", shape::compress),
     ("Concat", shape::concat),
     ("Constant", shape::constant),
     ("ConstantOfShape", shape::constant_of_shape),
@@ -46,6 +58,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("ConvTranspose", nn::conv_transpose),
     ("Cos", elementwise::unary),
     ("Cosh", elementwise::unary),
+    ("CumProd", reduce::cumprod),
     ("CumSum", reduce::cumsum),
     ("DepthToSpace", shape::depth_to_space),
     ("Div", elementwise::binary),
@@ -55,8 +68,8 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Equal", elementwise::binary),
     ("Erf", elementwise::unary),
     ("Exp", elementwise::unary),
-    ("EyeLike", composite::eye_like),
     ("Expand", shape::expand),
+    ("EyeLike", composite::eye_like),
     ("Flatten", shape::flatten),
     ("Floor", elementwise::unary),
     ("Gather", shape::gather),
@@ -70,6 +83,8 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("GreaterOrEqual", elementwise::binary),
     ("GroupNormalization", nn::group_norm),
     ("GRU", nn::gru),
+    ("HammingWindow", composite::window),
+    ("HannWindow", composite::window),
     ("Hardmax", composite::hardmax),
     ("HardSigmoid", elementwise::activation),
     ("HardSwish", elementwise::activation),
@@ -83,15 +98,16 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Less", elementwise::binary),
     ("LessOrEqual", elementwise::binary),
     ("Log", elementwise::unary),
+    ("LogSoftmax", nn::softmax),
     ("LpNormalization", composite::lp_normalization),
     ("LpPool", composite::lp_pool),
-    ("LogSoftmax", nn::softmax),
     ("LRN", nn::lrn),
     ("LSTM", nn::lstm),
     ("MatMul", reduce::matmul),
     ("Max", elementwise::variadic),
     ("MaxPool", nn::pool),
     ("Mean", elementwise::variadic),
+    ("MeanVarianceNormalization", composite::mean_variance_normalization),
     ("Min", elementwise::variadic),
     ("Mish", elementwise::activation),
     ("Mod", elementwise::modulo),
@@ -119,8 +135,12 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Relu", elementwise::unary),
     ("Reshape", shape::reshape),
     ("Resize", nn::resize),
+    ("ReverseSequence", shape::reverse_sequence),
     ("RMSNormalization", composite::rms_norm),
+    ("RNN", rnn::rnn),
+    ("RotaryEmbedding", rotary::rotary_embedding),
     ("Round", elementwise::unary),
+    ("Scatter", shape::scatter_elements),
     ("ScatterElements", shape::scatter_elements),
     ("ScatterND", shape::scatter_nd),
     ("Selu", elementwise::activation),
@@ -142,14 +162,17 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Squeeze", shape::squeeze),
     ("Sub", elementwise::binary),
     ("Sum", elementwise::variadic),
+    ("SwiGLU", composite::swiglu),
     ("Swish", composite::swish),
     ("Tan", elementwise::unary),
     ("Tanh", elementwise::unary),
     ("ThresholdedRelu", elementwise::activation),
     ("Tile", shape::tile),
+    ("TopK", reduce::top_k),
     ("Transpose", shape::transpose),
     ("Trilu", shape::trilu),
     ("Unsqueeze", shape::unsqueeze),
+    ("Upsample", nn::upsample),
     ("Where", elementwise::where_),
     ("Xor", elementwise::binary),
 ];

@@ -6,7 +6,7 @@ use kiln_ir::op::{
 };
 use kiln_ir::{Dim, Op, Shape, Tensor};
 
-use super::{bin, const_ints, dim_product, reshape, scalar_like, static_shape, un};
+use super::{bin, const_ints, dim_product, reshape, scalar_like, static_shape, transpose, un};
 use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
@@ -406,13 +406,39 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
 }
 
+/// Upsample (opsets 7–9): nearest-neighbour scaling, `out[i] = in[floor(i / scale)]`.
+pub(crate) fn upsample(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let d = static_shape(x, "Upsample")?;
+    let mode = n.string("mode").unwrap_or_else(|| "nearest".into());
+    if mode != "nearest" {
+        return Err(format!("mode `{mode}` is not supported (nearest only)"));
+    }
+    let scales: Vec<f64> = match n.floats("scales") {
+        Some(s) => s.into_iter().map(f64::from).collect(),
+        None => n.input(1)?.floats().ok_or("input `scales` must be known at import time")?,
+    };
+    if scales.len() != d.len() || scales.iter().any(|&s| s < 1.0) {
+        return Err(format!("scales {scales:?} must give one value ≥ 1 per dim"));
+    }
+    let out: Vec<u64> = d.iter().zip(&scales).map(|(&v, &s)| (v as f64 * s).floor() as u64).collect();
+    let attrs = Resize {
+        mode: ResizeMode::Nearest,
+        coord: CoordMode::Asymmetric,
+        nearest: NearestMode::Floor,
+        shape: Shape::of(&out),
+        scales,
+    };
+    Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
+}
+
 /// Recurrent-layer operands in the IR's fixed order, with zeros for omitted optional inputs.
 fn rnn_operands(
     cx: &mut Ctx<'_>,
     n: &OnnxNode<'_>,
     gates: u64,
     has_cell: bool,
-) -> Result<(Vec<Val>, i64, RnnDirection, f64), String> {
+) -> Result<(Vec<Val>, i64, RnnDirection, f64, bool), String> {
     let x = n.input(0)?;
     let hidden = n.opt_int("hidden_size").ok_or("`hidden_size` is required")?;
     let direction = match n.string("direction").as_deref().unwrap_or("forward") {
@@ -421,9 +447,14 @@ fn rnn_operands(
         "bidirectional" => RnnDirection::Bidirectional,
         other => return Err(format!("direction `{other}` is not supported")),
     };
-    if n.int("layout", 0) != 0 {
-        return Err("layout=1 is not supported".into());
-    }
+    // Layout 1 (batch first) is transposed to layout 0 here and back in `batch_first_results`.
+    let batch_first = match n.int("layout", 0) {
+        0 => false,
+        1 => true,
+        l => return Err(format!("layout={l} is not supported")),
+    };
+    let x = &if batch_first { transpose(cx, x, vec![1, 0, 2])? } else { x.clone() };
+    let state = |cx: &mut Ctx<'_>, v: &Val| if batch_first { transpose(cx, v, vec![1, 0, 2]) } else { Ok(v.clone()) };
     if let Some(acts) = n.strings("activations") {
         let default: &[&str] = if has_cell { &["Sigmoid", "Tanh", "Tanh"] } else { &["Sigmoid", "Tanh"] };
         let ok = acts.chunks(default.len()).all(|c| c.iter().map(String::as_str).eq(default.iter().copied()));
@@ -453,13 +484,13 @@ fn rnn_operands(
         None => zeros(cx, &[dirs, 2 * gates * h])?,
     };
     let h0 = match n.opt_input(5) {
-        Some(v) => v.clone(),
+        Some(v) => state(cx, v)?,
         None => zeros(cx, &[dirs, batch, h])?,
     };
     let mut ops = vec![x.clone(), n.input(1)?.clone(), n.input(2)?.clone(), b, h0];
     if has_cell {
         let c0 = match n.opt_input(6) {
-            Some(v) => v.clone(),
+            Some(v) => state(cx, v)?,
             None => zeros(cx, &[dirs, batch, h])?,
         };
         ops.push(c0);
@@ -469,19 +500,32 @@ fn rnn_operands(
             return Err("peephole weights are not supported".into());
         }
     }
-    Ok((ops, hidden, direction, clip))
+    Ok((ops, hidden, direction, clip, batch_first))
+}
+
+/// Recurrent results `y[seq,dirs,batch,h]` and states `[dirs,batch,h]` moved to layout 1 when asked.
+fn batch_first_results(cx: &mut Ctx<'_>, outs: Vec<Val>, batch_first: bool) -> Result<Vec<Val>, String> {
+    if !batch_first {
+        return Ok(outs);
+    }
+    outs.iter()
+        .enumerate()
+        .map(|(i, v)| transpose(cx, v, if i == 0 { vec![2, 0, 1, 3] } else { vec![1, 0, 2] }))
+        .collect()
 }
 
 pub(crate) fn lstm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    let (ops, hidden_size, direction, clip) = rnn_operands(cx, n, 4, true)?;
+    let (ops, hidden_size, direction, clip, batch_first) = rnn_operands(cx, n, 4, true)?;
     let attrs = Lstm { hidden_size, direction, clip, input_forget: n.int("input_forget", 0) != 0 };
     let refs: Vec<&Val> = ops.iter().collect();
-    cx.op_multi(Op::Lstm(attrs), &refs)
+    let outs = cx.op_multi(Op::Lstm(attrs), &refs)?;
+    batch_first_results(cx, outs, batch_first)
 }
 
 pub(crate) fn gru(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    let (ops, hidden_size, direction, clip) = rnn_operands(cx, n, 3, false)?;
+    let (ops, hidden_size, direction, clip, batch_first) = rnn_operands(cx, n, 3, false)?;
     let attrs = Gru { hidden_size, direction, clip, linear_before_reset: n.int("linear_before_reset", 0) != 0 };
     let refs: Vec<&Val> = ops.iter().collect();
-    cx.op_multi(Op::Gru(attrs), &refs)
+    let outs = cx.op_multi(Op::Gru(attrs), &refs)?;
+    batch_first_results(cx, outs, batch_first)
 }

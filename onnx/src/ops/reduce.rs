@@ -1,6 +1,6 @@
-//! Reductions, arg-reductions, matrix products (MatMul, Gemm, Einsum) and CumSum.
+//! Reductions, arg-reductions, TopK, matrix products (MatMul, Gemm, Einsum), CumSum and CumProd.
 
-use kiln_ir::op::{ArgKind, ArgReduce, BinaryOp as B, Iota, Reduce, ReduceKind, UnaryOp as U};
+use kiln_ir::op::{ArgKind, ArgReduce, BinaryOp as B, Iota, Reduce, ReduceKind, TopK, UnaryOp as U};
 use kiln_ir::{DType, Dim, Op, Shape};
 
 use super::{axis, bin, const_ints, reshape, scalar_like, static_shape, transpose, un};
@@ -67,6 +67,20 @@ pub(crate) fn arg_reduce(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>,
     Ok(vec![cx.op(Op::ArgReduce(attrs), &[n.input(0)?])?])
 }
 
+pub(crate) fn top_k(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // `k` is an attribute before opset 10 and a one-element input from then on.
+    let k = if n.opset < 10 {
+        n.opt_int("k").ok_or("`k` is required")?
+    } else {
+        match const_ints(n, 1, "k")?.as_deref() {
+            Some(&[k]) => k,
+            _ => return Err("`k` must be a one-element tensor".into()),
+        }
+    };
+    let attrs = TopK { axis: n.int("axis", -1), k, largest: n.int("largest", 1) != 0, sorted: n.int("sorted", 1) != 0 };
+    cx.op_multi(Op::TopK(attrs), &[n.input(0)?])
+}
+
 pub(crate) fn matmul(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     Ok(vec![cx.op(Op::MatMul, &[n.input(0)?, n.input(1)?])?])
 }
@@ -120,6 +134,50 @@ pub(crate) fn cumsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     let mask = bin(cx, rel, &row, &col)?;
     let tri = cx.op(Op::Cast(kiln_ir::op::Cast { to: x.dtype() }), &[&mask])?;
     let y = cx.op(Op::MatMul, &[&xt, &tri])?;
+    let mut inverse = vec![0i64; rank];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = i as i64;
+    }
+    Ok(vec![transpose(cx, &y, inverse)?])
+}
+
+/// CumProd: with the axis moved last, `out[j] = Π_{i ⊲ j} x[i]`, as a product over a `[…, j, i]` grid holding
+/// `x[i]` where `i ⊲ j` and 1 elsewhere (exact for integers, which wrap; floats multiply in index order).
+pub(crate) fn cumprod(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let a = const_ints(n, 1, "axis")?.and_then(|v| v.first().copied()).ok_or("`axis` is required")?;
+    let exclusive = n.int("exclusive", 0) != 0;
+    let reverse = n.int("reverse", 0) != 0;
+    if x.dtype() == DType::Bool {
+        return Err("CumProd of bool is not supported".into());
+    }
+    let d = static_shape(x, "CumProd")?;
+    let rank = d.len();
+    let a = axis(a, rank)?;
+    let len = d[a] as u64;
+    let mut perm: Vec<i64> = (0..rank as i64).filter(|&i| i != a as i64).collect();
+    perm.push(a as i64);
+    let xt = transpose(cx, x, perm.clone())?;
+    // [..., 1, i] broadcast to [..., j, i].
+    let mut dims: Vec<u64> = perm.iter().map(|&p| d[p as usize] as u64).collect();
+    dims.insert(rank - 1, 1);
+    let row = reshape(cx, &xt, dims.iter().map(|&v| Dim::Static(v)).collect())?;
+    dims[rank - 1] = len;
+    let grid = cx.op(Op::Broadcast(kiln_ir::op::Broadcast { shape: Shape::of(&dims) }), &[&row])?;
+    let iota =
+        |axis: i64| Op::Iota(Iota { dtype: DType::I64, shape: Shape::of(&[len, len]), axis, start: 0.0, step: 1.0 });
+    let j = cx.op(iota(0), &[])?;
+    let i = cx.op(iota(1), &[])?;
+    let rel = match (reverse, exclusive) {
+        (false, false) => B::Le,
+        (false, true) => B::Lt,
+        (true, false) => B::Ge,
+        (true, true) => B::Gt,
+    };
+    let mask = bin(cx, rel, &i, &j)?;
+    let one = scalar_like(cx, x, 1.0)?;
+    let picked = cx.op(Op::Select, &[&mask, &grid, &one])?;
+    let y = reduce_op(cx, ReduceKind::Prod, &picked, &[-1], false)?;
     let mut inverse = vec![0i64; rank];
     for (i, &p) in perm.iter().enumerate() {
         inverse[p as usize] = i as i64;

@@ -539,6 +539,98 @@ pub(crate) fn depth_to_space(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
     Ok(vec![super::reshape(cx, &y, [nb, cc, h * b, w * b].into_iter().map(Dim::Static).collect())?])
 }
 
+pub(crate) fn reverse_sequence(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // out[b, t] = x[b, len[b] - 1 - t] for t < len[b], else x[b, t]: one gather_elements along the time axis.
+    let (x, lens) = (n.input(0)?, n.input(1)?);
+    let (batch_axis, time_axis) = (n.int("batch_axis", 1), n.int("time_axis", 0));
+    let d = static_shape(x, "ReverseSequence")?;
+    let rank = d.len();
+    if rank < 2 || ![(0, 1), (1, 0)].contains(&(batch_axis, time_axis)) {
+        return Err(format!("batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1 of a rank ≥ 2 input"));
+    }
+    let ba = batch_axis as usize;
+    if !matches!(lens.dtype(), DType::I32 | DType::I64) || lens.ty.shape != Shape::of(&[d[ba] as u64]) {
+        return Err(format!("sequence_lens must be an integer [{}] vector, got {}", d[ba], lens.ty));
+    }
+    let lens = if lens.dtype() == DType::I64 {
+        lens.clone()
+    } else {
+        cx.op(Op::Cast(kiln_ir::op::Cast { to: DType::I64 }), &[lens])?
+    };
+    let mut lens_dims = vec![Dim::Static(1); rank];
+    lens_dims[ba] = Dim::Static(d[ba] as u64);
+    let lens = super::reshape(cx, &lens, lens_dims)?;
+    let full = Shape::of(&d.iter().map(|&v| v as u64).collect::<Vec<_>>());
+    let t = cx.op(Op::Iota(Iota { dtype: DType::I64, shape: full, axis: time_axis, start: 0.0, step: 1.0 }), &[])?;
+    let inside = bin(cx, B::Lt, &t, &lens)?;
+    let one = cx.scalar(DType::I64, 1.0)?;
+    let last = bin(cx, B::Sub, &lens, &one)?;
+    let flipped = bin(cx, B::Sub, &last, &t)?;
+    let idx = cx.op(Op::Select, &[&inside, &flipped, &t])?;
+    Ok(vec![cx.op(Op::GatherElements(GatherElements { axis: time_axis }), &[x, &idx])?])
+}
+
+pub(crate) fn compress(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // The result's extent depends on the condition, so it must be known: then Compress is a gather.
+    let x = n.input(0)?;
+    let cond = const_ints(n, 1, "condition")?.ok_or("`condition` is required")?;
+    let (data, a) = match n.opt_int("axis") {
+        Some(a) => (x.clone(), axis(a, x.rank())?),
+        None => {
+            let len = static_shape(x, "Compress")?.iter().product::<usize>() as u64;
+            (super::reshape(cx, x, vec![Dim::Static(len)])?, 0)
+        }
+    };
+    let extent = static_shape(&data, "Compress")?[a];
+    let picked: Vec<i64> = cond.iter().enumerate().filter(|(_, c)| **c != 0).map(|(i, _)| i as i64).collect();
+    if picked.last().is_some_and(|&i| i as usize >= extent) {
+        return Err(format!("condition selects past the axis extent {extent}"));
+    }
+    let idx = cx.constant(i64_tensor(picked))?;
+    Ok(vec![cx.op(Op::Gather(Gather { axis: a as i64 }), &[&data, &idx])?])
+}
+
+pub(crate) fn center_crop_pad(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let target = const_ints(n, 1, "shape")?.ok_or("`shape` is required")?;
+    let d = static_shape(x, "CenterCropPad")?;
+    let rank = d.len();
+    let axes: Vec<usize> = match n.ints("axes") {
+        Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    if axes.len() != target.len() {
+        return Err(format!("shape has {} entries for {} axes", target.len(), axes.len()));
+    }
+    // Crop (centred, the extra element off the end) where the target is smaller, pad with zeros where larger.
+    let (mut starts, mut ends, mut sliced) = (vec![], vec![], vec![]);
+    let mut pads = vec![0i64; 2 * rank];
+    for (&a, &want) in axes.iter().zip(&target) {
+        let have = d[a] as i64;
+        if want < 0 {
+            return Err(format!("negative target extent {want}"));
+        }
+        if want < have {
+            let begin = (have - want) / 2;
+            starts.push(begin);
+            ends.push(begin + want);
+            sliced.push(a as i64);
+        } else if want > have {
+            pads[a] = (want - have) / 2;
+            pads[a + rank] = want - have - pads[a];
+        }
+    }
+    let mut y = x.clone();
+    if !sliced.is_empty() {
+        let steps = vec![1; sliced.len()];
+        y = cx.op(Op::Slice(Slice { starts, ends, axes: sliced, steps }), &[&y])?;
+    }
+    if pads.iter().any(|&p| p != 0) {
+        y = cx.op(Op::Pad(Pad { mode: PadMode::Constant, pads, value: 0.0 }), &[&y])?;
+    }
+    Ok(vec![y])
+}
+
 pub(crate) fn space_to_depth(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
     let b = n.opt_int("blocksize").ok_or("`blocksize` is required")? as u64;
@@ -548,8 +640,13 @@ pub(crate) fn space_to_depth(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
     if b == 0 || h % b != 0 || w % b != 0 {
         return Err(format!("spatial dims {h}x{w} are not divisible by blocksize {b}"));
     }
+    let perm = match n.string("mode").as_deref().unwrap_or("DCR") {
+        "DCR" => vec![0, 3, 5, 1, 2, 4],
+        "CRD" => vec![0, 1, 3, 5, 2, 4],
+        other => return Err(format!("mode `{other}` is not supported")),
+    };
     let y = super::reshape(cx, x, [nb, c, h / b, b, w / b, b].into_iter().map(Dim::Static).collect())?;
-    let y = super::transpose(cx, &y, vec![0, 3, 5, 1, 2, 4])?;
+    let y = super::transpose(cx, &y, perm)?;
     Ok(vec![super::reshape(cx, &y, [nb, c * b * b, h / b, w / b].into_iter().map(Dim::Static).collect())?])
 }
 
