@@ -56,7 +56,8 @@ fn lowerable_fixtures_match_the_interpreter() {
             "multi_result",
             "params_only",
             "resize",
-            "shape_ops"
+            "shape_ops",
+            "top_k"
         ]
     );
 }

@@ -601,7 +601,8 @@ impl<'g> Ctx<'g> {
             | Op::Scatter(_)
             | Op::Resize(_)
             | Op::Lstm(_)
-            | Op::Gru(_)) => {
+            | Op::Gru(_)
+            | Op::TopK(_)) => {
                 Err(LowerError::Unsupported { node: graph.describe(v.node), op: op.mnemonic().to_string() })
             }
         }
