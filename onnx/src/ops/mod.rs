@@ -213,8 +213,12 @@ pub(crate) fn transpose(cx: &mut Ctx<'_>, x: &Val, perm: Vec<i64>) -> Result<Val
     cx.op(Op::Transpose(Transpose { perm }), &[x])
 }
 
-/// Normalizes an axis against `rank`, as a message-friendly error.
+/// Normalizes an axis against `rank`, as a message-friendly error. A scalar has no axis (the IR's
+/// `normalize_axis` accepts 0 for rank 0, which would let a handler index an empty shape).
 pub(crate) fn axis(a: i64, rank: usize) -> Result<usize, String> {
+    if rank == 0 {
+        return Err(format!("axis {a} is out of range for a scalar input"));
+    }
     kiln_ir::types::normalize_axis(a, rank)
 }
 
