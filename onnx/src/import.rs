@@ -334,6 +334,26 @@ fn sanitize(s: &str) -> String {
     out
 }
 
+/// Checks the element types `value_info` and the graph outputs declare against the imported values, as ONNX
+/// Runtime does: a different dtype means the model (or kiln) is wrong, so it is an error naming the value. Shapes
+/// in `value_info` are advisory (exporters leave stale ones after graph surgery) and kiln's own inference wins.
+fn check_declared_types(cx: &Ctx<'_>, g: &GraphProto) -> Result<(), ImportError> {
+    use onnx_protobuf::type_proto::Value as Tv;
+    for vi in g.value_info.iter().chain(&g.output) {
+        let Some(Tv::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else { continue };
+        let (Some(Some(v)), Ok(declared)) = (cx.lookup(&vi.name), dtype_from_onnx(tt.elem_type)) else { continue };
+        if tt.elem_type != 0 && declared != v.dtype() {
+            return Err(ImportError::Invalid(format!(
+                "value `{}` is declared {} (value_info or graph output), but it computes {}",
+                vi.name,
+                declared,
+                v.dtype()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Imports a decoded model.
 pub fn import_model(
     model: &ModelProto,
@@ -393,6 +413,7 @@ pub fn import_model(
         }
     }
     cx.walk(g).map_err(ImportError::Invalid)?;
+    check_declared_types(&cx, g)?;
     if g.output.is_empty() {
         return Err(ImportError::Invalid("the graph has no outputs".into()));
     }

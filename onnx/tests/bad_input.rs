@@ -173,6 +173,13 @@ fn graph_output_nobody_produces_is_named() {
 }
 
 #[test]
+fn value_info_with_another_dtype_is_refused() {
+    // Relu of f32 declared as i64 in value_info: the model (or kiln) is wrong, and the error names the value.
+    let m = relu_model(&["2"]).value_info("y", dtype::INT64, &["2"]);
+    check("value_info_dtype_mismatch", &m.bytes());
+}
+
+#[test]
 fn unsupported_input_dtypes_are_named() {
     let m = |elem_type| {
         ModelBuilder::new("g").input("s", elem_type, &["2"]).node(node("id", "Identity", &["s"], &["y"])).output("y")

@@ -192,9 +192,16 @@ pub(crate) fn einsum(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     if eq.contains("...") {
         return Err("ellipsis in the equation is not supported".into());
     }
-    let (lhs, out) = eq.split_once("->").ok_or("equations without `->` are not supported")?;
+    let (lhs, out) = match eq.split_once("->") {
+        Some((l, o)) => (l.to_string(), o.chars().collect::<Vec<char>>()),
+        // Implicit output: the indices that appear exactly once, in alphabetical order.
+        None => {
+            let mut once: Vec<char> = eq.chars().filter(|c| c.is_alphabetic() && eq.matches(*c).count() == 1).collect();
+            once.sort_unstable();
+            (eq.clone(), once)
+        }
+    };
     let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
-    let out: Vec<char> = out.chars().collect();
     let ins = n.all_inputs()?;
     if terms.len() != ins.len() {
         return Err(format!("the equation names {} operands, the node has {}", terms.len(), ins.len()));

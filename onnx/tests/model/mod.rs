@@ -49,7 +49,13 @@ impl ModelBuilder {
         self
     }
 
-    /// A graph output (only its name matters to the importer).
+    /// A `value_info` entry declaring `name`'s element type and shape.
+    pub fn value_info(mut self, name: &str, elem_type: i32, dims: &[&str]) -> Self {
+        self.graph.value_info.push(value_info(name, elem_type, Some(dims)));
+        self
+    }
+
+    /// A graph output with no declared type (so the importer checks only its name).
     pub fn output(mut self, name: &str) -> Self {
         let mut vi = ValueInfoProto::new();
         vi.name = name.to_string();
