@@ -62,6 +62,7 @@ fn schedule_never_raises_the_peak() {
         run("schedule", &mut g);
         assert!(g.schedule().is_some(), "{name}");
         let after = Lifetimes::of_graph(&g).expect("acyclic").peak_bytes(&g);
+        eprintln!("{name}: peak live bytes {before} → {after}");
         assert!(after <= before, "{name}: peak {before} → {after}");
     }
 }
