@@ -18,6 +18,7 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 use serde::{Deserialize, Serialize};
 
+use crate::memory::MemoryPlan;
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::types::TensorType;
@@ -127,6 +128,10 @@ pub struct Graph {
     outputs: Vec<(String, Value)>,
     /// Weight bytes for `param` nodes, by parameter name.
     pub weights: Weights,
+    /// The execution order chosen by the `schedule` pass; cleared by every structural mutation.
+    schedule: Option<Vec<NodeId>>,
+    /// The arena plan of the `plan-memory` pass; cleared by every mutation and by a new schedule.
+    memory_plan: Option<MemoryPlan>,
 }
 
 /// A cycle through the named node.
@@ -153,6 +158,7 @@ impl Graph {
     /// `input` node is appended to the graph's input list. Operands naming nodes that do not exist are kept (and
     /// reported by the verifier) but get no edge.
     pub fn add_node(&mut self, node: Node) -> NodeId {
+        self.invalidate();
         let is_input = matches!(node.op, Op::Input(_));
         let inputs = node.inputs.clone();
         let id: NodeId = self.g.add_node(node).into();
@@ -180,6 +186,8 @@ impl Graph {
     /// Mutable access to a node's op, name and result types. Operands change only through
     /// [`Graph::set_input`] and [`Graph::replace_uses`].
     pub fn node_mut(&mut self, id: NodeId) -> NodeMut<'_> {
+        // Result types may change, and with them buffer sizes; the order stays valid.
+        self.memory_plan = None;
         let name = self.name.clone();
         let n = self.g.node_weight_mut(id.index()).unwrap_or_else(|| panic!("node {id} is not in graph `{name}`"));
         NodeMut { op: &mut n.op, outputs: &mut n.outputs, name: &mut n.name }
@@ -222,11 +230,13 @@ impl Graph {
 
     /// Appends a named output.
     pub fn add_output(&mut self, name: impl Into<String>, v: Value) {
+        self.memory_plan = None;
         self.outputs.push((name.into(), v));
     }
 
     /// Replaces the output list.
     pub fn set_outputs(&mut self, outputs: Vec<(String, Value)>) {
+        self.memory_plan = None;
         self.outputs = outputs;
     }
 
@@ -237,6 +247,7 @@ impl Graph {
 
     /// Sets operand `slot` of `id` to `v`.
     pub fn set_input(&mut self, id: NodeId, slot: usize, v: Value) {
+        self.invalidate();
         let old = self.g.edges_directed(id.index(), Direction::Incoming).find(|e| e.weight().slot as usize == slot);
         if let Some(e) = old.map(|e| e.id()) {
             self.g.remove_edge(e);
@@ -249,6 +260,7 @@ impl Graph {
 
     /// Points every use of `old` (operands and graph outputs) at `new`.
     pub fn replace_uses(&mut self, old: Value, new: Value) {
+        self.invalidate();
         for (user, slot) in self.uses(old) {
             self.set_input(user, slot, new);
         }
@@ -284,6 +296,7 @@ impl Graph {
     /// reused by a later [`Graph::add_node`] (petgraph's free list); stale operands naming it then have no edge,
     /// which the verifier also reports.
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
+        self.invalidate();
         self.inputs.retain(|&i| i != id);
         self.g.remove_node(id.index())
     }
@@ -305,6 +318,57 @@ impl Graph {
             })
             .map(|(slot, _)| slot)
             .collect()
+    }
+
+    /// Forgets the schedule and the memory plan: both describe the graph as it was.
+    fn invalidate(&mut self) {
+        self.schedule = None;
+        self.memory_plan = None;
+    }
+
+    /// The stored execution order, if a `schedule` pass set one since the last structural change.
+    pub fn schedule(&self) -> Option<&[NodeId]> {
+        self.schedule.as_deref()
+    }
+
+    /// Stores an execution order (and forgets the memory plan, which was made for another order). Refused,
+    /// naming the problem, unless `order` lists every node exactly once with operands before users.
+    pub fn set_schedule(&mut self, order: Vec<NodeId>) -> Result<(), String> {
+        if order.len() != self.len() {
+            return Err(format!("the schedule lists {} nodes; the graph has {}", order.len(), self.len()));
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for &id in &order {
+            if !self.contains(id) {
+                return Err(format!("the schedule names {id}, which is not in the graph"));
+            }
+            if let Some(p) =
+                self.g.neighbors_directed(id.index(), Direction::Incoming).find(|p| !done.contains(&NodeId::from(*p)))
+            {
+                return Err(format!("the schedule puts {id} before its operand's producer {}", NodeId::from(p)));
+            }
+            if !done.insert(id) {
+                return Err(format!("the schedule lists {id} twice"));
+            }
+        }
+        self.schedule = Some(order);
+        self.memory_plan = None;
+        Ok(())
+    }
+
+    /// Forgets the stored execution order (and the memory plan made for it).
+    pub fn clear_schedule(&mut self) {
+        self.invalidate();
+    }
+
+    /// The stored memory plan, if `plan-memory` set one since the last mutation.
+    pub fn memory_plan(&self) -> Option<&MemoryPlan> {
+        self.memory_plan.as_ref()
+    }
+
+    /// Stores (or clears) the memory plan; see [`MemoryPlan::check`] for what makes one valid.
+    pub fn set_memory_plan(&mut self, plan: Option<MemoryPlan>) {
+        self.memory_plan = plan;
     }
 
     /// Nodes in a topological order: operands before users, ties broken by node id so the order is stable.

@@ -11,6 +11,7 @@ pub mod builder;
 pub mod graph;
 pub mod infer;
 pub mod interp;
+pub mod memory;
 pub mod op;
 pub mod parse;
 pub mod print;
@@ -20,6 +21,7 @@ pub mod verify;
 
 pub use builder::Builder;
 pub use graph::{Graph, GraphDoc, Node, NodeId, Value, Weights};
+pub use memory::MemoryPlan;
 pub use op::Op;
 pub use parse::{ParseError, parse};
 pub use print::print;

@@ -17,6 +17,8 @@ pub mod cse;
 pub mod dce;
 pub mod fold_constants;
 pub mod infer_shapes;
+pub mod plan_memory;
+pub mod schedule;
 
 pub use instrument::{Instrumentation, PassSelection, Reproducer, TimingReport};
 pub use kiln_ir as ir;
@@ -81,6 +83,8 @@ declare_passes! {
     fold_constants::FoldConstants,
     cse::Cse,
     dce::Dce,
+    schedule::Schedule,
+    plan_memory::PlanMemory,
 }
 
 /// A named pipeline: a name that stands for pipeline text.
@@ -108,11 +112,11 @@ declare_pipelines! {
     "O0" = "",
     /// One sweep of the cheap cleanups: shapes, algebraic identities, constant folding, CSE, dead code.
     "O1" = "infer-shapes,canonicalize,fold-constants,cse,dce",
-    /// The cleanups of O1 run to a fixed point (later issues add fusion and memory planning here).
-    "O2" = "infer-shapes,fixpoint(canonicalize,fold-constants,cse,dce)",
-    /// For now the same as O2 (later issues add the expensive passes: layout, schedule).
+    /// The cleanups of O1 run to a fixed point, then a memory-lowering schedule and the arena plan made over it.
+    "O2" = "infer-shapes,fixpoint(canonicalize,fold-constants,cse,dce),schedule,plan-memory",
+    /// For now the same as O2, so it also ends with schedule and plan-memory (later issues add layout before them).
     "O3" = "O2",
-    /// The CPU target's default; for now an alias of O2 (target-specific passes come with codegen).
+    /// The CPU target's default; for now an alias of O2, so it ends with schedule and plan-memory.
     "cpu-default" = "O2",
     /// The CUDA target's default; for now an alias of O2 (target-specific passes come with codegen).
     "cuda-default" = "O2",

@@ -88,11 +88,11 @@ fn time_passes_lists_every_pass_with_call_counts() {
     let report = r.unwrap();
     let timing = report.timing.expect("timing collected");
     let names: Vec<&str> = timing.rows.iter().map(|r| r.pass.as_str()).collect();
-    assert_eq!(names, ["infer-shapes", "canonicalize", "fold-constants", "cse", "dce"]);
+    assert_eq!(names, ["infer-shapes", "canonicalize", "fold-constants", "cse", "dce", "schedule", "plan-memory"]);
     // The fixpoint group runs twice: once changing (cse, dce), once to see nothing change.
     let calls: Vec<usize> = timing.rows.iter().map(|r| r.calls).collect();
-    assert_eq!(calls, [1, 2, 2, 2, 2]);
-    assert_eq!(report.executions, 9);
+    assert_eq!(calls, [1, 2, 2, 2, 2, 1, 1]);
+    assert_eq!(report.executions, 11);
     assert!(out.contains("Pass execution timing report"), "{out}");
     for name in names {
         assert!(out.lines().any(|l| l.ends_with(&format!("  {name}"))), "{name} missing from:\n{out}");
@@ -113,7 +113,7 @@ fn bisect_stops_after_n_executions_and_names_the_last_pass() {
     let (r, _) = run_with("O2", |i| i.bisect = Some(100));
     let report = r.unwrap();
     assert!(!report.stopped_by_bisect);
-    assert_eq!(report.executions, 9);
+    assert_eq!(report.executions, 11);
 }
 
 /// A pass that fails, for the reproducer.
