@@ -15,8 +15,11 @@ pub mod pipeline;
 pub mod canonicalize;
 pub mod cse;
 pub mod dce;
+pub mod decompose;
+pub mod fold_batchnorm;
 pub mod fold_constants;
 pub mod infer_shapes;
+pub mod simplify_shape_arith;
 
 pub use instrument::{Instrumentation, PassSelection, Reproducer, TimingReport};
 pub use kiln_ir as ir;
@@ -77,10 +80,13 @@ macro_rules! declare_passes {
 
 declare_passes! {
     infer_shapes::InferShapes,
+    simplify_shape_arith::SimplifyShapeArith,
+    fold_batchnorm::FoldBatchnorm,
     canonicalize::Canonicalize,
     fold_constants::FoldConstants,
     cse::Cse,
     dce::Dce,
+    decompose::Decompose,
 }
 
 /// A named pipeline: a name that stands for pipeline text.
@@ -106,10 +112,10 @@ macro_rules! declare_pipelines {
 declare_pipelines! {
     /// No passes: the graph as imported.
     "O0" = "",
-    /// One sweep of the cheap cleanups: shapes, algebraic identities, constant folding, CSE, dead code.
-    "O1" = "infer-shapes,canonicalize,fold-constants,cse,dce",
-    /// The cleanups of O1 run to a fixed point (later issues add fusion and memory planning here).
-    "O2" = "infer-shapes,fixpoint(canonicalize,fold-constants,cse,dce)",
+    /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
+    "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
+    /// The cleanups of O1 and batch-norm folding, run to a fixed point (folding can make shapes and BN stats known).
+    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce)",
     /// For now the same as O2 (later issues add the expensive passes: layout, schedule).
     "O3" = "O2",
     /// The CPU target's default; for now an alias of O2 (target-specific passes come with codegen).
