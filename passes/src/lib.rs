@@ -19,6 +19,7 @@ pub mod decompose;
 pub mod fold_batchnorm;
 pub mod fold_constants;
 pub mod infer_shapes;
+pub mod layout;
 pub mod simplify_shape_arith;
 
 pub use instrument::{Instrumentation, PassSelection, Reproducer, TimingReport};
@@ -87,6 +88,7 @@ declare_passes! {
     cse::Cse,
     dce::Dce,
     decompose::Decompose,
+    layout::Layout,
 }
 
 /// A named pipeline: a name that stands for pipeline text.
@@ -114,8 +116,8 @@ declare_pipelines! {
     "O0" = "",
     /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
     "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
-    /// The cleanups of O1 and batch-norm folding, run to a fixed point (folding can make shapes and BN stats known).
-    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce)",
+    /// O1's cleanups and batch-norm folding to a fixed point, then transposes sunk and merged (layout, canonicalize).
+    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),layout,fixpoint(canonicalize,cse,dce)",
     /// For now the same as O2 (later issues add the expensive passes: layout, schedule).
     "O3" = "O2",
     /// The CPU target's default; for now an alias of O2 (target-specific passes come with codegen).
