@@ -10,16 +10,20 @@
 //! | --- | --- |
 //! | `unary(transpose(x, p))` → `transpose(unary(x), p)` | elementwise `f` commutes with moving elements |
 //! | `binary(transpose(x, p), c)`, `binary(c, transpose(x, p))` → `transpose(binary(x, c), p)` where `c` is a rank-0 value | a scalar broadcasts to every element alike, before or after the move |
+//! | the same with `c` a `constant` of the result's rank → `transpose(binary(x, c'), p)`, `c' = transpose(c, p⁻¹)` | `c'` is `c` in `x`'s layout, so each element meets the same partner; size-1 dims move with it and broadcast alike |
 //! | `cast(transpose(x, p))` → `transpose(cast(x), p)` | a cast is elementwise |
 //!
 //! A transpose only moves when the elementwise op is its only user and it is not a graph output, so no value is
 //! computed twice and the number of transposes never grows. Each move takes a transpose strictly further down a
-//! chain of elementwise ops, so the rewrites terminate. A non-scalar constant operand is not transposed into
-//! place, and transposes are not folded into `matmul` operands (matmul has no transposed-operand form); both are
-//! left for later work.
+//! chain of elementwise ops, so the rewrites terminate. A `param` or lower-rank operand stops the move, and
+//! transposes are not folded into `matmul` operands (matmul has no transposed-operand form); both are left for
+//! later work.
 
 use kiln_ir::infer::infer;
-use kiln_ir::{Graph, Node, NodeId, Op, Value};
+use kiln_ir::interp::eval_op;
+use kiln_ir::op::{Constant, Transpose};
+use kiln_ir::types::normalize_axis;
+use kiln_ir::{Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
 use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
@@ -82,33 +86,52 @@ fn sink(g: &mut Graph, id: NodeId) -> bool {
     }
     let Some(slot) = node.inputs.iter().position(|v| is_movable_transpose(g, *v, id)) else { return false };
     let t = node.inputs[slot];
-    // Every other operand must be a scalar, which broadcasts alike whatever the layout.
-    let scalars = node
-        .inputs
-        .iter()
-        .enumerate()
-        .all(|(i, v)| i == slot || g.value_type(*v).is_some_and(|ty| ty.shape.rank() == 0));
-    if !scalars {
-        return false;
-    }
     let tnode = g.node(t.node);
     let Op::Transpose(perm) = tnode.op.clone() else { return false };
     let x = tnode.inputs[0];
+    let rank = node.outputs[0].shape.rank();
     let mut inputs = node.inputs.clone();
     inputs[slot] = x;
+    // Every other operand must be a scalar, which broadcasts alike whatever the layout, or a full-rank constant,
+    // which is moved into `x`'s layout by the inverse permutation.
+    let mut relaid: Vec<(usize, Tensor)> = Vec::new();
+    for (i, v) in node.inputs.iter().enumerate() {
+        if i == slot || g.value_type(*v).is_some_and(|ty| ty.shape.rank() == 0) {
+            continue;
+        }
+        match constant_in_layout(g, *v, &perm.perm, rank) {
+            Some(c) => relaid.push((i, c)),
+            None => return false,
+        }
+    }
     let op = node.op.clone();
     let result = node.outputs[0].clone();
     let name = node.name.clone();
-    let Some(types) = inputs.iter().map(|v| g.value_type(*v).cloned()).collect::<Option<Vec<_>>>() else {
+    let mut added = Vec::new();
+    for (i, c) in relaid {
+        let ty = c.tensor_type();
+        let op = Op::Constant(Constant { value: c });
+        let constant = g.add_node(Node { op, inputs: vec![], outputs: vec![ty], name: None });
+        added.push(constant);
+        inputs[i] = Value::new(constant, 0);
+    }
+    let undo = |g: &mut Graph, added: &[NodeId]| {
+        for &n in added.iter().rev() {
+            g.remove_node(n);
+        }
+    };
+    let types = inputs.iter().map(|v| g.value_type(*v).cloned()).collect::<Option<Vec<_>>>();
+    let Some(Ok(inner_types)) = types.map(|types| infer(&op, &types)) else {
+        undo(g, &added);
         return false;
     };
-    let Ok(inner_types) = infer(&op, &types) else { return false };
     let inner = g.add_node(Node { op, inputs, outputs: inner_types, name });
     let moved = Op::Transpose(perm);
     let types = vec![g.node(inner).outputs[0].clone()];
     // The transpose's type rule must give the elementwise node's declared type back; otherwise undo.
     if infer(&moved, &types).ok().as_deref() != Some(std::slice::from_ref(&result)) {
-        g.remove_node(inner);
+        added.push(inner);
+        undo(g, &added);
         return false;
     }
     let outer = g.add_node(Node { op: moved, inputs: vec![Value::new(inner, 0)], outputs: vec![result], name: None });
@@ -116,6 +139,20 @@ fn sink(g: &mut Graph, id: NodeId) -> bool {
     g.remove_node(id);
     g.remove_node(t.node);
     true
+}
+
+/// The `constant` `v` (of rank `rank`) permuted by the inverse of `perm`, i.e. laid out as the transpose's operand.
+fn constant_in_layout(g: &Graph, v: Value, perm: &[i64], rank: usize) -> Option<Tensor> {
+    let Op::Constant(c) = &g.get(v.node)?.op else { return None };
+    if c.value.shape().len() != rank || perm.len() != rank {
+        return None;
+    }
+    let mut inverse = vec![0i64; rank];
+    for (i, &p) in perm.iter().enumerate() {
+        *inverse.get_mut(normalize_axis(p, rank).ok()?)? = i as i64;
+    }
+    let mut out = eval_op(&Op::Transpose(Transpose { perm: inverse }), &[&c.value]).ok()?;
+    (out.len() == 1).then(|| out.remove(0))
 }
 
 /// Whether `v` is the result of a `transpose` whose only use is by `user` (once) and which is no graph output.
