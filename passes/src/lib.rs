@@ -15,10 +15,14 @@ pub mod pipeline;
 pub mod canonicalize;
 pub mod cse;
 pub mod dce;
+pub mod decompose;
+pub mod fold_batchnorm;
 pub mod fold_constants;
 pub mod infer_shapes;
+pub mod layout;
 pub mod plan_memory;
 pub mod schedule;
+pub mod simplify_shape_arith;
 
 pub use instrument::{Instrumentation, PassSelection, Reproducer, TimingReport};
 pub use kiln_ir as ir;
@@ -79,10 +83,14 @@ macro_rules! declare_passes {
 
 declare_passes! {
     infer_shapes::InferShapes,
+    simplify_shape_arith::SimplifyShapeArith,
+    fold_batchnorm::FoldBatchnorm,
     canonicalize::Canonicalize,
     fold_constants::FoldConstants,
     cse::Cse,
     dce::Dce,
+    decompose::Decompose,
+    layout::Layout,
     schedule::Schedule,
     plan_memory::PlanMemory,
 }
@@ -110,11 +118,11 @@ macro_rules! declare_pipelines {
 declare_pipelines! {
     /// No passes: the graph as imported.
     "O0" = "",
-    /// One sweep of the cheap cleanups: shapes, algebraic identities, constant folding, CSE, dead code.
-    "O1" = "infer-shapes,canonicalize,fold-constants,cse,dce",
-    /// The cleanups of O1 run to a fixed point, then a memory-lowering schedule and the arena plan made over it.
-    "O2" = "infer-shapes,fixpoint(canonicalize,fold-constants,cse,dce),schedule,plan-memory",
-    /// For now the same as O2, so it also ends with schedule and plan-memory (later issues add layout before them).
+    /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
+    "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
+    /// O1's cleanups and batch-norm folding to a fixed point, transposes sunk, then schedule and memory plan.
+    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),layout,fixpoint(canonicalize,cse,dce),schedule,plan-memory",
+    /// For now the same as O2, so it also ends with schedule and plan-memory.
     "O3" = "O2",
     /// The CPU target's default; for now an alias of O2, so it ends with schedule and plan-memory.
     "cpu-default" = "O2",

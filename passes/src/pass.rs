@@ -57,7 +57,7 @@ impl PassError {
 
 /// Declares a pass struct with its kebab-case name; its one-line doc comment becomes its summary.
 ///
-/// ```ignore
+/// ```text
 /// declare_pass! {
 ///     /// Removes nodes whose results reach no graph output.
 ///     #[derive(Clone, Debug, Default)]

@@ -82,17 +82,20 @@ fn the_dump_is_the_printed_graph() {
     assert_eq!(out, format!("// -----// IR Dump After dce //----- //\n{}\n", kiln_ir::print(&g)));
 }
 
+/// A fixed pipeline for the counting tests (O2's text grows as passes are added; these counts should not).
+const CLEANUP_FIXPOINT: &str = "infer-shapes,fixpoint(canonicalize,fold-constants,cse,dce)";
+
 #[test]
 fn time_passes_lists_every_pass_with_call_counts() {
-    let (r, out) = run_with("O2", |i| i.time_passes = true);
+    let (r, out) = run_with(CLEANUP_FIXPOINT, |i| i.time_passes = true);
     let report = r.unwrap();
     let timing = report.timing.expect("timing collected");
     let names: Vec<&str> = timing.rows.iter().map(|r| r.pass.as_str()).collect();
-    assert_eq!(names, ["infer-shapes", "canonicalize", "fold-constants", "cse", "dce", "schedule", "plan-memory"]);
+    assert_eq!(names, ["infer-shapes", "canonicalize", "fold-constants", "cse", "dce"]);
     // The fixpoint group runs twice: once changing (cse, dce), once to see nothing change.
     let calls: Vec<usize> = timing.rows.iter().map(|r| r.calls).collect();
-    assert_eq!(calls, [1, 2, 2, 2, 2, 1, 1]);
-    assert_eq!(report.executions, 11);
+    assert_eq!(calls, [1, 2, 2, 2, 2]);
+    assert_eq!(report.executions, 9);
     assert!(out.contains("Pass execution timing report"), "{out}");
     for name in names {
         assert!(out.lines().any(|l| l.ends_with(&format!("  {name}"))), "{name} missing from:\n{out}");
@@ -103,17 +106,17 @@ fn time_passes_lists_every_pass_with_call_counts() {
 #[test]
 fn bisect_stops_after_n_executions_and_names_the_last_pass() {
     for (n, last) in [(1, "infer-shapes"), (3, "fold-constants"), (7, "fold-constants")] {
-        let (r, out) = run_with("O2", |i| i.bisect = Some(n));
+        let (r, out) = run_with(CLEANUP_FIXPOINT, |i| i.bisect = Some(n));
         let report = r.unwrap();
         assert_eq!(report.executions, n);
         assert_eq!(report.last_pass.as_deref(), Some(last));
         assert!(report.stopped_by_bisect);
         assert!(out.contains(&format!("stopped after {n} pass execution(s); the last was `{last}`")), "{out}");
     }
-    let (r, _) = run_with("O2", |i| i.bisect = Some(100));
+    let (r, _) = run_with(CLEANUP_FIXPOINT, |i| i.bisect = Some(100));
     let report = r.unwrap();
     assert!(!report.stopped_by_bisect);
-    assert_eq!(report.executions, 11);
+    assert_eq!(report.executions, 9);
 }
 
 /// A pass that fails, for the reproducer.

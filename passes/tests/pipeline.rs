@@ -37,7 +37,10 @@ fn whitespace_is_allowed_between_tokens_and_printing_drops_it() {
 fn named_pipelines_stay_names_until_expanded() {
     let p = Pipeline::parse("canonicalize,O1").unwrap();
     assert_eq!(p.items[1], PipelineItem::Named("O1".into()));
-    assert_eq!(p.expand().to_string(), "canonicalize,infer-shapes,canonicalize,fold-constants,cse,dce");
+    assert_eq!(
+        p.expand().to_string(),
+        "canonicalize,infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce"
+    );
     assert_eq!(
         Pipeline::parse("O3").unwrap().expand().to_string(),
         Pipeline::parse("O2").unwrap().expand().to_string()
