@@ -18,6 +18,17 @@ use crate::op::Op;
 
 /// Prints `g` as `.kir` text.
 pub fn print(g: &Graph) -> String {
+    let mut out = String::new();
+    print_nested(g, 0, &mut out);
+    out.push('\n');
+    out
+}
+
+/// Appends `g` as `.kir` text whose statements are indented `indent + 2` spaces and whose closing `}` is indented
+/// `indent` spaces, without a final newline: the form of a nested body graph (a `fusion` region) printed inside a
+/// node line that starts `indent` spaces in. Numbering restarts at `%0`: a body is a graph of its own.
+pub fn print_nested(g: &Graph, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent + 2);
     let order = print_order(g);
     let mut numbers: HashMap<Value, usize> = HashMap::new();
     for &id in &order {
@@ -31,12 +42,12 @@ pub fn print(g: &Graph) -> String {
         None => format!("%dangling_n{}_{}", v.node.0, v.index),
     };
 
-    let mut out = String::from("graph ");
-    print_string(g.name(), &mut out);
+    out.push_str("graph ");
+    print_string(g.name(), out);
     out.push_str(" {\n");
     for &id in &order {
         let node = g.node(id);
-        out.push_str("  ");
+        out.push_str(&pad);
         let results: Vec<String> = (0..node.outputs.len()).map(|k| value(&Value::new(id, k as u32))).collect();
         if !results.is_empty() {
             let _ = write!(out, "{} = ", results.join(", "));
@@ -46,9 +57,12 @@ pub fn print(g: &Graph) -> String {
             let operands: Vec<String> = node.inputs.iter().map(value).collect();
             let _ = write!(out, " {}", operands.join(", "));
         }
-        let attrs = node.op.attrs_text();
-        if !attrs.is_empty() {
-            let _ = write!(out, " {attrs}");
+        // Printed straight into `out`: a nested body takes its indentation from the line it starts on.
+        out.push(' ');
+        let before = out.len();
+        node.op.print_attrs(out);
+        if out.len() == before {
+            out.pop();
         }
         if !node.outputs.is_empty() {
             let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
@@ -56,17 +70,17 @@ pub fn print(g: &Graph) -> String {
         }
         if let Some(name) = &node.name {
             out.push_str(" @");
-            print_string(name, &mut out);
+            print_string(name, out);
         }
         out.push('\n');
     }
     for (name, v) in g.outputs() {
-        out.push_str("  output ");
-        print_string(name, &mut out);
+        let _ = write!(out, "{pad}output ");
+        print_string(name, out);
         let _ = writeln!(out, " = {}", value(v));
     }
-    out.push_str("}\n");
-    out
+    out.push_str(&" ".repeat(indent));
+    out.push('}');
 }
 
 /// Topological order (node-id order if there is a cycle), with the `input` nodes' slots refilled in the graph's
