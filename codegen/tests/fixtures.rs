@@ -50,6 +50,7 @@ fn lowerable_fixtures_match_the_interpreter() {
         refused,
         [
             "conv_pool",
+            "fusion",
             "lstm_gru",
             "mlp_params",
             "mlp_symbolic_batch",

@@ -26,6 +26,8 @@ pub trait AttrSource {
     fn expect(&mut self, c: char) -> Result<(), String>;
     /// Reads a type `dtype[dims]`.
     fn tensor_type(&mut self) -> Result<(DType, Shape), String>;
+    /// Reads a nested graph `graph "name" { … }` (a `fusion` body), type-checked as a graph of its own.
+    fn graph(&mut self) -> Result<crate::graph::Graph, String>;
 }
 
 /// A value that can stand as an attribute.

@@ -308,6 +308,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::Lstm(l) => recurrent(ins, l.hidden_size, l.direction, 4, 8, true),
         Op::Gru(g) => recurrent(ins, g.hidden_size, g.direction, 3, 6, false),
+        Op::Fusion(f) => f.body.infer(ins),
     }
 }
 

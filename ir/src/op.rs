@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attr::{AttrSet, AttrSource};
+use crate::fusion::FusionBody;
 use crate::tensor::Tensor;
 use crate::types::{DType, Shape};
 use crate::{attrs, named_enum};
@@ -176,6 +177,9 @@ define_ops! {
     Lstm(Lstm) = "lstm", Arity::Exact(6);
     /// ONNX GRU (layout 0): `gru(x, w, r, b, h0)` → `y, y_h`.
     Gru(Gru) = "gru", Arity::Exact(5);
+    /// A fusion group: a nested body graph run on the operands (`p0`, `p1`, … by position), one kernel or
+    /// library call once lowered.
+    Fusion(Fusion) = "fusion", Arity::AtLeast(0);
 }
 
 named_enum! {
@@ -649,6 +653,24 @@ attrs! {
         clip: f64,
         linear_before_reset: bool,
     }
+}
+
+named_enum! {
+    /// What a fusion group becomes once lowered.
+    pub enum FusionKind {
+        /// Elementwise, broadcast, layout and reduction ops only: one generated kernel.
+        Loop = "loop",
+        /// One `matmul`/`conv` root with an elementwise epilogue: a library call with the epilogue applied on
+        /// the output tile.
+        Library = "library",
+    }
+}
+
+attrs! {
+    /// A fusion group: `body` is a graph whose `input` nodes `p0`, `p1`, … bind the operands by position (types
+    /// equal to the operand types) and whose outputs, in order, are the node's results. The meaning is running
+    /// `body` on the operands. Printed as a nested region (see `docs/kir.md`).
+    pub struct Fusion { kind: FusionKind, body: FusionBody }
 }
 
 impl Op {

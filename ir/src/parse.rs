@@ -66,6 +66,7 @@ pub fn parse(src: &str) -> Result<Graph, ParseError> {
         values: HashMap::new(),
         input_names: BTreeSet::new(),
         output_names: BTreeSet::new(),
+        depth: 0,
     };
     p.graph_def()?;
     Ok(p.graph)
@@ -86,7 +87,12 @@ struct Parser<'a> {
     values: HashMap<String, Value>,
     input_names: BTreeSet<String>,
     output_names: BTreeSet<String>,
+    /// How many `fusion` bodies enclose the graph being read.
+    depth: usize,
 }
+
+/// How deeply `fusion` bodies may nest; deeper text is an error rather than a stack overflow.
+const MAX_DEPTH: usize = 16;
 
 impl Parser<'_> {
     fn peek(&self) -> &Token {
@@ -161,6 +167,15 @@ impl Parser<'_> {
     }
 
     fn graph_body(&mut self) -> Result<(), Fail> {
+        self.graph_block()?;
+        if self.peek().kind != Kind::Eof {
+            return Err((self.pos, format!("unexpected {} after the end of the graph", self.describe(self.pos))));
+        }
+        Ok(())
+    }
+
+    /// `graph "name" { statements }`, into `self.graph`.
+    fn graph_block(&mut self) -> Result<(), Fail> {
         if !self.is_ident("graph") {
             return Err(self.unexpected("the header `graph \"name\" {`"));
         }
@@ -177,10 +192,26 @@ impl Parser<'_> {
             }
         }
         self.bump();
-        if self.peek().kind != Kind::Eof {
-            return Err((self.pos, format!("unexpected {} after the end of the graph", self.describe(self.pos))));
-        }
         Ok(())
+    }
+
+    /// A nested body graph: read with fresh value and name scopes, which are restored afterwards.
+    fn nested_graph(&mut self) -> Result<Graph, Fail> {
+        if self.depth >= MAX_DEPTH {
+            return Err((self.pos, format!("fusion bodies nest more than {MAX_DEPTH} deep")));
+        }
+        let saved = (
+            std::mem::replace(&mut self.graph, Graph::new("")),
+            std::mem::take(&mut self.values),
+            std::mem::take(&mut self.input_names),
+            std::mem::take(&mut self.output_names),
+        );
+        self.depth += 1;
+        let result = self.graph_block();
+        self.depth -= 1;
+        let body = std::mem::replace(&mut self.graph, saved.0);
+        (self.values, self.input_names, self.output_names) = (saved.1, saved.2, saved.3);
+        result.map(|()| body)
     }
 
     /// `output "name" = %v`
@@ -435,6 +466,17 @@ impl Parser<'_> {
 }
 
 impl AttrSource for Parser<'_> {
+    fn graph(&mut self) -> Result<Graph, String> {
+        self.nested_graph().map_err(|(at, message)| {
+            // An error inside the body keeps its own position; a lexical error's message is the real cause.
+            self.last_fail = Some(at);
+            match &self.toks[at.min(self.toks.len() - 1)].kind {
+                Kind::Error(m) => m.clone(),
+                _ => message,
+            }
+        })
+    }
+
     fn int(&mut self) -> Result<i64, String> {
         if !self.toks[self.pos].is_int_literal(self.src) {
             return Err(self.fail("an integer"));

@@ -22,25 +22,50 @@ use crate::op::Op;
 
 /// Prints `g` as `.kir` text.
 pub fn print(g: &Graph) -> String {
-    let order = print_order(g);
+    let mut out = String::new();
+    print_nested(g, 0, &mut out);
+    out.push('\n');
+    if let Some(plan) = g.memory_plan() {
+        let order = print_order(g);
+        let numbers = numbering(g, &order);
+        let value = |v: &Value| {
+            numbers.get(v).map_or_else(|| format!("%dangling_n{}_{}", v.node.0, v.index), |n| format!("%{n}"))
+        };
+        print_plan(plan, &order, g, &value, &mut out);
+    }
+    out
+}
+
+/// Result numbers in print order: `%0, %1, …`.
+fn numbering(g: &Graph, order: &[NodeId]) -> HashMap<Value, usize> {
     let mut numbers: HashMap<Value, usize> = HashMap::new();
-    for &id in &order {
+    for &id in order {
         for k in 0..g.node(id).outputs.len() {
             let next = numbers.len();
             numbers.insert(Value::new(id, k as u32), next);
         }
     }
+    numbers
+}
+
+/// Appends `g` as `.kir` text whose statements are indented `indent + 2` spaces and whose closing `}` is indented
+/// `indent` spaces, without a final newline: the form of a nested body graph (a `fusion` region) printed inside a
+/// node line that starts `indent` spaces in. Numbering restarts at `%0`: a body is a graph of its own.
+pub fn print_nested(g: &Graph, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent + 2);
+    let order = print_order(g);
+    let numbers = numbering(g, &order);
     let value = |v: &Value| match numbers.get(v) {
         Some(n) => format!("%{n}"),
         None => format!("%dangling_n{}_{}", v.node.0, v.index),
     };
 
-    let mut out = String::from("graph ");
-    print_string(g.name(), &mut out);
+    out.push_str("graph ");
+    print_string(g.name(), out);
     out.push_str(" {\n");
     for &id in &order {
         let node = g.node(id);
-        out.push_str("  ");
+        out.push_str(&pad);
         let results: Vec<String> = (0..node.outputs.len()).map(|k| value(&Value::new(id, k as u32))).collect();
         if !results.is_empty() {
             let _ = write!(out, "{} = ", results.join(", "));
@@ -50,9 +75,12 @@ pub fn print(g: &Graph) -> String {
             let operands: Vec<String> = node.inputs.iter().map(value).collect();
             let _ = write!(out, " {}", operands.join(", "));
         }
-        let attrs = node.op.attrs_text();
-        if !attrs.is_empty() {
-            let _ = write!(out, " {attrs}");
+        // Printed straight into `out`: a nested body takes its indentation from the line it starts on.
+        out.push(' ');
+        let before = out.len();
+        node.op.print_attrs(out);
+        if out.len() == before {
+            out.pop();
         }
         if !node.outputs.is_empty() {
             let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
@@ -60,20 +88,17 @@ pub fn print(g: &Graph) -> String {
         }
         if let Some(name) = &node.name {
             out.push_str(" @");
-            print_string(name, &mut out);
+            print_string(name, out);
         }
         out.push('\n');
     }
     for (name, v) in g.outputs() {
-        out.push_str("  output ");
-        print_string(name, &mut out);
+        let _ = write!(out, "{pad}output ");
+        print_string(name, out);
         let _ = writeln!(out, " = {}", value(v));
     }
-    out.push_str("}\n");
-    if let Some(plan) = g.memory_plan() {
-        print_plan(plan, &order, g, &value, &mut out);
-    }
-    out
+    out.push_str(&" ".repeat(indent));
+    out.push('}');
 }
 
 /// The memory plan as trailing comments, values in print order.

@@ -46,6 +46,8 @@ pub enum VerifyErrorKind {
     ConstantMismatch,
     /// The node declares a different number of results than its op produces.
     ResultCount,
+    /// A `fusion` node's body is malformed (its own verifier errors, input names or count, a `param` inside).
+    FusionBody,
     /// The operand types are invalid for the op (type inference failed).
     TypeError,
     /// A declared result type differs from the type inferred from the operands.
@@ -81,6 +83,7 @@ impl VerifyErrorKind {
             VerifyErrorKind::WeightMismatch => "weight-mismatch",
             VerifyErrorKind::ConstantMismatch => "constant-mismatch",
             VerifyErrorKind::ResultCount => "result-count",
+            VerifyErrorKind::FusionBody => "fusion-body",
             VerifyErrorKind::TypeError => "type-error",
             VerifyErrorKind::TypeMismatch => "type-mismatch",
             VerifyErrorKind::BadSymbol => "bad-symbol",
@@ -105,6 +108,7 @@ impl VerifyErrorKind {
                 | VerifyErrorKind::Arity
                 | VerifyErrorKind::ConstantMismatch
                 | VerifyErrorKind::ResultCount
+                | VerifyErrorKind::FusionBody
                 | VerifyErrorKind::TypeError
                 | VerifyErrorKind::TypeMismatch
         )
@@ -397,6 +401,17 @@ impl<'g> Verifier<'g> {
         }
         if self.is_broken(i) {
             return;
+        }
+        if let Op::Fusion(f) = &node.op {
+            // The body is a graph of its own: all its errors, each prefixed so the fusion node is named too.
+            let mut problems = f.body.problems(node.inputs.len());
+            problems.extend(verify(&f.body.0).err().into_iter().flatten().map(|e| e.to_string()));
+            if !problems.is_empty() {
+                for p in problems {
+                    self.report(i, VerifyErrorKind::FusionBody, format!("body: {p}"));
+                }
+                return;
+            }
         }
         let mut operand_types: Vec<TensorType> = Vec::with_capacity(node.inputs.len());
         for v in &node.inputs {

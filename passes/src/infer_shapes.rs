@@ -11,8 +11,9 @@
 
 use std::collections::BTreeMap;
 
+use kiln_ir::fusion::FusionBody;
 use kiln_ir::infer::infer;
-use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
+use kiln_ir::op::{Broadcast, Fusion, Iota, Reshape, Resize};
 use kiln_ir::{Graph, Op, Shape, TensorType};
 
 use crate::declare_pass;
@@ -67,11 +68,20 @@ impl Pass for InferShapes {
     fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<bool, PassError> {
         let mut bindings = cx.bindings.clone();
         bindings.extend(self.bindings.iter().map(|(k, v)| (k.clone(), *v)));
-        let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
+        specialize(g, &bindings)
+    }
+}
+
+/// Specializes `g` (and, recursively, the bodies of its `fusion` nodes, whose inputs must keep the operand types)
+/// under `bindings`; says whether anything changed.
+fn specialize(g: &mut Graph, bindings: &BTreeMap<String, u64>) -> Result<bool, PassError> {
+    {
+        let order =
+            g.topo_order().map_err(|c| PassError::at(InferShapes::NAME, g.describe(c.0), "the graph has a cycle"))?;
         let mut changed = false;
         for id in order {
             let node = g.node(id);
-            let sub = |s: &Shape| s.substitute(&bindings);
+            let sub = |s: &Shape| s.substitute(bindings);
             // Only shape attributes are rewritten, and compared by shape: `Op`'s `==` never holds for a constant
             // holding NaN, which would report a change on every run.
             let new_op = match &node.op {
@@ -81,6 +91,11 @@ impl Pass for InferShapes {
                 Op::Resize(r) if sub(&r.shape) != r.shape => {
                     Some(Op::Resize(Resize { shape: sub(&r.shape), ..r.clone() }))
                 }
+                Op::Fusion(f) => {
+                    let mut body = f.body.0.clone();
+                    specialize(&mut body, bindings)?
+                        .then_some(Op::Fusion(Fusion { kind: f.kind, body: FusionBody(body) }))
+                }
                 _ => None,
             };
             let outputs = match &node.op {
@@ -88,15 +103,13 @@ impl Pass for InferShapes {
                     node.outputs.iter().map(|t| TensorType::new(t.dtype, sub(&t.shape))).collect()
                 }
                 op => {
-                    let types = node
-                        .inputs
-                        .iter()
-                        .map(|&v| g.value_type(v).cloned())
-                        .collect::<Option<Vec<_>>>()
-                        .ok_or_else(|| PassError::at(Self::NAME, g.describe(id), "an operand has no type"))?;
+                    let types =
+                        node.inputs.iter().map(|&v| g.value_type(v).cloned()).collect::<Option<Vec<_>>>().ok_or_else(
+                            || PassError::at(InferShapes::NAME, g.describe(id), "an operand has no type"),
+                        )?;
                     infer(new_op.as_ref().unwrap_or(op), &types).map_err(|m| {
                         let b: Vec<String> = bindings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                        PassError::at(Self::NAME, g.describe(id), format!("{m} (bindings: {})", b.join(", ")))
+                        PassError::at(InferShapes::NAME, g.describe(id), format!("{m} (bindings: {})", b.join(", ")))
                     })?
                 }
             };

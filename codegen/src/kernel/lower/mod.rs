@@ -602,7 +602,8 @@ impl<'g> Ctx<'g> {
             | Op::Resize(_)
             | Op::Lstm(_)
             | Op::Gru(_)
-            | Op::TopK(_)) => {
+            | Op::TopK(_)
+            | Op::Fusion(_)) => {
                 Err(LowerError::Unsupported { node: graph.describe(v.node), op: op.mnemonic().to_string() })
             }
         }
