@@ -18,9 +18,10 @@ use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::types::TensorType;
 
-/// The body graph of a `fusion` node. See the module docs.
+/// The body graph of a `fusion` node. See the module docs. Boxed so that a body does not make every `Op` the
+/// size of a `Graph`.
 #[derive(Clone, Debug, Default)]
-pub struct FusionBody(pub Graph);
+pub struct FusionBody(pub Box<Graph>);
 
 impl FusionBody {
     /// The name the `i`th body input must have.
@@ -110,7 +111,7 @@ impl AttrValue for FusionBody {
         crate::print::print_nested(&self.0, indent, out);
     }
     fn parse(src: &mut dyn AttrSource) -> Result<Self, String> {
-        src.graph().map(FusionBody)
+        src.graph().map(|g| FusionBody(Box::new(g)))
     }
 }
 
@@ -123,6 +124,6 @@ impl Serialize for FusionBody {
 impl<'de> Deserialize<'de> for FusionBody {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FusionBody, D::Error> {
         let text = String::deserialize(d)?;
-        crate::parse::parse(&text).map(FusionBody).map_err(serde::de::Error::custom)
+        crate::parse::parse(&text).map(|g| FusionBody(Box::new(g))).map_err(serde::de::Error::custom)
     }
 }
