@@ -32,6 +32,10 @@ cargo build --quiet --bin kiln
 tail -1 target/conformance.txt
 
 echo "== tests"
+models="${KILN_MODELS_DIR:-../shared/models}"
+if [ ! -d "$models" ]; then
+  echo "SKIPPED: reference models not found at $models (set KILN_MODELS_DIR); the reference-model tests skip"
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked --quiet
