@@ -31,20 +31,12 @@ use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Graph, NodeId, Op, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Applies algebraic identities that are exact for the dtype (x*1, x+(-0.0), double transpose, cast chains).
     #[derive(Clone, Debug, Default)]
     pub struct Canonicalize = "canonicalize";
-}
-
-impl FromOptions for Canonicalize {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<Canonicalize, OptionError> {
-        Ok(Canonicalize)
-    }
 }
 
 /// Sweeps after which canonicalization stops even if rules still apply (each rule shrinks the graph or a chain,

@@ -13,20 +13,12 @@ use std::collections::HashMap;
 use kiln_ir::{Graph, NodeId, Op, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Merges nodes with the same op, attributes, operands and result types, in topological order.
     #[derive(Clone, Debug, Default)]
     pub struct Cse = "cse";
-}
-
-impl FromOptions for Cse {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<Cse, OptionError> {
-        Ok(Cse)
-    }
 }
 
 impl Pass for Cse {

@@ -11,20 +11,12 @@ use std::collections::BTreeSet;
 use kiln_ir::{Graph, NodeId, Op};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Removes nodes whose results reach no graph output (`input` nodes always stay).
     #[derive(Clone, Debug, Default)]
     pub struct Dce = "dce";
-}
-
-impl FromOptions for Dce {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<Dce, OptionError> {
-        Ok(Dce)
-    }
 }
 
 impl Pass for Dce {

@@ -31,20 +31,12 @@ use kiln_ir::tensor::Data;
 use kiln_ir::{Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Folds inference `batch_norm` into the weights and bias of a preceding `conv` or rank-2 `matmul`.
     #[derive(Clone, Debug, Default)]
     pub struct FoldBatchnorm = "fold-batchnorm";
-}
-
-impl FromOptions for FoldBatchnorm {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<FoldBatchnorm, OptionError> {
-        Ok(FoldBatchnorm)
-    }
 }
 
 impl Pass for FoldBatchnorm {

@@ -26,20 +26,12 @@ use kiln_ir::types::normalize_axis;
 use kiln_ir::{Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Sinks transposes below elementwise ops (unary, cast, binary with a scalar) so transpose pairs can cancel.
     #[derive(Clone, Debug, Default)]
     pub struct Layout = "layout";
-}
-
-impl FromOptions for Layout {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<Layout, OptionError> {
-        Ok(Layout)
-    }
 }
 
 /// Sweeps after which the pass stops even if a transpose could still move (each sweep moves every movable

@@ -65,7 +65,8 @@ impl PassError {
 /// }
 /// ```
 /// generates the struct and `Dce::NAME`, `Dce::SUMMARY`. Exactly one doc line is accepted: longer explanations
-/// belong in the pass module's `//!` docs.
+/// belong in the pass module's `//!` docs. A unit struct has nowhere to keep options, so that form also implements
+/// [`FromOptions`] with none; a pass with options uses the braced form and implements `FromOptions` itself.
 #[macro_export]
 macro_rules! declare_pass {
     (
@@ -77,6 +78,13 @@ macro_rules! declare_pass {
         $(#[$m])*
         $vis struct $name;
         $crate::declare_pass!(@consts $name, $kebab, $summary);
+        impl $crate::pass::FromOptions for $name {
+            const OPTIONS: &'static [$crate::pass::OptionDoc] = &[];
+
+            fn from_options(_: &mut $crate::pass::PassOptions<'_>) -> Result<$name, $crate::pass::OptionError> {
+                Ok($name)
+            }
+        }
     };
     (
         #[doc = $summary:literal]

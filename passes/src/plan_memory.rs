@@ -22,20 +22,12 @@ use kiln_ir::memory::{ALIGNMENT, Buffer, Interval, Lifetimes, is_elementwise, sa
 use kiln_ir::{Graph, MemoryPlan, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Assigns every intermediate value an aligned offset in one arena, reusing buffers after their last use.
     #[derive(Clone, Debug, Default)]
     pub struct PlanMemory = "plan-memory";
-}
-
-impl FromOptions for PlanMemory {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<PlanMemory, OptionError> {
-        Ok(PlanMemory)
-    }
 }
 
 impl Pass for PlanMemory {

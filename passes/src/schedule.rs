@@ -21,20 +21,12 @@ use kiln_ir::memory::{Lifetimes, produces_intermediates, static_bytes};
 use kiln_ir::{Graph, NodeId, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Stores a topological order that lowers the peak of live intermediate bytes (greedy list scheduling).
     #[derive(Clone, Debug, Default)]
     pub struct Schedule = "schedule";
-}
-
-impl FromOptions for Schedule {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<Schedule, OptionError> {
-        Ok(Schedule)
-    }
 }
 
 impl Pass for Schedule {

@@ -23,20 +23,12 @@ use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
     /// Replaces `shape_of` of statically shaped values by constants and folds the shape arithmetic it enables.
     #[derive(Clone, Debug, Default)]
     pub struct SimplifyShapeArith = "simplify-shape-arith";
-}
-
-impl FromOptions for SimplifyShapeArith {
-    const OPTIONS: &'static [OptionDoc] = &[];
-
-    fn from_options(_: &mut PassOptions<'_>) -> Result<SimplifyShapeArith, OptionError> {
-        Ok(SimplifyShapeArith)
-    }
 }
 
 /// Integer results up to this many elements count as shape arithmetic (a shape vector of rank ≤ 64).
