@@ -31,7 +31,7 @@ use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Graph, NodeId, Op, Value};
 
 use crate::declare_pass;
-use crate::pass::{Pass, PassContext, PassError};
+use crate::pass::{Pass, PassContext, PassError, sweep_until_stable};
 
 declare_pass! {
     /// Applies algebraic identities that are exact for the dtype (x*1, x+(-0.0), double transpose, cast chains).
@@ -53,25 +53,16 @@ impl Pass for Canonicalize {
     }
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let mut changed = false;
-        for _ in 0..MAX_SWEEPS {
-            let order =
-                g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
-            let mut swept = false;
-            // No rule adds nodes, so ids in `order` are never reused; removed ones are skipped.
-            for id in order {
-                while g.contains(id) {
-                    let Some(rewrite) = rewrite(g, id) else { break };
-                    apply(g, id, rewrite);
-                    swept = true;
-                }
+        // No rule adds nodes, so ids in a sweep's order are never reused; removed ones are skipped.
+        sweep_until_stable(g, Self::NAME, MAX_SWEEPS, |g, id| {
+            let mut any = false;
+            while g.contains(id) {
+                let Some(rewrite) = rewrite(g, id) else { break };
+                apply(g, id, rewrite);
+                any = true;
             }
-            changed |= swept;
-            if !swept {
-                break;
-            }
-        }
-        Ok(changed)
+            any
+        })
     }
 }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use kiln_ir::{Graph, NodeId, Op, Value};
 
 use crate::declare_pass;
-use crate::pass::{Pass, PassContext, PassError};
+use crate::pass::{Pass, PassContext, PassError, topo_order};
 
 declare_pass! {
     /// Merges nodes with the same op, attributes, operands and result types, in topological order.
@@ -31,7 +31,7 @@ impl Pass for Cse {
     }
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
+        let order = topo_order(g, Self::NAME)?;
         // Candidates by a cheap textual key; equality is then checked on the real op, operands and types.
         let mut seen: HashMap<String, Vec<NodeId>> = HashMap::new();
         let mut changed = false;

@@ -25,7 +25,7 @@ use kiln_ir::op::{Constant, Parameter};
 use kiln_ir::{Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions, topo_order};
 
 /// The default of `max-elements`.
 pub const DEFAULT_MAX_ELEMENTS: usize = 65536;
@@ -67,7 +67,7 @@ impl Pass for FoldConstants {
     }
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
+        let order = topo_order(g, Self::NAME)?;
         // Values computed in this run; `constant` operands are read from the graph without copying.
         let mut known: HashMap<Value, Arc<Tensor>> = HashMap::new();
         // Nodes this run evaluated (not the constant and iota sources, which are already as small as they get).

@@ -26,7 +26,7 @@ use kiln_ir::types::normalize_axis;
 use kiln_ir::{Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
-use crate::pass::{Pass, PassContext, PassError};
+use crate::pass::{Pass, PassContext, PassError, sweep_until_stable};
 
 declare_pass! {
     /// Sinks transposes below elementwise ops (unary, cast, binary with a scalar) so transpose pairs can cancel.
@@ -48,24 +48,9 @@ impl Pass for Layout {
     }
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let mut changed = false;
-        for _ in 0..MAX_SWEEPS {
-            let order =
-                g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
-            let mut swept = false;
-            for id in order {
-                // A rewrite removes `id` and its transpose operand, both visited by now; new nodes may take their
-                // ids, so a removed or replaced id is simply skipped until the next sweep.
-                if g.contains(id) && sink(g, id) {
-                    swept = true;
-                }
-            }
-            changed |= swept;
-            if !swept {
-                break;
-            }
-        }
-        Ok(changed)
+        // A rewrite removes the node and its transpose operand, both visited by then; new nodes may take their ids,
+        // so a removed or replaced id is simply skipped until the next sweep.
+        sweep_until_stable(g, Self::NAME, MAX_SWEEPS, sink)
     }
 }
 

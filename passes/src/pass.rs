@@ -240,3 +240,34 @@ impl<'a> PassOptions<'a> {
         }
     }
 }
+
+/// `g`'s topological order, or an error of `pass` naming a node on a cycle.
+pub fn topo_order(g: &Graph, pass: &'static str) -> Result<Vec<kiln_ir::NodeId>, PassError> {
+    g.topo_order().map_err(|c| PassError::at(pass, g.describe(c.0), "the graph has a cycle"))
+}
+
+/// The driver of local rewrite passes: visits every live node in topological order, sweep after sweep, until a
+/// sweep rewrites nothing or `max_sweeps` sweeps ran (a guard, since each rule shrinks the graph or moves a node
+/// one step); `visit` says whether it changed the graph at the node. Nodes removed during a sweep are skipped.
+/// Returns whether anything changed.
+pub fn sweep_until_stable(
+    g: &mut Graph,
+    pass: &'static str,
+    max_sweeps: usize,
+    mut visit: impl FnMut(&mut Graph, kiln_ir::NodeId) -> bool,
+) -> Result<bool, PassError> {
+    let mut changed = false;
+    for _ in 0..max_sweeps {
+        let mut swept = false;
+        for id in topo_order(g, pass)? {
+            if g.contains(id) && visit(g, id) {
+                swept = true;
+            }
+        }
+        changed |= swept;
+        if !swept {
+            break;
+        }
+    }
+    Ok(changed)
+}

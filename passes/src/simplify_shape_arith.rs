@@ -23,7 +23,7 @@ use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Graph, Node, NodeId, Op, Tensor, Value};
 
 use crate::declare_pass;
-use crate::pass::{Pass, PassContext, PassError};
+use crate::pass::{Pass, PassContext, PassError, sweep_until_stable};
 
 declare_pass! {
     /// Replaces `shape_of` of statically shaped values by constants and folds the shape arithmetic it enables.
@@ -44,16 +44,11 @@ impl Pass for SimplifyShapeArith {
     }
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
-        let mut changed = false;
         // One sweep in topological order suffices: each rewrite only makes later nodes' operands more constant.
-        // New constant nodes may take removed ids, but every id in `order` is visited before it could be reused
+        // New constant nodes may take removed ids, but every id in the order is visited before it could be reused
         // (removal happens only behind the sweep, on producers of the node being rewritten).
-        for id in order {
-            if !g.contains(id) {
-                continue;
-            }
-            let Some(rewrite) = rewrite(g, id) else { continue };
+        sweep_until_stable(g, Self::NAME, 1, |g, id| {
+            let Some(rewrite) = rewrite(g, id) else { return false };
             let old = Value::new(id, 0);
             let new = match rewrite {
                 Rewrite::Forward(v) => v,
@@ -66,9 +61,8 @@ impl Pass for SimplifyShapeArith {
             };
             g.replace_uses(old, new);
             remove_if_unused(g, id);
-            changed = true;
-        }
-        Ok(changed)
+            true
+        })
     }
 }
 
