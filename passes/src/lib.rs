@@ -18,6 +18,7 @@ pub mod dce;
 pub mod decompose;
 pub mod fold_batchnorm;
 pub mod fold_constants;
+pub mod fuse;
 pub mod infer_shapes;
 pub mod layout;
 pub mod plan_memory;
@@ -91,6 +92,7 @@ declare_passes! {
     dce::Dce,
     decompose::Decompose,
     layout::Layout,
+    fuse::Fuse,
     schedule::Schedule,
     plan_memory::PlanMemory,
 }
@@ -120,8 +122,8 @@ declare_pipelines! {
     "O0" = "",
     /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
     "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
-    /// O1's cleanups and batch-norm folding to a fixed point, transposes sunk, then schedule and memory plan.
-    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),layout,fixpoint(canonicalize,cse,dce),schedule,plan-memory",
+    /// O1's cleanups and batch-norm folding to a fixed point, transposes sunk, fusion groups, schedule, memory plan.
+    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),layout,fixpoint(canonicalize,cse,dce),fuse,schedule,plan-memory",
     /// For now the same as O2, so it also ends with schedule and plan-memory.
     "O3" = "O2",
     /// The CPU target's default; for now an alias of O2, so it ends with schedule and plan-memory.
