@@ -23,7 +23,7 @@ use kiln_ir::op::{Fusion, FusionKind, Input};
 use kiln_ir::{Graph, Node, NodeId, Op, Value};
 
 use crate::declare_pass;
-use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions, topo_order};
 
 /// Largest number of ops in one group unless `max-ops` says otherwise.
 const DEFAULT_MAX_OPS: usize = 32;
@@ -65,7 +65,7 @@ impl Pass for Fuse {
     }
 
     fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let order = g.topo_order().map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle"))?;
+        let order = topo_order(g, Self::NAME)?;
         let groups = form_groups(g, &order, self.max_ops.max(1));
         let changed = !groups.is_empty();
         for (i, (kind, members)) in groups.into_iter().enumerate() {
