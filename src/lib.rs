@@ -147,6 +147,74 @@ pub struct RunOptions {
     pub threads: usize,
 }
 
+/// How to compile a model ([`Model::compile`]).
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// The target: [`Backend::Cpu`] (the interpreter needs no compilation; CUDA is not built yet).
+    pub backend: Backend,
+    /// The pass pipeline run before code generation (`cpu-default`, `O0`…`O3`, or any pipeline string).
+    pub pipeline: String,
+    /// Worker threads of the compiled program (0: all cores).
+    pub threads: usize,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions { backend: Backend::Cpu, pipeline: "cpu-default".into(), threads: 0 }
+    }
+}
+
+/// What compiling produced, for reports (`kiln bench`, `--verbose`).
+#[derive(Clone, Debug, Default)]
+pub struct CompileReport {
+    /// Wall time of the pass pipeline.
+    pub passes: std::time::Duration,
+    /// Wall time of building the executable (lowering to kernel IR).
+    pub lowering: std::time::Duration,
+    /// Wall time of machine-code generation.
+    pub codegen: std::time::Duration,
+    /// Distinct kernels generated.
+    pub kernels: usize,
+    /// Steps by kind: library calls, kernel launches, interpreter fallbacks, copies.
+    pub steps: [usize; 4],
+    /// Nodes run by the interpreter fallback, with why.
+    pub fallbacks: Vec<String>,
+    /// Bytes of the per-run arena.
+    pub arena_bytes: u64,
+}
+
+/// A compiled model: run it as often as you like, from several threads at once.
+pub struct Compiled {
+    program: std::sync::Arc<dyn kiln_runtime::Program>,
+    report: CompileReport,
+    inputs: Vec<(String, kiln_ir::TensorType)>,
+}
+
+impl Compiled {
+    /// Runs the compiled model on named inputs; outputs come in the model's order.
+    pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
+        self.program.run(inputs).map_err(|e| match e {
+            kiln_runtime::RunError::Input(m) => Error::Input(m),
+            e => Error::Backend { backend: "cpu", message: e.to_string() },
+        })
+    }
+
+    /// What compiling did.
+    pub fn report(&self) -> &CompileReport {
+        &self.report
+    }
+
+    /// Input names and declared types, in order.
+    pub fn inputs(&self) -> &[(String, kiln_ir::TensorType)] {
+        &self.inputs
+    }
+}
+
+/// Worker threads for a request of `n` (0: all cores).
+pub fn resolve_threads(n: usize) -> usize {
+    if n > 0 { n } else { std::thread::available_parallelism().map_or(1, |n| n.get()) }
+}
+
 /// A loaded model: a verified graph with its weights.
 #[derive(Clone, Debug)]
 pub struct Model {
@@ -301,11 +369,50 @@ impl Model {
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
-            b @ (Backend::Cpu | Backend::Cuda) => Err(Error::Backend {
+            Backend::Cpu => {
+                let compiled = self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
+                compiled.run(inputs)
+            }
+            b @ Backend::Cuda => Err(Error::Backend {
                 backend: b.name(),
-                message: "this backend is not built yet; run with --backend interp".into(),
+                message: "this backend is not built yet; run with --backend cpu or interp".into(),
             }),
         }
+    }
+
+    /// Compiles the model for `options.backend`: the pass pipeline, lowering to an executable, and machine code.
+    pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
+        let backend = options.backend;
+        let fail = |message: String| Error::Backend { backend: backend.name(), message };
+        if backend != Backend::Cpu {
+            return Err(fail("only the cpu backend compiles today".into()));
+        }
+        kiln_ir::verify_weights_bound(&self.graph)
+            .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
+        let mut report = CompileReport::default();
+        let t0 = std::time::Instant::now();
+        let mut g = self.graph.clone();
+        let pm = kiln_passes::PassManager::parse(&options.pipeline)
+            .map_err(|e| fail(format!("pipeline `{}`: {e}", options.pipeline)))?;
+        let mut inst = kiln_passes::Instrumentation { reproducer: kiln_passes::Reproducer::Off, ..Default::default() };
+        pm.run(&mut g, &kiln_passes::PassContext::default(), &mut inst).map_err(|e| fail(e.to_string()))?;
+        report.passes = t0.elapsed();
+        let t1 = std::time::Instant::now();
+        let exe = kiln_codegen::exec::build(&g).map_err(|e| fail(e.to_string()))?;
+        report.lowering = t1.elapsed();
+        let t2 = std::time::Instant::now();
+        let jit = kiln_codegen::cpu::JitModule::compile(&exe.kernels, &kiln_codegen::cpu::CpuOptions::default())
+            .map_err(|e| fail(e.to_string()))?;
+        let entries = (0..jit.len()).map(|i| (jit.entry(i), jit.info(i).clone())).collect();
+        report.codegen = t2.elapsed();
+        report.kernels = exe.kernels.len();
+        report.steps = exe.step_counts();
+        report.fallbacks = exe.fallbacks.clone();
+        report.arena_bytes = exe.arena_bytes;
+        let code = kiln_runtime::cpu::KernelCode::Native { entries, owner: Box::new(jit) };
+        let program = kiln_runtime::cpu::CpuProgram::new(exe, code, resolve_threads(options.threads))
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Compiled { program: std::sync::Arc::new(program), report, inputs: self.inputs() })
     }
 }
 

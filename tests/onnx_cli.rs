@@ -12,6 +12,8 @@ use std::process::{Command, Output};
 
 use kiln_ir::Tensor;
 
+mod common;
+
 fn kiln(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("the kiln binary runs")
 }
@@ -256,80 +258,7 @@ fn inspect_and_opt_read_onnx() {
     kiln::conformance::compare(y, &Tensor::from_vec(vec![1, 3], mlp_reference(&xs)).unwrap(), 1e-6, 1e-6).unwrap();
 }
 
-/// `inputs/manifest.json` or `expected/manifest.json`: tensors by name, in order.
-fn read_manifest(dir: &Path) -> Vec<(String, Tensor)> {
-    let text = std::fs::read_to_string(dir.join("manifest.json")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let entries: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
-    entries
-        .iter()
-        .map(|e| {
-            let (name, file) = (e["name"].as_str().unwrap(), e["file"].as_str().unwrap());
-            (name.to_string(), kiln::npy::read(&dir.join(file)).unwrap_or_else(|e| panic!("{e}")))
-        })
-        .collect()
-}
-
-fn models_dir() -> PathBuf {
-    match std::env::var_os("KILN_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models"),
-    }
-}
-
-/// Loads and runs one reference model on the interpreter; `Err` describes every mismatch.
-fn run_reference_model(dir: &Path) -> Result<(), String> {
-    let inputs = read_manifest(&dir.join("inputs"));
-    let expected = read_manifest(&dir.join("expected"));
-    // Symbolic dims (a dynamic batch, a cache length) take the saved inputs' extents.
-    let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
-    let model = kiln::Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
-        .map_err(|e| format!("load: {e}"))?;
-    let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
-    let outputs: BTreeMap<String, Tensor> =
-        model.run(&given, &kiln::RunOptions::default()).map_err(|e| format!("run: {e}"))?.into_iter().collect();
-    let mut problems = Vec::new();
-    for (name, want) in &expected {
-        match outputs.get(name) {
-            None => problems.push(format!("output `{name}` is missing")),
-            Some(got) => {
-                if let Err(e) = kiln::conformance::compare(got, want, 1e-3, 1e-4) {
-                    problems.push(format!("output `{name}`: {e}"));
-                }
-            }
-        }
-    }
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
-}
-
 #[test]
-fn reference_models_match_onnx_runtime() {
-    let root = models_dir();
-    if !root.is_dir() {
-        eprintln!("SKIPPED: reference models not found at {} (set KILN_MODELS_DIR)", root.display());
-        return;
-    }
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("model.onnx").is_file())
-        .collect();
-    dirs.sort();
-    assert!(!dirs.is_empty(), "no model folders (with model.onnx) in {}", root.display());
-    let mut failures = Vec::new();
-    for dir in &dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let t0 = std::time::Instant::now();
-        let result = run_reference_model(dir);
-        eprintln!("{name}: {} in {:.1} s", if result.is_ok() { "ok" } else { "FAILED" }, t0.elapsed().as_secs_f64());
-        if let Err(e) = result {
-            failures.push(format!("{name}: {e}"));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {} reference models failed:\n{}",
-        failures.len(),
-        dirs.len(),
-        failures.join("\n")
-    );
+fn reference_models_match_onnx_runtime_on_the_interpreter() {
+    common::check_reference_models(kiln::Backend::Interp);
 }

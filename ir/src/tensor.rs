@@ -409,6 +409,29 @@ impl Tensor {
         T::unwrap(&self.data).map(|v| v.as_slice())
     }
 
+    /// The elements' bytes in memory (host byte order, which is little-endian on every supported target):
+    /// what a compiled kernel reads. Every element type is plain data with no padding, `bool` a byte of 0 or 1.
+    pub fn as_bytes(&self) -> &[u8] {
+        fn go<T: Element>(v: &[T]) -> &[u8] {
+            // SAFETY: every `Element` is a plain scalar type (f32, f64, f16, bf16, integers, bool) without
+            // padding, so viewing its initialized storage as bytes is sound; the length covers exactly that
+            // storage and the lifetime is tied to `v`.
+            unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+        }
+        dispatch_data!(&self.data, v => go(v))
+    }
+
+    /// A tensor of `dtype` and `shape` from its elements' bytes in host order (a copy); `None` when the byte
+    /// count does not match.
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Option<Tensor> {
+        let n: usize = shape.iter().product();
+        if bytes.len() != n * dtype.size_bytes() {
+            return None;
+        }
+        let data = Data::from_le_bytes(dtype, bytes)?;
+        Tensor::new(shape, data).ok()
+    }
+
     /// The static [`TensorType`] of this tensor.
     pub fn tensor_type(&self) -> TensorType {
         TensorType::new(self.dtype(), Shape(self.shape.iter().map(|&d| (d as u64).into()).collect()))

@@ -1,7 +1,54 @@
 //! `kiln-runtime`: the backend contracts (submission, parameters, transfer, collectives, stateful execution),
 //! the backend registry and C-ABI plugin loader, and the CPU and CUDA backends.
 //!
-//! It executes plans; it never calls the compiler and does not depend on `kiln-passes`. Backends arrive with the
-//! CPU backend and runtime-contract issues; the interpreter in `kiln-ir` is the only executor until then.
+//! It executes plans: an [`kiln_codegen::exec::Executable`] bound to its kernels' code. It never runs the pass
+//! pipeline or generates code itself — the caller (the `kiln` facade, or an artifact loader) hands it compiled
+//! kernels. Today it holds the CPU backend ([`cpu`]) behind the [`Program`] trait every backend implements;
+//! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
+
+pub mod cpu;
+
+use std::collections::BTreeMap;
 
 pub use kiln_ir as ir;
+use kiln_ir::Tensor;
+
+/// Why a run failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    /// A missing, unknown or mistyped input.
+    #[error("bad input: {0}")]
+    Input(String),
+    /// A weight is missing or does not fit.
+    #[error("weights: {0}")]
+    Weights(String),
+    /// An operation failed at run time (an integer division by zero in the interpreter fallback, say).
+    #[error("{0}")]
+    Op(String),
+    /// Memory could not be allocated.
+    #[error("memory: {0}")]
+    Memory(String),
+    /// The backend itself failed (a thread pool, an inconsistent executable).
+    #[error("backend: {0}")]
+    Backend(String),
+}
+
+/// A loaded program on some backend: run it on named inputs, get its named outputs in order. Implementations
+/// are `Send + Sync` and may be run from several threads at once.
+pub trait Program: Send + Sync {
+    /// The backend's name (`cpu`, `cuda`).
+    fn backend(&self) -> &'static str;
+
+    /// Runs the program.
+    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError>;
+}
+
+impl Program for cpu::CpuProgram {
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        cpu::CpuProgram::run(self, inputs)
+    }
+}

@@ -1,5 +1,6 @@
 //! Command-line parsing (clap) and dispatch to one module per subcommand.
 
+mod bench;
 mod check;
 mod conformance;
 mod inspect;
@@ -30,6 +31,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// List every unsupported op, attribute value and dtype of an ONNX model (exit 1 if there is any).
     Check(check::CheckArgs),
+    /// Compile a model and time runs of it (compile time, latency statistics, peak RSS; --json for scripts).
+    Bench(bench::BenchArgs),
     /// Run ONNX backend node tests (case folders of model.onnx + test_data_set_*) and compare outputs.
     Conformance(conformance::ConformanceArgs),
 }
@@ -83,6 +86,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Inspect(a) => inspect::run(a),
         Command::Check(a) => check::run(a),
         Command::Conformance(a) => conformance::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }
 

@@ -34,7 +34,7 @@ pub struct RunArgs {
     seed: u64,
 }
 
-fn parse_backend(s: &str) -> Result<Backend, String> {
+pub fn parse_backend(s: &str) -> Result<Backend, String> {
     s.parse()
 }
 

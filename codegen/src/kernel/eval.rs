@@ -15,8 +15,7 @@ use kiln_ir::op::{ArgKind, BinaryOp};
 use kiln_ir::tensor::Data;
 use kiln_ir::{DType, Tensor};
 
-use super::ir::{AccOp, AccVar, ArgId, ArgRole, Block, CmpOp, Expr, Extent, ICond, IExpr, Kernel, LoopVar, Stmt, Var};
-use super::simplify::{floor_div, floor_rem};
+use super::ir::{AccOp, AccVar, ArgId, ArgRole, Block, Expr, Extent, IExpr, Kernel, LoopVar, Stmt, Var};
 
 /// Evaluating a kernel failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,35 +157,7 @@ impl Machine<'_> {
     }
 
     fn index(&self, e: &IExpr) -> Result<i64, String> {
-        let bin = |a: &IExpr, b: &IExpr| -> Result<(i64, i64), String> { Ok((self.index(a)?, self.index(b)?)) };
-        Ok(match e {
-            IExpr::Const(c) => *c,
-            IExpr::Var(v) => *self.env.loops.get(v).ok_or_else(|| format!("loop variable i{} is not bound", v.0))?,
-            IExpr::Sym(s) => *self.symbols.get(*s).ok_or_else(|| format!("symbol s{s} is not bound"))?,
-            IExpr::Add(a, b) => bin(a, b).map(|(x, y)| x.wrapping_add(y))?,
-            IExpr::Sub(a, b) => bin(a, b).map(|(x, y)| x.wrapping_sub(y))?,
-            IExpr::Mul(a, b) => bin(a, b).map(|(x, y)| x.wrapping_mul(y))?,
-            IExpr::FloorDiv(a, b) => bin(a, b).map(|(x, y)| if y == 0 { 0 } else { floor_div(x, y) })?,
-            IExpr::Rem(a, b) => bin(a, b).map(|(x, y)| if y == 0 { 0 } else { floor_rem(x, y) })?,
-            IExpr::Min(a, b) => bin(a, b).map(|(x, y)| x.min(y))?,
-            IExpr::Max(a, b) => bin(a, b).map(|(x, y)| x.max(y))?,
-            IExpr::Select(c, a, b) => {
-                if self.cond(c)? {
-                    self.index(a)?
-                } else {
-                    self.index(b)?
-                }
-            }
-        })
-    }
-
-    fn cond(&self, c: &ICond) -> Result<bool, String> {
-        let (a, b) = (self.index(&c.lhs)?, self.index(&c.rhs)?);
-        Ok(match c.op {
-            CmpOp::Lt => a < b,
-            CmpOp::Le => a <= b,
-            CmpOp::Eq => a == b,
-        })
+        e.eval(&|v| self.env.loops.get(&v).copied(), self.symbols)
     }
 
     fn expr(&self, e: &Expr) -> Result<Scalar, String> {
@@ -212,7 +183,7 @@ impl Machine<'_> {
                 Ok(if st.op.is_arg() { Scalar::I64(st.position) } else { st.value })
             }
             Expr::Index { value, dtype } => Ok(Scalar::from_i64(*dtype, self.index(value)?)),
-            Expr::Cond(c) => Ok(Scalar::Bool(self.cond(c)?)),
+            Expr::Cond(c) => Ok(Scalar::Bool(c.eval(&|v| self.env.loops.get(&v).copied(), self.symbols)?)),
             Expr::Unary(k, x) => scalar::unary(*k, self.expr(x)?),
             Expr::Binary(k, a, b) => scalar::binary(*k, self.expr(a)?, self.expr(b)?),
             Expr::Select(c, a, b) => {

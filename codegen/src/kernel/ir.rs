@@ -234,6 +234,18 @@ pub struct ICond {
     pub rhs: IExpr,
 }
 
+impl ICond {
+    /// Whether the comparison holds, evaluated as [`IExpr::eval`] does.
+    pub fn eval(&self, loops: &dyn Fn(LoopVar) -> Option<i64>, symbols: &[i64]) -> Result<bool, String> {
+        let (a, b) = (self.lhs.eval(loops, symbols)?, self.rhs.eval(loops, symbols)?);
+        Ok(match self.op {
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Eq => a == b,
+        })
+    }
+}
+
 /// i64 index arithmetic. Wrapping on overflow; division and remainder by zero give 0 (lowering never divides by
 /// a zero extent where the result is used).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -388,6 +400,34 @@ impl IExpr {
     /// `lhs op rhs ? a : b`.
     pub fn select(op: CmpOp, lhs: IExpr, rhs: IExpr, a: IExpr, b: IExpr) -> IExpr {
         IExpr::Select(Box::new(ICond { op, lhs, rhs }), Box::new(a), Box::new(b))
+    }
+
+    /// The value with loop variables from `loops` and symbols from `symbols` (wrapping arithmetic; division
+    /// and remainder by zero give 0); `Err` names an unbound variable or symbol.
+    pub fn eval(&self, loops: &dyn Fn(LoopVar) -> Option<i64>, symbols: &[i64]) -> Result<i64, String> {
+        use super::simplify::{floor_div, floor_rem};
+        let bin = |a: &IExpr, b: &IExpr| -> Result<(i64, i64), String> {
+            Ok((a.eval(loops, symbols)?, b.eval(loops, symbols)?))
+        };
+        Ok(match self {
+            IExpr::Const(c) => *c,
+            IExpr::Var(v) => loops(*v).ok_or_else(|| format!("loop variable i{} is not bound", v.0))?,
+            IExpr::Sym(s) => *symbols.get(*s).ok_or_else(|| format!("symbol s{s} is not bound"))?,
+            IExpr::Add(a, b) => bin(a, b).map(|(x, y)| x.wrapping_add(y))?,
+            IExpr::Sub(a, b) => bin(a, b).map(|(x, y)| x.wrapping_sub(y))?,
+            IExpr::Mul(a, b) => bin(a, b).map(|(x, y)| x.wrapping_mul(y))?,
+            IExpr::FloorDiv(a, b) => bin(a, b).map(|(x, y)| if y == 0 { 0 } else { floor_div(x, y) })?,
+            IExpr::Rem(a, b) => bin(a, b).map(|(x, y)| if y == 0 { 0 } else { floor_rem(x, y) })?,
+            IExpr::Min(a, b) => bin(a, b).map(|(x, y)| x.min(y))?,
+            IExpr::Max(a, b) => bin(a, b).map(|(x, y)| x.max(y))?,
+            IExpr::Select(c, a, b) => {
+                if c.eval(loops, symbols)? {
+                    a.eval(loops, symbols)?
+                } else {
+                    b.eval(loops, symbols)?
+                }
+            }
+        })
     }
 
     /// The constant value, if this is one.

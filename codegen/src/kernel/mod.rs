@@ -30,5 +30,5 @@ pub mod simplify;
 
 pub use eval::{EvalError, eval};
 pub use ir::*;
-pub use lower::{LowerError, LowerOptions, SpacePolicy, lower, lower_with};
+pub use lower::{LowerError, LowerOptions, SpacePolicy, lower, lower_mapped, lower_with};
 pub use print::{expr as print_expr, iexpr as print_iexpr, print};

@@ -97,6 +97,17 @@ pub fn lower(graph: &Graph, group: &[NodeId], name: &str) -> Result<Kernel, Lowe
 
 /// Lowers the nodes `group` of `graph` to a kernel called `name`.
 pub fn lower_with(graph: &Graph, group: &[NodeId], name: &str, options: &LowerOptions) -> Result<Kernel, LowerError> {
+    lower_mapped(graph, group, name, options).map(|(k, _)| k)
+}
+
+/// Lowers as [`lower_with`] does, and also says which graph value each of the kernel's args holds (in
+/// `Kernel::args` order; a `Constant` arg holds its `constant` node's result): how a caller binds buffers.
+pub fn lower_mapped(
+    graph: &Graph,
+    group: &[NodeId],
+    name: &str,
+    options: &LowerOptions,
+) -> Result<(Kernel, Vec<Value>), LowerError> {
     let mut cx = Ctx::new(graph, group)?;
     let outputs = cx.outputs()?;
     // Iteration spaces: (domain shape, outputs computed in it).
@@ -127,7 +138,7 @@ pub fn lower_with(graph: &Graph, group: &[NodeId], name: &str, options: &LowerOp
         cx.nest(&domain, &outs)?;
     }
     let body = Block(cx.frames.pop().expect("the kernel body frame").stmts);
-    Ok(Kernel { name: name.to_string(), args: cx.args, symbols: cx.symbols, body })
+    Ok((Kernel { name: name.to_string(), args: cx.args, symbols: cx.symbols, body }, cx.arg_values))
 }
 
 /// An output computed in a nest: its buffer, its value, and how its index derives from the nest's loops.
@@ -169,6 +180,8 @@ struct Ctx<'g> {
     graph: &'g Graph,
     in_group: BTreeSet<NodeId>,
     args: Vec<KernelArg>,
+    /// The graph value each arg holds (a constant arg: its `constant` node's result).
+    arg_values: Vec<Value>,
     symbols: Vec<String>,
     inputs: HashMap<Value, ArgId>,
     constants: HashMap<NodeId, ArgId>,
@@ -206,6 +219,7 @@ impl<'g> Ctx<'g> {
             graph,
             in_group,
             args: Vec::new(),
+            arg_values: Vec::new(),
             symbols: Vec::new(),
             inputs: HashMap::new(),
             constants: HashMap::new(),
@@ -276,6 +290,7 @@ impl<'g> Ctx<'g> {
         let ty = self.value_type(v)?;
         let shape = ty.shape.0.iter().map(|d| self.extent(d)).collect();
         self.args.push(KernelArg { name, dtype: ty.dtype, shape, role });
+        self.arg_values.push(v);
         Ok(ArgId(self.args.len() as u32 - 1))
     }
 
@@ -639,6 +654,7 @@ impl<'g> Ctx<'g> {
                 let name = format!("{}", id);
                 let role = ArgRole::Constant(Arc::new(t.clone()));
                 self.args.push(KernelArg { name, dtype: t.dtype(), shape, role });
+                self.arg_values.push(Value::new(id, 0));
                 let a = ArgId(self.args.len() as u32 - 1);
                 self.constants.insert(id, a);
                 a

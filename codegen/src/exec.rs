@@ -1,0 +1,464 @@
+//! The [`Executable`]: what a compiled graph is, for any backend that runs it — ordered steps (a generated
+//! kernel, a library call, an interpreter fallback, a copy), the buffers they read and write with where each
+//! lives (caller's input, weight, constant, arena slot from `plan-memory`, run-time allocation, or a weight
+//! prepared once at load), and the kernels the steps launch.
+//!
+//! [`build`] turns an optimized graph (after the target's pipeline: fused, scheduled and memory-planned) into
+//! one, choosing per node:
+//! - a `loop` fusion group, or any single node [`kernel::lower`] accepts (layer norm, softmax, transposes,
+//!   concat, elementwise ops left alone…): a [`Step::Kernel`];
+//! - a `library` fusion group (matmul or conv with an elementwise epilogue), a lone `matmul`, `conv` or `pool`
+//!   on f32: the library call, then the epilogue as a kernel over the library's result, in place;
+//! - a node whose operands are all weights or constants (a weight transpose, say): a step of
+//!   [`Executable::prepare`], run once when the weights are bound, its result kept as a prepared weight;
+//! - anything else (gather, scatter, resize, recurrent ops, top-k, other dtypes of the library ops): a
+//!   [`Step::Interp`] that runs the reference interpreter's `eval_op` on copies of its operands — correct, and
+//!   named in [`Executable::fallbacks`] so its cost is visible.
+//!
+//! Identical kernels (same text) are emitted once and shared by every step that launches them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kiln_ir::graph::Weights;
+use kiln_ir::op::{Fusion, FusionKind};
+use kiln_ir::{DType, Dim, Graph, NodeId, Op, Tensor, TensorType, Value};
+
+use crate::kernel::{self, ArgRole, Kernel, LowerError, LowerOptions};
+
+/// A buffer of an [`Executable`]: an index into [`Executable::buffers`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct BufferId(pub u32);
+
+/// Where a buffer's bytes live.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Home {
+    /// The caller's input tensor at this position of [`Executable::inputs`].
+    Input(usize),
+    /// The weight of this name (in [`Executable::weights`], or bound later).
+    Weight(String),
+    /// A constant of the graph.
+    Constant(Arc<Tensor>),
+    /// A prepared weight: computed by [`Executable::prepare`] when the weights are bound, at this index.
+    Prepared(usize),
+    /// A slot of the run's arena, at this byte offset (planned by `plan-memory`).
+    Arena(u64),
+    /// Allocated for each run (symbolic shape, or not planned).
+    Dynamic,
+}
+
+/// A buffer: a dense row-major tensor of a type whose dims may be symbolic (bound per run from the inputs).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BufferInfo {
+    /// Its type.
+    pub ty: TensorType,
+    /// Where it lives.
+    pub home: Home,
+}
+
+/// The library operations a step may call.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum LibraryOp {
+    /// `out = a · b`, numpy matmul semantics.
+    MatMul,
+    /// Convolution; operands x, w and an optional bias.
+    Conv(kiln_ir::op::Conv),
+    /// Pooling.
+    Pool(kiln_ir::op::Pool),
+}
+
+/// One step of a run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Step {
+    /// Launch kernel `kernel` with these buffers, one per launch argument (inputs and outputs in the kernel's
+    /// argument order, constants skipped).
+    Kernel {
+        /// Index into [`Executable::kernels`].
+        kernel: usize,
+        /// The launch arguments.
+        args: Vec<BufferId>,
+    },
+    /// A library call writing `output`, then (optionally) an epilogue kernel step that reads it and writes the
+    /// group's result.
+    Library {
+        /// The operation.
+        op: LibraryOp,
+        /// Its operands.
+        inputs: Vec<BufferId>,
+        /// Its result.
+        output: BufferId,
+        /// The elementwise epilogue.
+        epilogue: Option<Box<Step>>,
+    },
+    /// The reference interpreter runs `op` (a fallback: see [`Executable::fallbacks`]).
+    Interp {
+        /// The op.
+        op: Op,
+        /// Its operands.
+        inputs: Vec<BufferId>,
+        /// Its results.
+        outputs: Vec<BufferId>,
+        /// The node, as `Graph::describe` names it, for messages.
+        node: String,
+    },
+    /// Copy all of `src` to `dst` (same byte count).
+    Copy {
+        /// Source.
+        src: BufferId,
+        /// Destination.
+        dst: BufferId,
+    },
+}
+
+/// A compiled graph, ready for a backend to load. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Executable {
+    /// The graph's name.
+    pub name: String,
+    /// The inputs the caller passes, in order: name and buffer.
+    pub inputs: Vec<(String, BufferId)>,
+    /// The results, in order: name and buffer.
+    pub outputs: Vec<(String, BufferId)>,
+    /// Every buffer.
+    pub buffers: Vec<BufferInfo>,
+    /// Bytes of the per-run arena.
+    pub arena_bytes: u64,
+    /// Steps run once when weights are bound, writing [`Home::Prepared`] buffers.
+    pub prepare: Vec<Step>,
+    /// The prepared buffers, by [`Home::Prepared`] index.
+    pub prepared: Vec<BufferId>,
+    /// The steps of a run, in order.
+    pub steps: Vec<Step>,
+    /// The kernels steps launch.
+    pub kernels: Vec<Kernel>,
+    /// The weights (params) the graph carries.
+    pub weights: Weights,
+    /// Nodes run by the interpreter fallback, with why they were not compiled.
+    pub fallbacks: Vec<String>,
+}
+
+/// Why a graph could not become an executable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The graph is not well formed (a cycle, a missing operand).
+    #[error("cannot compile graph `{graph}`: {message}")]
+    Graph {
+        /// The graph's name.
+        graph: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Builds the executable of `g` (see the module docs). `g` should have been through its target's pipeline;
+/// a graph without a memory plan still builds, with every intermediate allocated per run.
+pub fn build(g: &Graph) -> Result<Executable, BuildError> {
+    Builder::new(g)?.run()
+}
+
+struct Builder<'g> {
+    g: &'g Graph,
+    order: Vec<NodeId>,
+    exe: Executable,
+    buffer_of: HashMap<Value, BufferId>,
+    kernel_index: HashMap<String, usize>,
+}
+
+impl<'g> Builder<'g> {
+    fn new(g: &'g Graph) -> Result<Builder<'g>, BuildError> {
+        let err = |message: String| BuildError::Graph { graph: g.name().to_string(), message };
+        let order = match g.schedule() {
+            Some(s) => s.to_vec(),
+            None => g.topo_order().map_err(|c| err(format!("it has a cycle through {}", c.0)))?,
+        };
+        Ok(Builder {
+            g,
+            order,
+            exe: Executable {
+                name: g.name().to_string(),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                buffers: Vec::new(),
+                arena_bytes: g.memory_plan().map_or(0, |p| p.arena_bytes),
+                prepare: Vec::new(),
+                prepared: Vec::new(),
+                steps: Vec::new(),
+                kernels: Vec::new(),
+                weights: g.weights.clone(),
+                fallbacks: Vec::new(),
+            },
+            buffer_of: HashMap::new(),
+            kernel_index: HashMap::new(),
+        })
+    }
+
+    fn run(mut self) -> Result<Executable, BuildError> {
+        let g = self.g;
+        for (i, &id) in g.inputs().iter().enumerate() {
+            let Op::Input(inp) = &g.node(id).op else { continue };
+            let b = self.add_buffer(g.node(id).outputs[0].clone(), Home::Input(i));
+            self.buffer_of.insert(Value::new(id, 0), b);
+            self.exe.inputs.push((inp.name.clone(), b));
+        }
+        let order = std::mem::take(&mut self.order);
+        for &id in &order {
+            self.node(id)?;
+        }
+        for (name, v) in g.outputs() {
+            let b = self.buffer(*v)?;
+            // An output that is an input, a weight or a constant is copied into a buffer of its own.
+            let b = match self.exe.buffers[b.0 as usize].home {
+                Home::Arena(_) | Home::Dynamic => b,
+                _ => {
+                    let dst = self.add_buffer(self.exe.buffers[b.0 as usize].ty.clone(), Home::Dynamic);
+                    self.exe.steps.push(Step::Copy { src: b, dst });
+                    dst
+                }
+            };
+            self.exe.outputs.push((name.clone(), b));
+        }
+        Ok(self.exe)
+    }
+
+    fn add_buffer(&mut self, ty: TensorType, home: Home) -> BufferId {
+        self.exe.buffers.push(BufferInfo { ty, home });
+        BufferId(self.exe.buffers.len() as u32 - 1)
+    }
+
+    fn buffer(&self, v: Value) -> Result<BufferId, BuildError> {
+        self.buffer_of.get(&v).copied().ok_or_else(|| BuildError::Graph {
+            graph: self.g.name().to_string(),
+            message: format!("{} is used before it is computed", self.g.describe(v.node)),
+        })
+    }
+
+    /// The buffer of an intermediate result: its arena slot when planned, else a per-run allocation.
+    fn result_buffer(&mut self, v: Value, prepared: bool) -> BufferId {
+        let ty = self.g.value_type(v).cloned().expect("results of scheduled nodes have types");
+        let home = if prepared {
+            let k = self.exe.prepared.len();
+            Home::Prepared(k)
+        } else {
+            match self.g.memory_plan().and_then(|p| p.assignments.get(&v)) {
+                Some(buf) => Home::Arena(buf.offset),
+                None => Home::Dynamic,
+            }
+        };
+        let b = self.add_buffer(ty, home);
+        if prepared {
+            self.exe.prepared.push(b);
+        }
+        self.buffer_of.insert(v, b);
+        b
+    }
+
+    fn is_weightlike(&self, b: BufferId) -> bool {
+        matches!(self.exe.buffers[b.0 as usize].home, Home::Weight(_) | Home::Constant(_) | Home::Prepared(_))
+    }
+
+    fn node(&mut self, id: NodeId) -> Result<(), BuildError> {
+        let g = self.g;
+        let node = g.node(id);
+        match &node.op {
+            Op::Input(_) => return Ok(()),
+            Op::Parameter(p) => {
+                let b = self.add_buffer(node.outputs[0].clone(), Home::Weight(p.name.clone()));
+                self.buffer_of.insert(Value::new(id, 0), b);
+                return Ok(());
+            }
+            Op::Constant(c) => {
+                let b = self.add_buffer(node.outputs[0].clone(), Home::Constant(Arc::new(c.value.clone())));
+                self.buffer_of.insert(Value::new(id, 0), b);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let inputs: Vec<BufferId> = node.inputs.iter().map(|&v| self.buffer(v)).collect::<Result<_, _>>()?;
+        let static_results = node.outputs.iter().all(|t| t.shape.num_elements().is_some());
+        let prepared = !inputs.is_empty() && inputs.iter().all(|&b| self.is_weightlike(b)) && static_results;
+        let outputs: Vec<BufferId> =
+            (0..node.outputs.len()).map(|i| self.result_buffer(Value::new(id, i as u32), prepared)).collect();
+        let step = self.step(id, &inputs, &outputs);
+        if prepared { self.exe.prepare.push(step) } else { self.exe.steps.push(step) }
+        Ok(())
+    }
+
+    /// The step computing node `id` from `inputs` into `outputs`.
+    fn step(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId]) -> Step {
+        let g = self.g;
+        let node = g.node(id);
+        let f32_only = node.outputs.iter().all(|t| t.dtype == DType::F32)
+            && node.inputs.iter().all(|&v| g.value_type(v).is_some_and(|t| t.dtype == DType::F32));
+        let library = |op: LibraryOp| Step::Library {
+            op,
+            inputs: inputs.to_vec(),
+            output: outputs[0],
+            epilogue: None,
+        };
+        match &node.op {
+            Op::MatMul if f32_only => return library(LibraryOp::MatMul),
+            Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
+            Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
+            Op::Fusion(f) => match self.fusion(f, inputs, outputs) {
+                Ok(step) => return step,
+                Err(why) => return self.fallback(id, inputs, outputs, why),
+            },
+            _ => {}
+        }
+        let name = format!("k{}_{}", self.exe.kernels.len(), node.op.mnemonic());
+        match kernel::lower_mapped(g, &[id], &name, &LowerOptions::default()) {
+            Ok((k, values)) => {
+                let known: HashMap<Value, BufferId> =
+                    values.iter().filter_map(|v| self.buffer_of.get(v).map(|&b| (*v, b))).collect();
+                self.kernel_step(k, &values, &|v| known.get(&v).copied())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+        .unwrap_or_else(|why| self.fallback(id, inputs, outputs, why))
+    }
+
+    fn fallback(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId], why: String) -> Step {
+        let node = self.g.describe(id);
+        self.exe.fallbacks.push(format!("{node}: {why}"));
+        Step::Interp { op: self.g.node(id).op.clone(), inputs: inputs.to_vec(), outputs: outputs.to_vec(), node }
+    }
+
+    /// A kernel step for `k`, whose args hold `values` (mapped to buffers by `buffer`); the kernel is shared
+    /// with an identical one emitted before.
+    fn kernel_step(
+        &mut self,
+        k: Kernel,
+        values: &[Value],
+        buffer: &dyn Fn(Value) -> Option<BufferId>,
+    ) -> Result<Step, String> {
+        let mut args = Vec::new();
+        for ((_, a), &v) in k.args.iter().enumerate().zip(values) {
+            if matches!(a.role, ArgRole::Constant(_)) {
+                continue;
+            }
+            args.push(buffer(v).ok_or_else(|| format!("kernel argument `{}` has no buffer", a.name))?);
+        }
+        // Kernels are keyed by their text with the name blanked, so identical bodies share code.
+        let key = kernel::print(&Kernel { name: String::new(), ..k.clone() });
+        let constants_equal = |i: usize| {
+            let other = &self.exe.kernels[i];
+            other.args.iter().zip(&k.args).all(|(x, y)| match (&x.role, &y.role) {
+                (ArgRole::Constant(a), ArgRole::Constant(b)) => a == b,
+                _ => true,
+            })
+        };
+        let kernel = match self.kernel_index.get(&key) {
+            Some(&i) if constants_equal(i) => i,
+            _ => {
+                self.exe.kernels.push(k);
+                self.kernel_index.insert(key, self.exe.kernels.len() - 1);
+                self.exe.kernels.len() - 1
+            }
+        };
+        Ok(Step::Kernel { kernel, args })
+    }
+
+    /// The step of a fusion node; `Err` (why) when it falls back to the interpreter.
+    fn fusion(&mut self, f: &Fusion, inputs: &[BufferId], outputs: &[BufferId]) -> Result<Step, String> {
+        let body: &Graph = &f.body.0;
+        // Body value → executable buffer: body inputs are the operands; body outputs the results.
+        let mut map: HashMap<Value, BufferId> = HashMap::new();
+        for (i, &bid) in body.inputs().iter().enumerate() {
+            map.insert(Value::new(bid, 0), *inputs.get(i).ok_or("operand count mismatch")?);
+        }
+        let mut copies = Vec::new();
+        for (i, (_, v)) in body.outputs().iter().enumerate() {
+            let dst = outputs[i];
+            match map.get(v) {
+                // A body output that is an operand, or a value already bound to another result.
+                Some(&src) => copies.push(Step::Copy { src, dst }),
+                None => {
+                    map.insert(*v, dst);
+                }
+            }
+        }
+        if !copies.is_empty() {
+            return Err("a result aliases an operand or another result".into());
+        }
+        let members: Vec<NodeId> =
+            body.node_ids().filter(|&b| !matches!(body.node(b).op, Op::Input(_) | Op::Parameter(_))).collect();
+        let name = format!("k{}_{}", self.exe.kernels.len(), f.kind.name());
+        match f.kind {
+            FusionKind::Loop => {
+                let (k, values) = kernel::lower_mapped(body, &members, &name, &LowerOptions::default())
+                    .map_err(|e: LowerError| e.to_string())?;
+                self.kernel_step(k, &values, &|v| map.get(&v).copied())
+            }
+            FusionKind::Library => {
+                let roots: Vec<NodeId> =
+                    members.iter().copied().filter(|&b| matches!(body.node(b).op, Op::MatMul | Op::Conv(_))).collect();
+                let [root] = roots[..] else { return Err("a library group needs exactly one matmul/conv".into()) };
+                let rnode = body.node(root);
+                let f32_only = rnode.outputs[0].dtype == DType::F32
+                    && rnode.inputs.iter().all(|&v| body.value_type(v).is_some_and(|t| t.dtype == DType::F32));
+                if !f32_only {
+                    return Err(format!("the library has no {} {}", rnode.outputs[0].dtype, rnode.op.mnemonic()));
+                }
+                let op = match &rnode.op {
+                    Op::Conv(c) => LibraryOp::Conv(c.clone()),
+                    _ => LibraryOp::MatMul,
+                };
+                let lib_inputs: Vec<BufferId> =
+                    rnode.inputs.iter().map(|v| map.get(v).copied().ok_or("root operand not bound")).collect::<Result<_, _>>()?;
+                let root_value = Value::new(root, 0);
+                let epi: Vec<NodeId> = members.iter().copied().filter(|&b| b != root).collect();
+                if epi.is_empty() {
+                    let output = *map.get(&root_value).ok_or("the root is not a result")?;
+                    return Ok(Step::Library { op, inputs: lib_inputs, output, epilogue: None });
+                }
+                // The epilogue reads the root's result; it runs in place over the group's result when the
+                // shapes agree, else the root gets a buffer of its own.
+                let root_ty = rnode.outputs[0].clone();
+                let final_ty = body.value_type(body.outputs()[0].1).cloned().ok_or("untyped result")?;
+                let scratch = if body.outputs().len() == 1 && root_ty == final_ty && !map.contains_key(&root_value) {
+                    outputs[0]
+                } else {
+                    match map.get(&root_value) {
+                        Some(&b) => b,
+                        None => self.add_buffer(root_ty, Home::Dynamic),
+                    }
+                };
+                map.insert(root_value, scratch);
+                let (k, values) = kernel::lower_mapped(body, &epi, &name, &LowerOptions::default())
+                    .map_err(|e: LowerError| e.to_string())?;
+                let epilogue = self.kernel_step(k, &values, &|v| map.get(&v).copied())?;
+                Ok(Step::Library { op, inputs: lib_inputs, output: scratch, epilogue: Some(Box::new(epilogue)) })
+            }
+        }
+    }
+}
+
+impl Executable {
+    /// The extents of buffer `b` with `symbols` bound; `Err` names an unbound symbol.
+    pub fn dims(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<Vec<usize>, String> {
+        self.buffers[b.0 as usize]
+            .ty
+            .shape
+            .0
+            .iter()
+            .map(|d| match d {
+                Dim::Static(n) => Ok(*n as usize),
+                Dim::Sym(s) => symbols.get(s).map(|&n| n as usize).ok_or_else(|| format!("symbol `{s}` is unbound")),
+            })
+            .collect()
+    }
+
+    /// Number of library, kernel, interpreter and copy steps, for reports.
+    pub fn step_counts(&self) -> [usize; 4] {
+        let mut n = [0; 4];
+        for s in self.prepare.iter().chain(&self.steps) {
+            n[match s {
+                Step::Library { .. } => 0,
+                Step::Kernel { .. } => 1,
+                Step::Interp { .. } => 2,
+                Step::Copy { .. } => 3,
+            }] += 1;
+        }
+        n
+    }
+}

@@ -1,0 +1,504 @@
+//! The CPU backend: runs an [`Executable`] on the host.
+//!
+//! A [`CpuProgram`] is an executable bound to its kernels' code and its weights. Loading runs the executable's
+//! `prepare` steps once (weight transposes and other weight-only work); each [`CpuProgram::run`] then checks
+//! the inputs against the declared types (binding symbolic dims), takes an arena of the planned size from a pool
+//! (so concurrent runs never share one and sequential runs reuse memory), and runs the steps in order:
+//! - kernel steps launch generated code part by part, splitting a parallel part's outermost loop into chunks
+//!   across the program's thread pool when it is large enough to pay for it;
+//! - library steps call `kiln_codegen::library` (GEMM, convolution, pooling) inside the same pool, then their
+//!   epilogue kernel;
+//! - interpreter steps copy their operands into tensors and run `kiln_ir::interp::eval_op`;
+//! - copies are `memcpy`.
+//!
+//! A program is `Send + Sync`: several threads may run it at once. Nothing here panics on a bad input — a wrong
+//! name, dtype or shape is a [`RunError`] naming the input.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use kiln_codegen::exec::{BufferId, Executable, Home, LibraryOp, Step};
+use kiln_codegen::kernel::{ArgRole, Extent, Kernel};
+use kiln_codegen::library::{self, Par};
+use kiln_ir::{Dim, Tensor};
+
+use crate::RunError;
+
+/// Every arena and per-run buffer starts at a multiple of this many bytes.
+const ALIGN: usize = 64;
+
+/// Below this many element computations a parallel part runs on the calling thread.
+const MIN_PARALLEL_WORK: u64 = 1 << 15;
+
+/// Zeroed, 64-byte aligned bytes.
+struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively; access goes through `&`/`&mut` like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as above; shared references only read.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn zeroed(len: usize) -> Result<AlignedBuf, RunError> {
+        if len == 0 {
+            return Ok(AlignedBuf { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), len: 0 });
+        }
+        let layout = std::alloc::Layout::from_size_align(len, ALIGN)
+            .map_err(|_| RunError::Memory(format!("{len} bytes cannot be allocated")))?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        NonNull::new(raw)
+            .map(|ptr| AlignedBuf { ptr, len })
+            .ok_or_else(|| RunError::Memory(format!("out of memory allocating {len} bytes")))
+    }
+
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            let layout = std::alloc::Layout::from_size_align(self.len, ALIGN).expect("checked at allocation");
+            // SAFETY: allocated in `zeroed` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// Compiled code for an executable's kernels.
+pub enum KernelCode {
+    /// Native code: one entry per kernel (from the JIT or a loaded artifact) and what keeps it alive.
+    Native {
+        /// Entry and launch facts per kernel, by index.
+        entries: Vec<(kiln_codegen::cpu::KernelFn, kiln_codegen::cpu::KernelInfo)>,
+        /// The owner of the code (a JIT module or a loaded library).
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    },
+    /// The kernel IR, run by the reference evaluator (slow; for testing the executor without code generation).
+    Reference(Vec<Kernel>),
+}
+
+/// An executable bound to its code and weights, ready to run. See the module docs.
+pub struct CpuProgram {
+    exe: Executable,
+    code: KernelCode,
+    weights: HashMap<String, Arc<Tensor>>,
+    prepared: Vec<Arc<Tensor>>,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    arenas: Mutex<Vec<AlignedBuf>>,
+}
+
+/// Raw buffer pointers of one run, shareable with the pool's threads (the steps' buffer discipline — a step
+/// writes only its results, which no concurrent chunk writes at the same element — makes this sound).
+#[derive(Clone, Copy)]
+struct Ptrs<'a>(&'a [*mut u8]);
+
+// SAFETY: see the type's docs; the pointers outlive the run that shares them.
+unsafe impl Send for Ptrs<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Ptrs<'_> {}
+
+impl CpuProgram {
+    /// Binds `exe` to `code` with `threads` worker threads (at least 1), and runs its prepare steps.
+    pub fn new(exe: Executable, code: KernelCode, threads: usize) -> Result<CpuProgram, RunError> {
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kiln-cpu-{i}"))
+            .build()
+            .map_err(|e| RunError::Backend(format!("cannot start {threads} worker threads: {e}")))?;
+        let weights = exe.weights.iter().map(|(n, t)| (n.to_string(), Arc::clone(t))).collect();
+        let mut program =
+            CpuProgram { exe, code, weights, prepared: Vec::new(), pool, threads, arenas: Mutex::new(Vec::new()) };
+        program.prepare()?;
+        Ok(program)
+    }
+
+    /// The executable.
+    pub fn executable(&self) -> &Executable {
+        &self.exe
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs the prepare steps, filling the prepared weights.
+    fn prepare(&mut self) -> Result<(), RunError> {
+        let symbols = HashMap::new();
+        let mut storage = Vec::with_capacity(self.exe.prepared.len());
+        for &b in &self.exe.prepared {
+            let dims = self.exe.dims(b, &symbols).map_err(RunError::Backend)?;
+            storage.push(AlignedBuf::zeroed(self.bytes(b, &dims))?);
+        }
+        if !self.exe.prepare.is_empty() {
+            let ptrs = self.pointers(&[], &symbols, None, &storage, &mut Vec::new())?;
+            for step in &self.exe.prepare {
+                self.step(step, Ptrs(&ptrs), &symbols, &[])?;
+            }
+        }
+        for (&b, buf) in self.exe.prepared.iter().zip(&storage) {
+            let dims = self.exe.dims(b, &symbols).map_err(RunError::Backend)?;
+            let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
+            // SAFETY: the buffer holds exactly `bytes(b)` initialized (zeroed, then written) bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len) };
+            let t = Tensor::from_bytes(dtype, dims, bytes)
+                .ok_or_else(|| RunError::Backend("a prepared weight has the wrong size".into()))?;
+            self.prepared.push(Arc::new(t));
+        }
+        Ok(())
+    }
+
+    fn bytes(&self, b: BufferId, dims: &[usize]) -> usize {
+        dims.iter().product::<usize>() * self.exe.buffers[b.0 as usize].ty.dtype.size_bytes()
+    }
+
+    /// Runs the program on `inputs` (by name) and returns its outputs, in order.
+    pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        let given = self.check_inputs(inputs)?;
+        let symbols = self.bind_symbols(&given)?;
+        let arena = self.take_arena()?;
+        let mut dynamic = Vec::new();
+        let result = (|| {
+            let ptrs = self.pointers(&given, &symbols, Some(&arena), &[], &mut dynamic)?;
+            let sym_values = self.symbol_values(&symbols);
+            self.pool.install(|| -> Result<(), RunError> {
+                for step in &self.exe.steps {
+                    self.step(step, Ptrs(&ptrs), &symbols, &sym_values)?;
+                }
+                Ok(())
+            })?;
+            let mut out = Vec::with_capacity(self.exe.outputs.len());
+            for (name, b) in &self.exe.outputs {
+                let dims = self.exe.dims(*b, &symbols).map_err(RunError::Backend)?;
+                let n = self.bytes(*b, &dims);
+                // SAFETY: the buffer holds `n` bytes, written by the steps.
+                let bytes = unsafe { std::slice::from_raw_parts(ptrs[b.0 as usize], n) };
+                let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
+                let t = Tensor::from_bytes(dtype, dims, bytes)
+                    .ok_or_else(|| RunError::Backend(format!("output `{name}` has the wrong size")))?;
+                out.push((name.clone(), t));
+            }
+            Ok(out)
+        })();
+        self.return_arena(arena);
+        result
+    }
+
+    /// The inputs in executable order, checked for name, dtype and rank.
+    fn check_inputs<'a>(&self, inputs: &'a BTreeMap<String, Tensor>) -> Result<Vec<&'a Tensor>, RunError> {
+        let names = || self.exe.inputs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+        if let Some(extra) = inputs.keys().find(|k| !self.exe.inputs.iter().any(|(n, _)| n == *k)) {
+            return Err(RunError::Input(format!("the model has no input `{extra}` (inputs: {})", names())));
+        }
+        let mut out = Vec::with_capacity(self.exe.inputs.len());
+        for (name, b) in &self.exe.inputs {
+            let t = inputs.get(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
+            let ty = &self.exe.buffers[b.0 as usize].ty;
+            if t.dtype() != ty.dtype {
+                return Err(RunError::Input(format!("input `{name}` should be {}, got {}", ty.dtype, t.dtype())));
+            }
+            if t.shape().len() != ty.shape.0.len() {
+                return Err(RunError::Input(format!(
+                    "input `{name}` should have shape {}, got {:?}",
+                    ty.shape,
+                    t.shape()
+                )));
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+
+    /// Symbolic dims bound from the inputs' shapes; static dims checked.
+    fn bind_symbols(&self, given: &[&Tensor]) -> Result<HashMap<String, u64>, RunError> {
+        let mut symbols: HashMap<String, u64> = HashMap::new();
+        for ((name, b), t) in self.exe.inputs.iter().zip(given) {
+            let ty = &self.exe.buffers[b.0 as usize].ty;
+            for (axis, (d, &n)) in ty.shape.0.iter().zip(t.shape()).enumerate() {
+                let ok = match d {
+                    Dim::Static(s) => *s == n as u64,
+                    Dim::Sym(s) => *symbols.entry(s.clone()).or_insert(n as u64) == n as u64,
+                };
+                if !ok {
+                    return Err(RunError::Input(format!(
+                        "input `{name}` should have shape {} (dim {axis} is {d}{}), got {:?}",
+                        ty.shape,
+                        match d {
+                            Dim::Sym(s) => format!(" = {}", symbols[s]),
+                            Dim::Static(_) => String::new(),
+                        },
+                        t.shape()
+                    )));
+                }
+            }
+        }
+        Ok(symbols)
+    }
+
+    /// Symbol values for each kernel, by kernel index, in the kernel's symbol order.
+    fn symbol_values(&self, symbols: &HashMap<String, u64>) -> Vec<Vec<i64>> {
+        self.exe
+            .kernels
+            .iter()
+            .map(|k| k.symbols.iter().map(|s| symbols.get(s).map_or(0, |&n| n as i64)).collect())
+            .collect()
+    }
+
+    fn take_arena(&self) -> Result<AlignedBuf, RunError> {
+        let want = self.exe.arena_bytes as usize;
+        let reused = self.arenas.lock().ok().and_then(|mut a| a.pop());
+        match reused {
+            Some(a) if a.len == want => Ok(a),
+            _ => AlignedBuf::zeroed(want),
+        }
+    }
+
+    fn return_arena(&self, arena: AlignedBuf) {
+        if let Ok(mut a) = self.arenas.lock() {
+            a.push(arena);
+        }
+    }
+
+    /// A pointer for every buffer of the executable.
+    fn pointers(
+        &self,
+        given: &[&Tensor],
+        symbols: &HashMap<String, u64>,
+        arena: Option<&AlignedBuf>,
+        prepared: &[AlignedBuf],
+        dynamic: &mut Vec<AlignedBuf>,
+    ) -> Result<Vec<*mut u8>, RunError> {
+        let mut out = Vec::with_capacity(self.exe.buffers.len());
+        for (i, info) in self.exe.buffers.iter().enumerate() {
+            let p = match &info.home {
+                Home::Input(k) => match given.get(*k) {
+                    Some(t) => t.as_bytes().as_ptr().cast_mut(),
+                    None => std::ptr::null_mut(),
+                },
+                Home::Weight(name) => match self.weights.get(name) {
+                    Some(t) => t.as_bytes().as_ptr().cast_mut(),
+                    None => return Err(RunError::Weights(format!("weight `{name}` is not bound"))),
+                },
+                Home::Constant(t) => t.as_bytes().as_ptr().cast_mut(),
+                Home::Prepared(k) => match (self.prepared.get(*k), prepared.get(*k)) {
+                    (Some(t), _) => t.as_bytes().as_ptr().cast_mut(),
+                    (None, Some(buf)) => buf.as_ptr(),
+                    (None, None) => std::ptr::null_mut(),
+                },
+                Home::Arena(offset) => match arena {
+                    // SAFETY: plan-memory placed the buffer inside the arena.
+                    Some(a) if (*offset as usize) <= a.len => unsafe { a.as_ptr().add(*offset as usize) },
+                    _ => std::ptr::null_mut(),
+                },
+                Home::Dynamic => {
+                    let dims = self.exe.dims(BufferId(i as u32), symbols);
+                    match dims {
+                        Ok(dims) => {
+                            let buf = AlignedBuf::zeroed(self.bytes(BufferId(i as u32), &dims))?;
+                            let p = buf.as_ptr();
+                            dynamic.push(buf);
+                            p
+                        }
+                        Err(_) => std::ptr::null_mut(),
+                    }
+                }
+            };
+            out.push(p);
+        }
+        Ok(out)
+    }
+
+    fn step(
+        &self,
+        step: &Step,
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+        sym_values: &[Vec<i64>],
+    ) -> Result<(), RunError> {
+        match step {
+            Step::Kernel { kernel, args } => self.launch(*kernel, args, ptrs, symbols, sym_values),
+            Step::Library { op, inputs, output, epilogue } => {
+                self.library(op, inputs, *output, ptrs, symbols)?;
+                match epilogue {
+                    Some(e) => self.step(e, ptrs, symbols, sym_values),
+                    None => Ok(()),
+                }
+            }
+            Step::Interp { op, inputs, outputs, node } => {
+                let mut operands = Vec::with_capacity(inputs.len());
+                for &b in inputs {
+                    operands.push(self.tensor_at(b, ptrs, symbols)?);
+                }
+                let refs: Vec<&Tensor> = operands.iter().collect();
+                let results = kiln_ir::interp::eval_op(op, &refs).map_err(|e| RunError::Op(format!("{node}: {e}")))?;
+                for (&b, t) in outputs.iter().zip(&results) {
+                    let dims = self.exe.dims(b, symbols).map_err(RunError::Backend)?;
+                    let bytes = t.as_bytes();
+                    if t.shape() != dims.as_slice() || bytes.len() != self.bytes(b, &dims) {
+                        return Err(RunError::Op(format!("{node}: result shape {:?}, expected {dims:?}", t.shape())));
+                    }
+                    // SAFETY: the destination buffer holds exactly `bytes.len()` bytes and does not overlap the
+                    // freshly computed result.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptrs.0[b.0 as usize], bytes.len()) };
+                }
+                Ok(())
+            }
+            Step::Copy { src, dst } => {
+                let dims = self.exe.dims(*src, symbols).map_err(RunError::Backend)?;
+                let n = self.bytes(*src, &dims);
+                let (s, d) = (ptrs.0[src.0 as usize], ptrs.0[dst.0 as usize]);
+                if s != d && n > 0 {
+                    // SAFETY: both buffers hold `n` bytes; `copy` tolerates overlap.
+                    unsafe { std::ptr::copy(s, d, n) };
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A copy of buffer `b` as a tensor.
+    fn tensor_at(&self, b: BufferId, ptrs: Ptrs<'_>, symbols: &HashMap<String, u64>) -> Result<Tensor, RunError> {
+        let dims = self.exe.dims(b, symbols).map_err(RunError::Backend)?;
+        let n = self.bytes(b, &dims);
+        let p = ptrs.0[b.0 as usize];
+        let bytes: &[u8] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: the buffer holds `n` initialized bytes.
+            unsafe { std::slice::from_raw_parts(p, n) }
+        };
+        Tensor::from_bytes(self.exe.buffers[b.0 as usize].ty.dtype, dims, bytes)
+            .ok_or_else(|| RunError::Backend("a buffer has the wrong size".into()))
+    }
+
+    fn library(
+        &self,
+        op: &LibraryOp,
+        inputs: &[BufferId],
+        output: BufferId,
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(), RunError> {
+        let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(RunError::Backend);
+        let f32s = |b: BufferId, dims: &[usize]| -> &[f32] {
+            let n: usize = dims.iter().product();
+            if n == 0 {
+                return &[];
+            }
+            // SAFETY: an f32 buffer of `n` elements; library operands never overlap the output.
+            unsafe { std::slice::from_raw_parts(ptrs.0[b.0 as usize].cast::<f32>(), n) }
+        };
+        let out_dims = dims(output)?;
+        let n: usize = out_dims.iter().product();
+        let out: &mut [f32] = if n == 0 {
+            &mut []
+        } else {
+            // SAFETY: the output buffer holds `n` f32s and no operand overlaps it (plan-memory never places a
+            // library result over a live operand).
+            unsafe { std::slice::from_raw_parts_mut(ptrs.0[output.0 as usize].cast::<f32>(), n) }
+        };
+        let par = Par { threads: self.threads };
+        let r = match op {
+            LibraryOp::MatMul => {
+                let (ad, bd) = (dims(inputs[0])?, dims(inputs[1])?);
+                library::matmul_f32(f32s(inputs[0], &ad), &ad, f32s(inputs[1], &bd), &bd, out, None, par)
+            }
+            LibraryOp::Conv(attrs) => {
+                let (xd, wd) = (dims(inputs[0])?, dims(inputs[1])?);
+                let bias = match inputs.get(2) {
+                    Some(&b) => Some(f32s(b, &dims(b)?)),
+                    None => None,
+                };
+                library::conv_f32(f32s(inputs[0], &xd), &xd, f32s(inputs[1], &wd), &wd, bias, attrs, out, &out_dims, None, par)
+            }
+            LibraryOp::Pool(attrs) => {
+                let xd = dims(inputs[0])?;
+                library::pool_f32(f32s(inputs[0], &xd), &xd, attrs, out, &out_dims, par)
+            }
+        };
+        r.map_err(|e| RunError::Op(e.to_string()))
+    }
+
+    fn launch(
+        &self,
+        kernel: usize,
+        args: &[BufferId],
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+        sym_values: &[Vec<i64>],
+    ) -> Result<(), RunError> {
+        let launch: Vec<*mut u8> = args.iter().map(|b| ptrs.0[b.0 as usize]).collect();
+        let syms = &sym_values[kernel];
+        match &self.code {
+            KernelCode::Native { entries, owner: _ } => {
+                let (entry, info) = &entries[kernel];
+                let launch = Ptrs(&launch);
+                for (part, p) in info.parts.iter().enumerate() {
+                    let extent = p.extent.eval(&|_| None, syms).map_err(RunError::Backend)?;
+                    if extent <= 0 {
+                        continue;
+                    }
+                    let work = (extent as u64).saturating_mul(p.cost_per_iteration.max(1));
+                    let chunks = if p.parallel && self.threads > 1 && work >= MIN_PARALLEL_WORK {
+                        (self.threads as i64 * 4).min(extent)
+                    } else {
+                        1
+                    };
+                    let run = |c: i64| {
+                        let (begin, end) = (extent * c / chunks, extent * (c + 1) / chunks);
+                        let l = launch;
+                        // SAFETY: the entry was compiled for this kernel; `l` holds one pointer per launch
+                        // argument and `syms` one value per symbol; chunks cover disjoint iterations of a
+                        // parallel loop.
+                        unsafe { entry(l.0.as_ptr(), syms.as_ptr(), part as i64, begin, end) };
+                    };
+                    if chunks == 1 {
+                        run(0);
+                    } else {
+                        use rayon::prelude::*;
+                        (0..chunks).into_par_iter().for_each(run);
+                    }
+                }
+                Ok(())
+            }
+            KernelCode::Reference(kernels) => {
+                let k = &kernels[kernel];
+                let mut tensors = Vec::with_capacity(args.len());
+                for (&b, (_, a)) in args.iter().zip(k.launch_args()) {
+                    match a.role {
+                        ArgRole::Output => {
+                            let dims: Vec<usize> = a
+                                .shape
+                                .iter()
+                                .map(|e| match e {
+                                    Extent::Const(n) => *n as usize,
+                                    Extent::Sym(s) => syms[*s] as usize,
+                                })
+                                .collect();
+                            tensors.push(Tensor::zeros(a.dtype, dims));
+                        }
+                        _ => tensors.push(self.tensor_at(b, ptrs, symbols)?),
+                    }
+                }
+                kiln_codegen::kernel::eval(k, &mut tensors, syms).map_err(|e| RunError::Op(e.to_string()))?;
+                for ((&b, (_, a)), t) in args.iter().zip(k.launch_args()).zip(&tensors) {
+                    if a.role == ArgRole::Output {
+                        let bytes = t.as_bytes();
+                        // SAFETY: the output buffer holds exactly the kernel output's bytes.
+                        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptrs.0[b.0 as usize], bytes.len()) };
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `kiln bench`: compile a model, then time runs of it — the numbers the CPU backend is judged by.
+//!
+//! Prints the compile time and its breakdown, the step mix (library calls, kernels, interpreter fallbacks),
+//! then latency statistics over `--runs` timed runs after `--warmup` untimed ones. With `--json`, the last line
+//! of output is one JSON object (`compile_ms`, `median_ms`, `min_ms`, `p90_ms`, `mean_ms`, `runs`, `threads`,
+//! `peak_rss_bytes`, …) for scripts such as `scripts/bench_vs_ort.py`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use kiln::{Backend, CompileOptions, npy};
+use kiln_ir::Tensor;
+use serde::Serialize;
+
+use super::{ModelArgs, split_assignment};
+
+/// Arguments of `kiln bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
+    #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// The backend to compile for (cpu; interp times the reference interpreter).
+    #[arg(long, default_value = "cpu", value_parser = super::run::parse_backend)]
+    backend: Backend,
+    /// The pass pipeline before code generation.
+    #[arg(long, default_value = "cpu-default")]
+    pipeline: String,
+    /// Worker threads (0: all cores).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Untimed runs before timing.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed runs.
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// End with one line of JSON holding the results.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The JSON line.
+#[derive(Serialize)]
+struct Report<'a> {
+    model: String,
+    backend: &'a str,
+    threads: usize,
+    compile_ms: f64,
+    passes_ms: f64,
+    lowering_ms: f64,
+    codegen_ms: f64,
+    kernels: usize,
+    library_steps: usize,
+    kernel_steps: usize,
+    fallback_steps: usize,
+    arena_bytes: u64,
+    runs: usize,
+    warmup: usize,
+    min_ms: f64,
+    median_ms: f64,
+    mean_ms: f64,
+    p90_ms: f64,
+    max_ms: f64,
+    peak_rss_bytes: u64,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let mut given = BTreeMap::new();
+    for spec in &a.inputs {
+        let (name, file) = split_assignment(spec, "--input")?;
+        if given.insert(name.to_string(), npy::read(Path::new(file))?).is_some() {
+            bail!("--input `{name}` is given twice");
+        }
+    }
+    let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
+    let model = a.model.load_with(given_shapes)?;
+    let inputs = model.complete_inputs(given, &a.model.shapes()?, 0)?;
+    let threads = kiln::resolve_threads(a.threads);
+
+    let t0 = Instant::now();
+    let (runner, report): (Box<dyn Fn() -> Result<()>>, Option<kiln::CompileReport>) = match a.backend {
+        Backend::Interp => {
+            let opts = kiln::RunOptions { backend: Backend::Interp, threads };
+            let m = model.clone();
+            let ins = inputs.clone();
+            (Box::new(move || m.run(&ins, &opts).map(drop).map_err(Into::into)), None)
+        }
+        backend => {
+            let compiled = model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?;
+            let report = compiled.report().clone();
+            let ins = inputs.clone();
+            (Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)), Some(report))
+        }
+    };
+    let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let r = report.unwrap_or_default();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "compiled {} for {} in {compile_ms:.1} ms (passes {:.1} ms, lowering {:.1} ms, codegen {:.1} ms): \
+         {} kernels; {} library, {} kernel, {} fallback steps; arena {} KiB",
+        a.model.model.display(),
+        a.backend.name(),
+        ms(r.passes),
+        ms(r.lowering),
+        ms(r.codegen),
+        r.kernels,
+        r.steps[0],
+        r.steps[1],
+        r.steps[2],
+        r.arena_bytes / 1024,
+    );
+    for f in &r.fallbacks {
+        println!("  interpreter fallback: {f}");
+    }
+    for _ in 0..a.warmup {
+        runner()?;
+    }
+    let mut times = Vec::with_capacity(a.runs);
+    for _ in 0..a.runs {
+        let t = Instant::now();
+        runner()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let pick = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    println!(
+        "{} runs, {threads} thread(s): min {:.3} ms, median {:.3} ms, mean {mean:.3} ms, p90 {:.3} ms, max {:.3} ms",
+        a.runs,
+        times[0],
+        pick(0.5),
+        pick(0.9),
+        times[times.len() - 1],
+    );
+    let peak_rss_bytes = peak_rss_bytes();
+    println!("peak RSS {:.1} MiB", peak_rss_bytes as f64 / (1 << 20) as f64);
+    if a.json {
+        let report = Report {
+            model: a.model.model.display().to_string(),
+            backend: a.backend.name(),
+            threads,
+            compile_ms,
+            passes_ms: ms(r.passes),
+            lowering_ms: ms(r.lowering),
+            codegen_ms: ms(r.codegen),
+            kernels: r.kernels,
+            library_steps: r.steps[0],
+            kernel_steps: r.steps[1],
+            fallback_steps: r.steps[2],
+            arena_bytes: r.arena_bytes,
+            runs: a.runs,
+            warmup: a.warmup,
+            min_ms: times[0],
+            median_ms: pick(0.5),
+            mean_ms: mean,
+            p90_ms: pick(0.9),
+            max_ms: times[times.len() - 1],
+            peak_rss_bytes,
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
+
+/// The process's peak resident set size (`VmHWM` in `/proc/self/status`), 0 where the platform has no such file.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

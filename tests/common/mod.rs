@@ -1,0 +1,98 @@
+//! Helpers shared by the root package's integration tests: the reference models' location and their saved
+//! input/output sets.
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kiln_ir::Tensor;
+
+/// `../shared/models`, or `KILN_MODELS_DIR`.
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("KILN_MODELS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models"),
+    }
+}
+
+/// The model folders (holding `model.onnx`) under [`models_dir`], sorted; `None` after a `SKIPPED:` line when
+/// the folder is absent.
+pub fn model_dirs() -> Option<Vec<PathBuf>> {
+    let root = models_dir();
+    if !root.is_dir() {
+        eprintln!("SKIPPED: reference models not found at {} (set KILN_MODELS_DIR)", root.display());
+        return None;
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no model folders (with model.onnx) in {}", root.display());
+    Some(dirs)
+}
+
+/// A saved tensor set: `manifest.json` (name → file) and the `.npy` files beside it, in manifest order.
+pub fn read_manifest(dir: &Path) -> Vec<(String, Tensor)> {
+    let text = std::fs::read_to_string(dir.join("manifest.json")).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    entries
+        .iter()
+        .map(|e| {
+            let (name, file) = (e["name"].as_str().unwrap(), e["file"].as_str().unwrap());
+            (name.to_string(), kiln::npy::read(&dir.join(file)).unwrap_or_else(|e| panic!("{e}")))
+        })
+        .collect()
+}
+
+/// Loads one reference model with the saved inputs' shapes, runs it on `backend` and compares with ONNX
+/// Runtime's saved outputs (rtol 1e-3, atol 1e-4); `Err` describes every mismatch.
+pub fn run_reference_model(dir: &Path, backend: kiln::Backend) -> Result<(), String> {
+    let inputs = read_manifest(&dir.join("inputs"));
+    let expected = read_manifest(&dir.join("expected"));
+    // Symbolic dims (a dynamic batch, a cache length) take the saved inputs' extents.
+    let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
+    let model = kiln::Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
+        .map_err(|e| format!("load: {e}"))?;
+    let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
+    let options = kiln::RunOptions { backend, threads: 2 };
+    let outputs: BTreeMap<String, Tensor> =
+        model.run(&given, &options).map_err(|e| format!("run: {e}"))?.into_iter().collect();
+    let mut problems = Vec::new();
+    for (name, want) in &expected {
+        match outputs.get(name) {
+            None => problems.push(format!("output `{name}` is missing")),
+            Some(got) => {
+                if let Err(e) = kiln::conformance::compare(got, want, 1e-3, 1e-4) {
+                    problems.push(format!("output `{name}`: {e}"));
+                }
+            }
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+}
+
+/// Every reference model on `backend` against ONNX Runtime's outputs; a `SKIPPED:` line when they are absent.
+pub fn check_reference_models(backend: kiln::Backend) {
+    let Some(dirs) = model_dirs() else { return };
+    let mut failures = Vec::new();
+    for dir in &dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let t0 = std::time::Instant::now();
+        let result = run_reference_model(dir, backend);
+        eprintln!("{name}: {} in {:.1} s", if result.is_ok() { "ok" } else { "FAILED" }, t0.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} reference models failed on {}:\n{}",
+        failures.len(),
+        dirs.len(),
+        backend.name(),
+        failures.join("\n")
+    );
+}

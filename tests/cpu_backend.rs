@@ -1,0 +1,155 @@
+//! The CPU backend end to end: every fixture compiled for the CPU matches the interpreter; every reference
+//! model matches ONNX Runtime's saved outputs (rtol 1e-3, atol 1e-4); bad inputs are clear errors; NaN and Inf
+//! propagate as in the interpreter; one compiled model runs from several threads at once.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use kiln::{Backend, CompileOptions, Model};
+use kiln_ir::{DType, Graph, Op, Tensor};
+
+mod common;
+
+fn fixtures() -> Vec<(String, Graph)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut out: Vec<(String, Graph)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let g = kiln_ir::parse(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, g)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(out.len() >= 12, "the fixture set");
+    out
+}
+
+/// Binds deterministic random weights to every param without one.
+fn bind_weights(g: &mut Graph) {
+    let params: Vec<(String, kiln_ir::TensorType)> = g
+        .params()
+        .filter_map(|id| match &g.node(id).op {
+            Op::Parameter(p) => Some((p.name.clone(), g.node(id).outputs[0].clone())),
+            _ => None,
+        })
+        .collect();
+    for (i, (name, ty)) in params.into_iter().enumerate() {
+        if g.weights.get(&name).is_none() {
+            let dims = ty.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect();
+            g.weights.insert(name, Tensor::random(ty.dtype, dims, 100 + i as u64));
+        }
+    }
+}
+
+/// Equal for integers and bools; within rtol 1e-4 (atol 1e-5) for floats; NaN matches NaN.
+fn assert_close(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)]) {
+    assert_eq!(got.len(), want.len(), "{what}: output count");
+    for ((gn, g), (wn, w)) in got.iter().zip(want) {
+        assert_eq!(gn, wn, "{what}: output names");
+        if let Err(e) = kiln::conformance::compare(g, w, 1e-4, 1e-5) {
+            panic!("{what}: output `{gn}`: {e}");
+        }
+    }
+}
+
+#[test]
+fn every_fixture_matches_the_interpreter() {
+    for (name, mut g) in fixtures() {
+        bind_weights(&mut g);
+        let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let shapes = BTreeMap::new();
+        let inputs = model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = model.run(&inputs, &kiln::RunOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for threads in [1, 2] {
+            let compiled = model
+                .compile(&CompileOptions { threads, ..CompileOptions::default() })
+                .unwrap_or_else(|e| panic!("{name}: compile: {e}"));
+            let got = compiled.run(&inputs).unwrap_or_else(|e| panic!("{name}: run: {e}"));
+            assert_close(&format!("{name} ({threads} threads)"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn reference_models_match_onnx_runtime_on_the_cpu() {
+    common::check_reference_models(Backend::Cpu);
+}
+
+/// `y = relu(x) * w + b` over a [2, 5] input.
+fn small_model() -> Model {
+    let text = r#"graph "small" {
+  %0 = input {name="x"} : f32[2,5]
+  %1 = constant {value=f32[5] [1.0, -2.0, 0.5, 3.0, -1.0]} : f32[5]
+  %2 = relu %0 : f32[2,5]
+  %3 = broadcast %1 {shape=[2,5]} : f32[2,5]
+  %4 = mul %2, %3 : f32[2,5]
+  %5 = exp %0 : f32[2,5]
+  %6 = add %4, %5 : f32[2,5]
+  output "y" = %6
+}
+"#;
+    Model::from_graph(kiln_ir::parse(text).expect("parses")).expect("verifies")
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let compiled = small_model().compile(&CompileOptions::default()).unwrap();
+    let ok = Tensor::from_vec(vec![2, 5], vec![0.5f32; 10]).unwrap();
+    let cases = [
+        ("z", ok.clone(), "no input `z`"),
+        ("x", Tensor::from_vec(vec![2, 5], vec![1i64; 10]).unwrap(), "should be f32"),
+        ("x", Tensor::from_vec(vec![5, 2], vec![0.5f32; 10]).unwrap(), "should have shape"),
+        ("x", Tensor::from_vec(vec![10], vec![0.5f32; 10]).unwrap(), "should have shape"),
+    ];
+    for (name, t, want) in cases {
+        let inputs = BTreeMap::from([(name.to_string(), t)]);
+        let e = compiled.run(&inputs).expect_err("a bad input fails").to_string();
+        assert!(e.contains(want), "{name}: `{e}` should say {want}");
+    }
+    let e = compiled.run(&BTreeMap::new()).expect_err("a missing input fails").to_string();
+    assert!(e.contains("`x` is missing"), "{e}");
+}
+
+#[test]
+fn nan_and_inf_propagate_as_in_the_interpreter() {
+    let model = small_model();
+    let x = Tensor::from_vec(vec![2, 5], vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 2.0, f32::NAN, 88.0])
+        .unwrap();
+    let inputs = BTreeMap::from([("x".to_string(), x)]);
+    let want = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
+    let got = model.compile(&CompileOptions::default()).unwrap().run(&inputs).unwrap();
+    assert_close("nan/inf", &got, &want);
+    let y = got[0].1.as_slice::<f32>().unwrap();
+    assert!(y[0].is_nan() && y[8].is_nan(), "NaN propagates: {y:?}");
+    assert_eq!(y[1], f32::INFINITY, "{y:?}");
+}
+
+#[test]
+fn one_compiled_model_runs_from_several_threads() {
+    let model = small_model();
+    let compiled = model.compile(&CompileOptions { threads: 2, ..CompileOptions::default() }).unwrap();
+    let results: Vec<Vec<(String, Tensor)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|seed| {
+                let compiled = &compiled;
+                let model = &model;
+                s.spawn(move || {
+                    let inputs = model.random_inputs(&BTreeMap::new(), seed).unwrap();
+                    let mut last = Vec::new();
+                    for _ in 0..20 {
+                        last = compiled.run(&inputs).unwrap();
+                    }
+                    let want = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
+                    assert_close(&format!("thread {seed}"), &last, &want);
+                    last
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results.len(), 4);
+    assert!(results[0][0].1.dtype() == DType::F32);
+}
