@@ -9,6 +9,7 @@
 //!
 //! Nothing here runs on a device outside tests.
 
+pub mod cpu;
 pub mod kernel;
 
 pub use kiln_ir as ir;
@@ -22,4 +23,7 @@ pub enum Error {
     /// The reference evaluator could not run a kernel.
     #[error(transparent)]
     Eval(#[from] kernel::EvalError),
+    /// The CPU emitter could not compile a kernel.
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
 }
