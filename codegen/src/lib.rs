@@ -9,6 +9,7 @@
 //!
 //! Nothing here runs on a device outside tests.
 
+pub mod cpu;
 pub mod exec;
 pub mod kernel;
 
@@ -26,4 +27,7 @@ pub enum Error {
     /// A graph could not become an executable.
     #[error(transparent)]
     Build(#[from] exec::BuildError),
+    /// The CPU emitter could not compile a kernel.
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
 }

@@ -71,7 +71,7 @@ pub enum Extent {
 pub struct ArgId(pub u32);
 
 /// A loop's induction variable (i64, from 0 to the extent, step 1).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct LoopVar(pub u32);
 
 /// A scalar bound once by a [`Stmt::Let`] (SSA).
@@ -213,7 +213,7 @@ impl AccOp {
 }
 
 /// A comparison of two index expressions.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CmpOp {
     /// `a < b`.
     Lt,
@@ -224,7 +224,7 @@ pub enum CmpOp {
 }
 
 /// `lhs op rhs` on indices.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ICond {
     /// The comparison.
     pub op: CmpOp,
@@ -248,7 +248,7 @@ impl ICond {
 
 /// i64 index arithmetic. Wrapping on overflow; division and remainder by zero give 0 (lowering never divides by
 /// a zero extent where the result is used).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum IExpr {
     /// A constant.
     Const(i64),

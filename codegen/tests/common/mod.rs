@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use kiln_codegen::cpu::{CpuOptions, JitModule, KernelFn, KernelInfo};
 use kiln_codegen::kernel::{self, ArgRole, Extent, Kernel, LowerOptions, SpacePolicy};
 use kiln_ir::op::Op;
 use kiln_ir::{Dim, Graph, NodeId, Tensor};
@@ -69,6 +70,7 @@ pub fn check_kernel(case: &str, g: &Graph, k: &Kernel, bindings: &[(&str, u64)])
                 }
             })
             .collect();
+        check_jit(case, k, &args, &symbols);
         kernel::eval(k, &mut args, &symbols).unwrap_or_else(|e| panic!("{case}: evaluator: {e}\n{}", kernel::print(k)));
         let compared = k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).count();
         assert!(compared > 0 && compared >= distinct_outputs(g), "{case}: {compared} output buffer(s)");
@@ -100,6 +102,120 @@ pub fn check_kir(case: &str, text: &str, bindings: &[(&str, u64)]) -> Kernel {
 }
 
 fn compare(case: &str, got: &Tensor, want: &Tensor, k: &Kernel) {
+    compare_to(case, got, want, k, FLOAT_TOLERANCE, "interpreter");
+}
+
+/// JIT results may differ from the evaluator's by this much, relatively.
+const JIT_TOLERANCE: f64 = 1e-5;
+
+/// Launch buffers: each argument's little-endian bytes in 8-byte-aligned storage.
+pub struct Buffers {
+    words: Vec<Vec<u64>>,
+    lens: Vec<usize>,
+}
+
+impl Buffers {
+    /// Copies of `args`' data; outputs are filled with the byte 0xA5 so an element never stored shows.
+    pub fn new(k: &Kernel, args: &[Tensor]) -> Buffers {
+        let mut words = Vec::new();
+        let mut lens = Vec::new();
+        for ((_, a), t) in k.launch_args().zip(args) {
+            let mut bytes = t.data().to_le_bytes();
+            if a.role == ArgRole::Output {
+                bytes.iter_mut().for_each(|b| *b = 0xA5);
+            }
+            let mut w = vec![0u64; bytes.len().div_ceil(8).max(1)];
+            // SAFETY: `w` holds at least `bytes.len()` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), w.as_mut_ptr() as *mut u8, bytes.len()) };
+            lens.push(bytes.len());
+            words.push(w);
+        }
+        Buffers { words, lens }
+    }
+
+    /// One pointer per launch argument.
+    pub fn pointers(&mut self) -> Vec<*mut u8> {
+        self.words.iter_mut().map(|w| w.as_mut_ptr() as *mut u8).collect()
+    }
+
+    /// The buffers as tensors shaped like `like`.
+    pub fn tensors(&self, like: &[Tensor]) -> Vec<Tensor> {
+        self.words
+            .iter()
+            .zip(&self.lens)
+            .zip(like)
+            .map(|((w, &n), t)| {
+                // SAFETY: `w` holds at least `n` initialized bytes.
+                let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, n) };
+                let data = kiln_ir::tensor::Data::from_le_bytes(t.dtype(), bytes).expect("whole elements");
+                Tensor::new(t.shape().to_vec(), data).expect("same element count")
+            })
+            .collect()
+    }
+}
+
+/// How a test launches the parts of a kernel.
+#[derive(Copy, Clone, Debug)]
+pub enum Chunking {
+    /// Each part once over its whole range.
+    Whole,
+    /// Parallel parts in chunks `[n/2, n)`, `[1, n/2)`, `[0, 1)` (in that order); parts in reverse order.
+    Split,
+}
+
+/// Runs every part of kernel `f` (described by `info`) on `bufs`.
+pub fn launch(f: KernelFn, info: &KernelInfo, bufs: &mut Buffers, symbols: &[i64], chunking: Chunking) {
+    let ptrs = bufs.pointers();
+    let call = |part: usize, begin: i64, end: i64| {
+        // SAFETY: the pointers cover every launch argument with its declared size, the symbols are all given.
+        unsafe { f(ptrs.as_ptr(), symbols.as_ptr(), part as i64, begin, end) };
+    };
+    let order: Vec<usize> = match chunking {
+        Chunking::Whole => (0..info.parts.len()).collect(),
+        Chunking::Split => (0..info.parts.len()).rev().collect(),
+    };
+    for p in order {
+        let part = &info.parts[p];
+        let n = part.trip_count(symbols).expect("extents over symbols only");
+        match chunking {
+            Chunking::Split if part.parallel && n > 1 => {
+                call(p, n / 2, n);
+                call(p, 1, n / 2);
+                call(p, 0, 1);
+            }
+            _ => call(p, 0, n),
+        }
+    }
+}
+
+/// Runs `k` on `args` (inputs filled, outputs of the right shape) through the reference evaluator and through
+/// the JIT, whole and in chunks, and compares: bitwise for integers and bools, within 1e-5 relative for floats
+/// (NaN equals NaN).
+pub fn check_jit(case: &str, k: &Kernel, args: &[Tensor], symbols: &[i64]) {
+    let mut want = args.to_vec();
+    kernel::eval(k, &mut want, symbols).unwrap_or_else(|e| panic!("{case}: evaluator: {e}"));
+    let jit = JitModule::compile(std::slice::from_ref(k), &CpuOptions::default())
+        .unwrap_or_else(|e| panic!("{case}: JIT: {e}\n{}", kernel::print(k)));
+    for chunking in [Chunking::Whole, Chunking::Split] {
+        let mut bufs = Buffers::new(k, args);
+        launch(jit.entry(0), jit.info(0), &mut bufs, symbols, chunking);
+        let got = bufs.tensors(args);
+        for (((_, a), g), w) in k.launch_args().zip(&got).zip(&want) {
+            if a.role == ArgRole::Output {
+                compare_to(
+                    &format!("{case} (JIT, {chunking:?}, output {})", a.name),
+                    g,
+                    w,
+                    k,
+                    JIT_TOLERANCE,
+                    "evaluator",
+                );
+            }
+        }
+    }
+}
+
+fn compare_to(case: &str, got: &Tensor, want: &Tensor, k: &Kernel, tolerance: f64, oracle: &str) {
     assert_eq!(got.dtype(), want.dtype(), "{case}: dtype");
     assert_eq!(got.shape(), want.shape(), "{case}: shape");
     if !want.dtype().is_float() {
@@ -109,7 +225,7 @@ fn compare(case: &str, got: &Tensor, want: &Tensor, k: &Kernel) {
     for (i, (g, w)) in got.to_f64_vec().into_iter().zip(want.to_f64_vec()).enumerate() {
         let ok = (g.is_nan() && w.is_nan())
             || g.to_bits() == w.to_bits()
-            || (g - w).abs() <= FLOAT_TOLERANCE * g.abs().max(w.abs());
-        assert!(ok, "{case}: element {i} is {g}, the interpreter gives {w}\n{}", kernel::print(k));
+            || (g - w).abs() <= tolerance * g.abs().max(w.abs());
+        assert!(ok, "{case}: element {i} is {g}, the {oracle} gives {w}\n{}", kernel::print(k));
     }
 }

@@ -1,0 +1,293 @@
+//! The f32x4 form of a vectorizable innermost loop.
+//!
+//! A loop qualifies when every statement is an f32 `Let` or a store into an f32 buffer, and every value is
+//! built from f32 constants, f32 loads, f32 variables and accumulators, float unary and arithmetic binary
+//! kinds, and selects whose condition is an f32 comparison; anything else (other dtypes, casts, index values,
+//! bool variables) keeps the whole loop scalar. Four consecutive iterations run as four lanes; the iterations
+//! left over run through the scalar loop.
+//!
+//! Memory: an index affine in the loop variable with coefficient 1 is one vector load or store, coefficient 0
+//! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
+//! accesses, each index computed for its own iteration). Arithmetic, `min`/`max` (NaN-propagating, as the
+//! interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are vector instructions, as are
+//! `floor`/`ceil`/`round` where the target has SSE4.1; every other kind computes lane by lane through the same
+//! scalar code (and runtime functions) the scalar loop uses, so results are bit-identical to it.
+
+use std::collections::{HashMap, HashSet};
+
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
+use kiln_ir::DType;
+use kiln_ir::interp::scalar::Scalar;
+use kiln_ir::op::{BinaryOp, UnaryOp};
+
+use super::emit::{EResult, Emitter, mem};
+use crate::kernel::{Block, Expr, IExpr, LoopVar, Stmt, Var};
+
+/// Lanes per vector.
+pub(crate) const LANES: i64 = 4;
+
+/// The coefficient of `var` in `e` when `e` is affine in it (`c * var + invariant`), else `None`.
+pub(crate) fn affine(e: &IExpr, var: LoopVar) -> Option<i64> {
+    let invariant = |xs: &[&IExpr]| xs.iter().all(|x| affine(x, var) == Some(0));
+    match e {
+        IExpr::Const(_) | IExpr::Sym(_) => Some(0),
+        IExpr::Var(v) => Some(i64::from(*v == var)),
+        IExpr::Add(a, b) => Some(affine(a, var)?.wrapping_add(affine(b, var)?)),
+        IExpr::Sub(a, b) => Some(affine(a, var)?.wrapping_sub(affine(b, var)?)),
+        IExpr::Mul(a, b) => match (affine(a, var)?, affine(b, var)?, a.as_const(), b.as_const()) {
+            (0, 0, _, _) => Some(0),
+            (c, 0, _, Some(k)) | (0, c, Some(k), _) => Some(c.wrapping_mul(k)),
+            _ => None,
+        },
+        IExpr::FloorDiv(a, b) | IExpr::Rem(a, b) | IExpr::Min(a, b) | IExpr::Max(a, b) => {
+            invariant(&[a, b]).then_some(0)
+        }
+        IExpr::Select(c, a, b) => invariant(&[&c.lhs, &c.rhs, a, b]).then_some(0),
+    }
+}
+
+fn vector_unary(k: UnaryOp) -> bool {
+    !matches!(k, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::Not | UnaryOp::BitNot)
+}
+
+fn vector_binary(k: BinaryOp) -> bool {
+    matches!(
+        k,
+        BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::Pow
+            | BinaryOp::Mod
+            | BinaryOp::Rem
+    )
+}
+
+fn float_cc(k: BinaryOp) -> Option<FloatCC> {
+    Some(match k {
+        BinaryOp::Eq => FloatCC::Equal,
+        BinaryOp::Lt => FloatCC::LessThan,
+        BinaryOp::Le => FloatCC::LessThanOrEqual,
+        BinaryOp::Gt => FloatCC::GreaterThan,
+        BinaryOp::Ge => FloatCC::GreaterThanOrEqual,
+        _ => return None,
+    })
+}
+
+impl Emitter<'_, '_> {
+    /// Whether the loop body qualifies for the f32x4 form (see the module docs).
+    pub(crate) fn can_vectorize(&self, body: &Block) -> bool {
+        let mut inner: HashSet<Var> = HashSet::new();
+        for s in &body.0 {
+            match s {
+                Stmt::Let { var, dtype: DType::F32, value } if self.vector_ok(value, &inner) => {
+                    inner.insert(*var);
+                }
+                Stmt::Store { arg, value, .. }
+                    if self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::F32)
+                        && self.vector_ok(value, &inner) => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    fn vector_ok(&self, e: &Expr, inner: &HashSet<Var>) -> bool {
+        match e {
+            Expr::Const(Scalar::F32(_)) => true,
+            Expr::Load { arg, .. } => self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::F32),
+            Expr::Var(v) => inner.contains(v) || self.lets.get(v).is_some_and(|(_, d)| *d == DType::F32),
+            Expr::Acc(a) => self.accs.get(a).is_some_and(|s| !s.op.is_arg() && s.dtype == DType::F32),
+            Expr::Unary(k, x) => vector_unary(*k) && self.vector_ok(x, inner),
+            Expr::Binary(k, a, b) => vector_binary(*k) && self.vector_ok(a, inner) && self.vector_ok(b, inner),
+            Expr::Select(c, a, b) => {
+                matches!(&**c, Expr::Binary(k, x, y) if float_cc(*k).is_some()
+                    && self.vector_ok(x, inner) && self.vector_ok(y, inner))
+                    && self.vector_ok(a, inner)
+                    && self.vector_ok(b, inner)
+            }
+            _ => false,
+        }
+    }
+
+    /// One group of four iterations starting at `i`.
+    pub(crate) fn vector_body(&mut self, var: LoopVar, i: Value, body: &Block) -> EResult<()> {
+        let mut vlets: HashMap<Var, Value> = HashMap::new();
+        for s in &body.0 {
+            match s {
+                Stmt::Let { var: v, value, .. } => {
+                    let x = self.vexpr(value, var, i, &vlets)?;
+                    vlets.insert(*v, x);
+                }
+                Stmt::Store { arg, index, value } => {
+                    let x = self.vexpr(value, var, i, &vlets)?;
+                    if affine(index, var) == Some(1) {
+                        let addr = self.address(*arg, index)?;
+                        self.b.ins().store(mem(), x, addr, 0);
+                    } else {
+                        for lane in 0..LANES {
+                            let li = self.b.ins().iadd_imm_s(i, lane);
+                            self.lane_index.insert(var, li);
+                            let addr = self.address(*arg, index);
+                            self.lane_index.remove(&var);
+                            let addr = addr?;
+                            let x = self.b.ins().extractlane(x, lane as u8);
+                            self.b.ins().store(mem(), x, addr, 0);
+                        }
+                    }
+                }
+                _ => return Err(self.malformed("a statement the vector form does not take".into())),
+            }
+        }
+        Ok(())
+    }
+
+    fn splat(&mut self, x: Value) -> Value {
+        self.b.ins().splat(types::F32X4, x)
+    }
+
+    fn vexpr(&mut self, e: &Expr, var: LoopVar, i: Value, vlets: &HashMap<Var, Value>) -> EResult<Value> {
+        Ok(match e {
+            Expr::Const(s) => {
+                let c = self.scalar_const(*s);
+                self.splat(c)
+            }
+            Expr::Load { arg, index } => match affine(index, var) {
+                Some(1) => {
+                    let addr = self.address(*arg, index)?;
+                    self.b.ins().load(types::F32X4, mem(), addr, 0)
+                }
+                Some(0) => {
+                    let addr = self.address(*arg, index)?;
+                    let x = self.load_scalar(DType::F32, addr);
+                    self.splat(x)
+                }
+                _ => {
+                    let zero = self.b.ins().f32const(0.0);
+                    let mut v = self.splat(zero);
+                    for lane in 0..LANES {
+                        let li = self.b.ins().iadd_imm_s(i, lane);
+                        self.lane_index.insert(var, li);
+                        let addr = self.address(*arg, index);
+                        self.lane_index.remove(&var);
+                        let x = self.load_scalar(DType::F32, addr?);
+                        v = self.b.ins().insertlane(v, x, lane as u8);
+                    }
+                    v
+                }
+            },
+            Expr::Var(v) => match vlets.get(v) {
+                Some(x) => *x,
+                None => {
+                    let (x, _) = self.expr(e)?;
+                    self.splat(x)
+                }
+            },
+            Expr::Acc(_) => {
+                let (x, _) = self.expr(e)?;
+                self.splat(x)
+            }
+            Expr::Unary(k, x) => {
+                let x = self.vexpr(x, var, i, vlets)?;
+                self.vunary(*k, x)?
+            }
+            Expr::Binary(k, a, b) => {
+                let a = self.vexpr(a, var, i, vlets)?;
+                let b = self.vexpr(b, var, i, vlets)?;
+                match k {
+                    BinaryOp::Add => self.b.ins().fadd(a, b),
+                    BinaryOp::Sub => self.b.ins().fsub(a, b),
+                    BinaryOp::Mul => self.b.ins().fmul(a, b),
+                    BinaryOp::Div => self.b.ins().fdiv(a, b),
+                    BinaryOp::Max => self.b.ins().fmax(a, b),
+                    BinaryOp::Min => self.b.ins().fmin(a, b),
+                    _ => self.per_lane2(|e, x, y| Ok(e.binary(*k, x, y, DType::F32)?.0), a, b)?,
+                }
+            }
+            Expr::Select(c, a, b) => {
+                let Expr::Binary(k, x, y) = &**c else {
+                    return Err(self.malformed("vector select without a comparison".into()));
+                };
+                let cc = float_cc(*k).ok_or_else(|| self.malformed("vector select without a comparison".into()))?;
+                let x = self.vexpr(x, var, i, vlets)?;
+                let y = self.vexpr(y, var, i, vlets)?;
+                let mask = self.b.ins().fcmp(cc, x, y);
+                let a = self.vexpr(a, var, i, vlets)?;
+                let b = self.vexpr(b, var, i, vlets)?;
+                self.select_mask(mask, a, b)
+            }
+            _ => return Err(self.malformed("an expression the vector form does not take".into())),
+        })
+    }
+
+    /// Lanes of `a` where the i32x4 `mask` is set, of `b` elsewhere.
+    fn select_mask(&mut self, mask: Value, a: Value, b: Value) -> Value {
+        let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+        let m = self.b.ins().bitcast(types::F32X4, flags, mask);
+        self.b.ins().bitselect(m, a, b)
+    }
+
+    fn vunary(&mut self, k: UnaryOp, x: Value) -> EResult<Value> {
+        let zero = self.b.ins().f32const(0.0);
+        Ok(match k {
+            UnaryOp::Neg => self.b.ins().fneg(x),
+            UnaryOp::Abs => self.b.ins().fabs(x),
+            UnaryOp::Sqrt => self.b.ins().sqrt(x),
+            UnaryOp::Relu => {
+                let z = self.splat(zero);
+                let keep = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, z);
+                self.select_mask(keep, x, z)
+            }
+            UnaryOp::Sign => {
+                let z = self.splat(zero);
+                let one = self.b.ins().f32const(1.0);
+                let one = self.splat(one);
+                let m1 = self.b.ins().f32const(-1.0);
+                let m1 = self.splat(m1);
+                let gt = self.b.ins().fcmp(FloatCC::GreaterThan, x, z);
+                let lt = self.b.ins().fcmp(FloatCC::LessThan, x, z);
+                let v = self.select_mask(lt, m1, x);
+                self.select_mask(gt, one, v)
+            }
+            UnaryOp::Reciprocal | UnaryOp::Rsqrt => {
+                let one = self.b.ins().f32const(1.0);
+                let one = self.splat(one);
+                let d = if k == UnaryOp::Rsqrt { self.b.ins().sqrt(x) } else { x };
+                self.b.ins().fdiv(one, d)
+            }
+            UnaryOp::Floor if self.target.vector_rounding => self.b.ins().floor(x),
+            UnaryOp::Ceil if self.target.vector_rounding => self.b.ins().ceil(x),
+            UnaryOp::Round if self.target.vector_rounding => self.b.ins().nearest(x),
+            _ => self.per_lane(|e, v| Ok(e.unary(k, v, DType::F32)?.0), x)?,
+        })
+    }
+
+    fn per_lane(&mut self, mut f: impl FnMut(&mut Self, Value) -> EResult<Value>, x: Value) -> EResult<Value> {
+        let mut out = x;
+        for lane in 0..LANES as u8 {
+            let v = self.b.ins().extractlane(x, lane);
+            let r = f(self, v)?;
+            out = self.b.ins().insertlane(out, r, lane);
+        }
+        Ok(out)
+    }
+
+    fn per_lane2(
+        &mut self,
+        mut f: impl FnMut(&mut Self, Value, Value) -> EResult<Value>,
+        a: Value,
+        b: Value,
+    ) -> EResult<Value> {
+        let mut out = a;
+        for lane in 0..LANES as u8 {
+            let x = self.b.ins().extractlane(a, lane);
+            let y = self.b.ins().extractlane(b, lane);
+            let r = f(self, x, y)?;
+            out = self.b.ins().insertlane(out, r, lane);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,497 @@
+//! The Cranelift emitter against the reference evaluator: every kernel runs through the JIT whole and in chunks
+//! and must match `kernel::eval` (bitwise for integers and bools, within 1e-5 relative for floats, NaN equal to
+//! NaN) on inputs full of edge values — NaN, ±inf, ±0, subnormals, integer extremes — at odd sizes. The lowering
+//! tests (`lower.rs`, `fixtures.rs`) run every lowered kernel through the JIT too, via the shared harness.
+//! Object code is linked with `cc -shared`, loaded with `libloading` and checked the same way.
+
+mod common;
+
+use common::{Buffers, Chunking, check_jit, launch, lower_whole};
+use kiln_codegen::cpu::{self, CpuError, CpuOptions, JitModule, KernelFn, runtime};
+use kiln_codegen::kernel::{self, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
+use kiln_ir::interp::scalar::Scalar;
+use kiln_ir::op::UnaryOp;
+use kiln_ir::tensor::Data;
+use kiln_ir::{DType, Tensor};
+
+const FLOATS: &[f64] = &[
+    f64::NAN,
+    1.5,
+    f64::INFINITY,
+    -2.5,
+    f64::NEG_INFINITY,
+    -0.0,
+    0.5,
+    0.0,
+    2.5,
+    3.0e38,
+    -1e-30,
+    88.5,
+    -100.0,
+    0.3,
+    -0.7,
+    1e-40,
+    65504.0,
+    70000.0,
+    -3.5,
+    1.0 + 1.0 / 2048.0,
+    7.25,
+];
+
+const INTS: &[i64] = &[i64::MIN, i64::MAX, -1, 0, 1, 7, -7, 3, 100, -100, 64, 8, 31, 32, 63, -128, 127, 255, 200];
+
+/// A tensor cycling through the edge values of its dtype, starting at `seed`.
+fn edge_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = if dtype.is_float() {
+        Data::from_f64_iter(dtype, (0..n).map(|i| FLOATS[(i + seed) % FLOATS.len()]))
+    } else {
+        Data::from_i64_iter(dtype, (0..n).map(|i| INTS[(i + seed) % INTS.len()]))
+    };
+    Tensor::new(shape, data).unwrap()
+}
+
+/// Divisors and exponents without zeros, -1 or negatives (which the evaluator reports as errors).
+fn safe_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
+    const SAFE: &[i64] = &[3, 2, 5, 7, 1, 100, 9, 13, 4];
+    let n: usize = shape.iter().product();
+    Tensor::new(shape, Data::from_i64_iter(dtype, (0..n).map(|i| SAFE[(i + seed) % SAFE.len()]))).unwrap()
+}
+
+/// Lowers `text` and checks it through the JIT for each binding of its symbol `n`; inputs named `d*` get
+/// [`safe_tensor`] values, others [`edge_tensor`] values.
+fn check_graph(case: &str, text: &str, sizes: &[u64]) {
+    let g = kiln_ir::parse(text).unwrap_or_else(|e| panic!("{case}: parse: {e}"));
+    let k = lower_whole(&g, case).unwrap_or_else(|e| panic!("{case}: lower: {e}"));
+    for &n in sizes {
+        let symbols: Vec<i64> = k.symbols.iter().map(|_| n as i64).collect();
+        for seed in [0, 5] {
+            let args: Vec<Tensor> = k
+                .launch_args()
+                .enumerate()
+                .map(|(i, (_, a))| {
+                    let shape: Vec<usize> = a
+                        .shape
+                        .iter()
+                        .map(|e| match e {
+                            Extent::Const(c) => *c as usize,
+                            Extent::Sym(s) => symbols[*s] as usize,
+                        })
+                        .collect();
+                    match a.role {
+                        ArgRole::Input if a.name.starts_with('d') => safe_tensor(a.dtype, shape, seed + i),
+                        ArgRole::Input => edge_tensor(a.dtype, shape, seed + 3 * i),
+                        _ => Tensor::zeros(a.dtype, shape),
+                    }
+                })
+                .collect();
+            check_jit(&format!("{case} [n={n}, seed {seed}]"), &k, &args, &symbols);
+        }
+    }
+}
+
+const ODD_SIZES: &[u64] = &[0, 1, 3, 5, 17, 67];
+
+#[test]
+fn f32_elementwise_kinds_on_edge_values() {
+    let mut body = String::new();
+    let mut outputs = String::new();
+    let unary = [
+        "neg",
+        "abs",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "tanh",
+        "sigmoid",
+        "erf",
+        "relu",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "floor",
+        "ceil",
+        "round",
+        "sign",
+    ];
+    let mut id = 2;
+    for u in unary {
+        body.push_str(&format!("  %{id} = {u} %0 : f32[n]\n"));
+        outputs.push_str(&format!("  output \"{u}\" = %{id}\n"));
+        id += 1;
+    }
+    for b in ["add", "sub", "mul", "div", "max", "min", "pow", "mod", "rem"] {
+        body.push_str(&format!("  %{id} = {b} %0, %1 : f32[n]\n"));
+        outputs.push_str(&format!("  output \"{b}\" = %{id}\n"));
+        id += 1;
+    }
+    let text = format!(
+        "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[n]\n  %1 = input {{name=\"y\"}} : f32[n]\n{body}{outputs}}}"
+    );
+    check_graph("f32 elementwise", &text, ODD_SIZES);
+}
+
+#[test]
+fn f32_chains_selects_and_comparisons() {
+    check_graph(
+        "f32 chain",
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n]
+          %1 = input {name="y"} : f32[n]
+          %2 = lt %0, %1 : bool[n]
+          %3 = select %2, %0, %1 : f32[n]
+          %4 = exp %3 : f32[n]
+          %5 = mul %4, %0 : f32[n]
+          %6 = max %5, %1 : f32[n]
+          %7 = relu %6 : f32[n]
+          %8 = ge %0, %1 : bool[n]
+          %9 = is_nan %0 : bool[n]
+          %10 = is_inf %1 : bool[n]
+          %11 = or %9, %10 : bool[n]
+          %12 = and %8, %11 : bool[n]
+          %13 = gelu %0 {approximate=tanh} : f32[n]
+          %14 = gelu %1 {approximate=none} : f32[n]
+          output "chain" = %7
+          output "mask" = %12
+          output "gelu_tanh" = %13
+          output "gelu" = %14
+        }"#,
+        ODD_SIZES,
+    );
+}
+
+#[test]
+fn f64_and_half_floats() {
+    for dt in ["f64", "f16", "bf16"] {
+        let text = format!(
+            r#"graph "g" {{
+              %0 = input {{name="x"}} : {dt}[n]
+              %1 = input {{name="y"}} : {dt}[n]
+              %2 = add %0, %1 : {dt}[n]
+              %3 = mul %0, %1 : {dt}[n]
+              %4 = div %0, %1 : {dt}[n]
+              %5 = exp %0 : {dt}[n]
+              %6 = tanh %1 : {dt}[n]
+              %7 = max %0, %1 : {dt}[n]
+              %8 = min %0, %1 : {dt}[n]
+              %9 = sigmoid %0 : {dt}[n]
+              %10 = round %0 : {dt}[n]
+              %11 = mod %0, %1 : {dt}[n]
+              %12 = erf %1 : {dt}[n]
+              %13 = lt %0, %1 : bool[n]
+              output "add" = %2
+              output "mul" = %3
+              output "div" = %4
+              output "exp" = %5
+              output "tanh" = %6
+              output "max" = %7
+              output "min" = %8
+              output "sigmoid" = %9
+              output "round" = %10
+              output "mod" = %11
+              output "erf" = %12
+              output "lt" = %13
+            }}"#
+        );
+        check_graph(&format!("{dt} elementwise"), &text, &[0, 1, 5, 17]);
+    }
+}
+
+#[test]
+fn casts_between_every_pair_of_dtypes() {
+    let dtypes = ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"];
+    for from in dtypes {
+        let mut body = String::new();
+        let mut outputs = String::new();
+        for (i, to) in dtypes.iter().enumerate() {
+            body.push_str(&format!("  %{} = cast %0 {{to={to}}} : {to}[n]\n", i + 1));
+            outputs.push_str(&format!("  output \"to_{to}\" = %{}\n", i + 1));
+        }
+        let text = format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}{outputs}}}");
+        check_graph(&format!("casts from {from}"), &text, &[1, 7, 19]);
+    }
+}
+
+#[test]
+fn integer_kinds_on_extremes() {
+    for dt in ["i8", "u8", "i32", "i64"] {
+        let mut body = String::new();
+        let mut outputs = String::new();
+        let mut id = 3;
+        for b in [
+            "add", "sub", "mul", "max", "min", "bit_and", "bit_or", "bit_xor", "shl", "shr", "lt", "le", "gt", "ge",
+            "eq",
+        ] {
+            let out = if ["lt", "le", "gt", "ge", "eq"].contains(&b) { "bool" } else { dt };
+            body.push_str(&format!("  %{id} = {b} %0, %1 : {out}[n]\n"));
+            outputs.push_str(&format!("  output \"{b}\" = %{id}\n"));
+            id += 1;
+        }
+        for b in ["div", "mod", "rem", "pow"] {
+            body.push_str(&format!("  %{id} = {b} %0, %2 : {dt}[n]\n"));
+            outputs.push_str(&format!("  output \"{b}\" = %{id}\n"));
+            id += 1;
+        }
+        for u in ["neg", "abs", "sign", "relu", "bit_not", "floor"] {
+            body.push_str(&format!("  %{id} = {u} %0 : {dt}[n]\n"));
+            outputs.push_str(&format!("  output \"{u}\" = %{id}\n"));
+            id += 1;
+        }
+        let text = format!(
+            "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {dt}[n]\n  %1 = input {{name=\"y\"}} : {dt}[n]\n  %2 = input {{name=\"d\"}} : {dt}[n]\n{body}{outputs}}}"
+        );
+        check_graph(&format!("{dt} integer kinds"), &text, &[1, 6, 19, 40]);
+    }
+}
+
+#[test]
+fn reductions_with_nan_ties_and_odd_shapes() {
+    check_graph(
+        "reductions",
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n,5]
+          %1 = reduce %0 {kind=sum, axes=[1], keep_dims=false} : f32[n]
+          %2 = reduce %0 {kind=max, axes=[0], keep_dims=false} : f32[5]
+          %3 = reduce %0 {kind=min, axes=[1], keep_dims=true} : f32[n,1]
+          %4 = arg_reduce %0 {kind=max, axis=1, keep_dims=false, select_last_index=false} : i64[n]
+          %5 = arg_reduce %0 {kind=min, axis=0, keep_dims=false, select_last_index=true} : i64[5]
+          %6 = softmax %0 {axis=1} : f32[n,5]
+          %7 = input {name="b"} : bool[n,3]
+          %8 = reduce %7 {kind=max, axes=[1], keep_dims=false} : bool[n]
+          %9 = input {name="i"} : i8[n,3]
+          %10 = arg_reduce %9 {kind=max, axis=1, keep_dims=false, select_last_index=true} : i64[n]
+          %11 = reduce %9 {kind=sum, axes=[0, 1], keep_dims=false} : i8[]
+          output "sum" = %1
+          output "max" = %2
+          output "min" = %3
+          output "argmax" = %4
+          output "argmin" = %5
+          output "softmax" = %6
+          output "any" = %8
+          output "iargmax" = %10
+          output "isum" = %11
+        }"#,
+        &[0, 1, 3, 17],
+    );
+}
+
+#[test]
+fn layer_norm_transpose_and_broadcast_at_odd_sizes() {
+    check_graph(
+        "layer norm",
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n,7]
+          %1 = input {name="s"} : f32[7]
+          %2 = input {name="b"} : f32[7]
+          %3 = layer_norm %0, %1, %2 {axis=-1, epsilon=1e-5} : f32[n,7]
+          %4 = transpose %0 {perm=[1, 0]} : f32[7,n]
+          %5 = input {name="c"} : f32[7,1]
+          %6 = add %4, %5 : f32[7,n]
+          output "ln" = %3
+          output "t" = %6
+        }"#,
+        &[0, 1, 3, 5, 17],
+    );
+}
+
+#[test]
+fn large_elementwise_kernel_matches() {
+    check_graph(
+        "large",
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n]
+          %1 = input {name="y"} : f32[n]
+          %2 = mul %0, %1 : f32[n]
+          %3 = add %2, %0 : f32[n]
+          output "z" = %3
+        }"#,
+        &[100_003],
+    );
+}
+
+/// `for i in 0..n { store out[i] = value }` over one output of `dtype` with one input `x` of `dtype`.
+fn one_loop_kernel(name: &str, dtype: DType, value: Expr) -> Kernel {
+    Kernel {
+        name: name.into(),
+        args: vec![
+            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
+            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
+        ],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![Stmt::Store { arg: kernel::ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
+        }]),
+    }
+}
+
+#[test]
+fn unsupported_and_malformed_kernels_are_errors() {
+    let load = Expr::Load { arg: kernel::ArgId(0), index: IExpr::Var(LoopVar(0)) };
+    let k = one_loop_kernel("int_exp", DType::I32, Expr::unary(UnaryOp::Exp, load.clone()));
+    match JitModule::compile(&[k], &CpuOptions::default()) {
+        Err(CpuError::Unsupported { kernel, what }) => {
+            assert_eq!(kernel, "int_exp");
+            assert!(what.contains("exp") && what.contains("i32"), "{what}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let k = one_loop_kernel("undefined", DType::F32, Expr::Var(kernel::Var(7)));
+    let err = JitModule::compile(std::slice::from_ref(&k), &CpuOptions::default()).unwrap_err();
+    assert!(matches!(&err, CpuError::Malformed { kernel, .. } if kernel == "undefined"), "{err}");
+    assert!(cpu::emit_object(&[k], &CpuOptions::default()).is_err());
+    let k = one_loop_kernel("mixed", DType::F32, Expr::Const(Scalar::I32(1)));
+    assert!(matches!(JitModule::compile(&[k], &CpuOptions::default()), Err(CpuError::Malformed { .. })));
+    // Through the crate's error type too.
+    let e: kiln_codegen::Error = err.into();
+    assert!(e.to_string().contains("undefined"), "{e}");
+}
+
+#[test]
+fn parts_are_described_for_the_runtime() {
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n,4]
+          %1 = exp %0 : f32[n,4]
+          %2 = reduce %0 {kind=sum, axes=[0, 1], keep_dims=false} : f32[]
+          output "e" = %1
+          output "s" = %2
+        }"#,
+    )
+    .unwrap();
+    let k = lower_whole(&g, "parts").unwrap();
+    let jit = JitModule::compile(std::slice::from_ref(&k), &CpuOptions::default()).unwrap();
+    let info = jit.info(0);
+    assert_eq!(info.name, "parts");
+    assert_eq!(jit.len(), 1);
+    let parallel: Vec<bool> = info.parts.iter().map(|p| p.parallel).collect();
+    assert!(parallel.contains(&true) && parallel.contains(&false), "{info:?}\n{}", kernel::print(&k));
+    for p in &info.parts {
+        assert!(p.cost_per_iteration >= 1);
+        let n = p.trip_count(&[6]).unwrap();
+        assert!(if p.parallel { n == 6 } else { n == 1 }, "{p:?}");
+    }
+    // KernelInfo round-trips through serde (the runtime stores it beside object code).
+    let json = serde_json::to_string(info).unwrap();
+    assert_eq!(&serde_json::from_str::<cpu::KernelInfo>(&json).unwrap(), info);
+    // Out-of-range chunks and unknown parts do nothing harmful.
+    let x = edge_tensor(DType::F32, vec![6, 4], 0);
+    let args = vec![x, Tensor::zeros(DType::F32, vec![6, 4]), Tensor::zeros(DType::F32, vec![])];
+    let mut bufs = Buffers::new(&k, &args);
+    let ptrs = bufs.pointers();
+    // SAFETY: the buffers match the kernel's launch arguments for n = 6.
+    unsafe {
+        (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), 99, 0, 6);
+        (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), 0, -5, 100);
+    }
+    check_jit("parts", &k, &args, &[6]);
+}
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn jit_module_is_send_and_sync_and_disassembles() {
+    assert_send_sync::<JitModule>();
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n]
+          %1 = input {name="y"} : f32[n]
+          %2 = mul %0, %1 : f32[n]
+          %3 = sqrt %2 : f32[n]
+          output "z" = %3
+        }"#,
+    )
+    .unwrap();
+    let k = lower_whole(&g, "vec").unwrap();
+    let text = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    assert!(text.contains("f32x4"), "{text}");
+    assert!(text.contains("sqrt"), "{text}");
+}
+
+/// Links object code into a shared library with `cc`, loads it, and runs every kernel against the evaluator.
+#[test]
+fn object_code_links_loads_and_matches() {
+    if std::process::Command::new("cc").arg("--version").output().is_err() {
+        println!("SKIPPED: no cc");
+        return;
+    }
+    let sources = [
+        (
+            "softmax",
+            r#"graph "g" {
+              %0 = input {name="x"} : f32[n,5]
+              %1 = softmax %0 {axis=1} : f32[n,5]
+              output "y" = %1
+            }"#,
+        ),
+        (
+            "consts and halves",
+            r#"graph "g" {
+              %0 = input {name="x"} : f16[n,3]
+              %1 = constant {value=f16[3] [0.5, -1.0, 2.0]} : f16[3]
+              %2 = mul %0, %1 : f16[n,3]
+              %3 = tanh %2 : f16[n,3]
+              %4 = cast %3 {to=f32} : f32[n,3]
+              %5 = erf %4 : f32[n,3]
+              output "y" = %5
+            }"#,
+        ),
+    ];
+    let kernels: Vec<Kernel> =
+        sources.iter().map(|(name, text)| lower_whole(&kiln_ir::parse(text).unwrap(), name).unwrap()).collect();
+    let (object, infos) = cpu::emit_object(&kernels, &CpuOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let obj = dir.path().join("k.o");
+    let so = dir.path().join("k.so");
+    std::fs::write(&obj, &object).unwrap();
+    let out = std::process::Command::new("cc").arg("-shared").arg("-o").arg(&so).arg(&obj).output().unwrap();
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    // SAFETY: the library is the object just emitted; it runs no initializers.
+    let lib = unsafe { libloading::Library::new(&so) }.unwrap();
+    // SAFETY: the symbols are the table (an array of pointers) and its u64 length, as `emit_object` defines them.
+    unsafe {
+        let len = lib.get::<*const u64>(runtime::RUNTIME_TABLE_LEN_SYMBOL.as_bytes()).unwrap();
+        assert_eq!(**len as usize, runtime::runtime_table().len());
+        let table = lib.get::<*mut *const u8>(runtime::RUNTIME_TABLE_SYMBOL.as_bytes()).unwrap();
+        runtime::install_runtime_table(*table);
+    }
+    for (k, info) in kernels.iter().zip(&infos) {
+        // SAFETY: the symbol is a kernel entry with `KernelFn`'s signature.
+        let f: KernelFn = unsafe { *lib.get::<KernelFn>(info.symbol.as_bytes()).unwrap() };
+        for n in [0usize, 1, 5, 9] {
+            let args: Vec<Tensor> = k
+                .launch_args()
+                .map(|(_, a)| {
+                    let shape = vec![n, if a.dtype == DType::F16 || k.name == "consts and halves" { 3 } else { 5 }];
+                    if a.role == ArgRole::Input {
+                        edge_tensor(a.dtype, shape, n)
+                    } else {
+                        Tensor::zeros(a.dtype, shape)
+                    }
+                })
+                .collect();
+            let mut want = args.clone();
+            kernel::eval(k, &mut want, &[n as i64]).unwrap();
+            let mut bufs = Buffers::new(k, &args);
+            launch(f, info, &mut bufs, &[n as i64], Chunking::Split);
+            let got = bufs.tensors(&args);
+            let (g, w) = (got.last().unwrap().to_f64_vec(), want.last().unwrap().to_f64_vec());
+            for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+                let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= 1e-5 * g.abs().max(w.abs());
+                assert!(ok, "{} [n={n}] element {i}: {g} vs {w}", k.name);
+            }
+        }
+    }
+}
