@@ -7,11 +7,15 @@
 //! convolution, pooling, gather/scatter, resize and the recurrent ops are not lowered here; they become library
 //! calls or kernels of their own, and a group holding one is a [`kernel::LowerError::Unsupported`].
 //!
+//! [`library`] holds the native CPU implementations of what does not become kernel IR: the roots of `library`
+//! fusion groups (`matmul`, `conv`, with their elementwise epilogue as a callback) and `pool`.
+//!
 //! Nothing here runs on a device outside tests.
 
 pub mod cpu;
 pub mod exec;
 pub mod kernel;
+pub mod library;
 
 pub use kiln_ir as ir;
 

@@ -170,9 +170,10 @@ impl CpuProgram {
         let result = (|| {
             let ptrs = self.pointers(&given, &symbols, Some(&arena), &[], &mut dynamic)?;
             let sym_values = self.symbol_values(&symbols);
+            let shared = Ptrs(&ptrs);
             self.pool.install(|| -> Result<(), RunError> {
                 for step in &self.exe.steps {
-                    self.step(step, Ptrs(&ptrs), &symbols, &sym_values)?;
+                    self.step(step, shared, &symbols, &sym_values)?;
                 }
                 Ok(())
             })?;

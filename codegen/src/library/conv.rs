@@ -1,0 +1,385 @@
+//! `conv` on f32: N-d, NC* layout, weights `[M, C/groups, k…]`, optional bias `[M]`.
+//!
+//! Three strategies, chosen per call: a pointwise conv (1×…×1 kernel, stride 1, no pads) is one gemm per image
+//! and group straight on the input; a conv with one input channel per group (depthwise, with or without a channel
+//! multiplier) is a direct loop whose innermost loop runs along an output row; everything else copies the input
+//! windows into a column matrix (`im2col`, `[C/groups · k, out]`) and multiplies the weights by it. The bias seeds
+//! the result before the products accumulate into it, and the epilogue runs once per image while it is warm.
+
+use std::cell::Cell;
+
+use kiln_ir::op::Conv;
+use rayon::prelude::*;
+
+use super::matmul::gemm_rowmajor;
+use super::{Epilogue, LibraryError, Par, attr_usizes, check_len, element_count, strides_of};
+
+const OP: &str = "conv";
+
+/// Convolutions with fewer multiply-adds per image than this stay on one thread.
+const PARALLEL_WORK: usize = 1 << 18;
+
+/// N-d convolution (NCHW layout, weights `[M, C/groups, k…]`, optional `bias` `[M]`) with the strides, pads (all
+/// begins, then all ends), dilations and groups of [`Conv`], exactly as the interpreter defines it. `y` of shape
+/// `y_shape` receives the result; `epilogue` runs once on every result element, one image at a time (offset
+/// `image·M·out`).
+///
+/// Errors if the shapes, attributes or slice lengths disagree (the expected `y_shape` is recomputed here).
+pub fn conv_f32(
+    x: &[f32],
+    x_shape: &[usize],
+    w: &[f32],
+    w_shape: &[usize],
+    bias: Option<&[f32]>,
+    attrs: &Conv,
+    y: &mut [f32],
+    y_shape: &[usize],
+    epilogue: Option<Epilogue>,
+    par: Par,
+) -> Result<(), LibraryError> {
+    let g = Geometry::new(x.len(), x_shape, w.len(), w_shape, bias, attrs, y.len(), y_shape)?;
+    if y.is_empty() {
+        return Ok(());
+    }
+    let image = g.m * g.out_size;
+    let in_image = g.c * g.in_size;
+    let run_epilogue = |offset: usize, block: &mut [f32]| {
+        if let Some(f) = epilogue {
+            f(offset, block);
+        }
+    };
+    let per_image_work = image.saturating_mul(g.cg * g.k_size);
+    if par.parallel() && g.batch > 1 && (g.batch >= par.threads || per_image_work < PARALLEL_WORK) {
+        y.par_chunks_mut(image).enumerate().for_each(|(n, yi)| {
+            conv_image(&g, &x[n * in_image..][..in_image], w, bias, yi, Par::SERIAL);
+            run_epilogue(n * image, yi);
+        });
+        return Ok(());
+    }
+    let inner = if per_image_work >= PARALLEL_WORK { par } else { Par::SERIAL };
+    for (n, yi) in y.chunks_mut(image).enumerate() {
+        conv_image(&g, &x[n * in_image..][..in_image], w, bias, yi, inner);
+        if inner.parallel() && epilogue.is_some() {
+            let block = image.div_ceil(inner.threads).max(1);
+            yi.par_chunks_mut(block).enumerate().for_each(|(i, b)| run_epilogue(n * image + i * block, b));
+        } else {
+            run_epilogue(n * image, yi);
+        }
+    }
+    Ok(())
+}
+
+/// A conv call's shapes and attributes, checked and converted to `usize`.
+struct Geometry {
+    batch: usize,
+    /// Input channels.
+    c: usize,
+    /// Output channels.
+    m: usize,
+    groups: usize,
+    /// Input channels per group.
+    cg: usize,
+    /// Output channels per group.
+    mg: usize,
+    input: Vec<usize>,
+    kernel: Vec<usize>,
+    output: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    pad_begin: Vec<usize>,
+    in_size: usize,
+    k_size: usize,
+    out_size: usize,
+    pointwise: bool,
+}
+
+impl Geometry {
+    fn new(
+        x_len: usize,
+        x_shape: &[usize],
+        w_len: usize,
+        w_shape: &[usize],
+        bias: Option<&[f32]>,
+        attrs: &Conv,
+        y_len: usize,
+        y_shape: &[usize],
+    ) -> Result<Geometry, LibraryError> {
+        let rank = x_shape.len();
+        if rank < 3 || w_shape.len() != rank {
+            return Err(LibraryError::shape(
+                OP,
+                format!("needs x[N,C,*] and w[M,C/groups,*] of one rank ≥ 3, got {x_shape:?} and {w_shape:?}"),
+            ));
+        }
+        check_len(OP, "x", x_len, x_shape)?;
+        check_len(OP, "w", w_len, w_shape)?;
+        check_len(OP, "y", y_len, y_shape)?;
+        let sp = rank - 2;
+        let strides = attr_usizes(OP, "strides", &attrs.strides, sp, 1)?;
+        let dilations = attr_usizes(OP, "dilations", &attrs.dilations, sp, 1)?;
+        let pads = attr_usizes(OP, "pads", &attrs.pads, 2 * sp, 0)?;
+        let (batch, c, m, cg) = (x_shape[0], x_shape[1], w_shape[0], w_shape[1]);
+        let groups = usize::try_from(attrs.groups).unwrap_or(0);
+        if groups == 0 || c % groups != 0 || m % groups != 0 || cg.checked_mul(groups) != Some(c) {
+            return Err(LibraryError::shape(
+                OP,
+                format!("channels {c}, weights {w_shape:?} and groups {} disagree", attrs.groups),
+            ));
+        }
+        if let Some(b) = bias
+            && b.len() != m
+        {
+            return Err(LibraryError::shape(OP, format!("bias has {} elements for {m} output channels", b.len())));
+        }
+        let (input, kernel) = (x_shape[2..].to_vec(), w_shape[2..].to_vec());
+        let mut output = Vec::with_capacity(sp);
+        for d in 0..sp {
+            let eff = (kernel[d].max(1) - 1).checked_mul(dilations[d]).map(|e| e + 1);
+            let padded = input[d].checked_add(pads[d]).and_then(|v| v.checked_add(pads[d + sp]));
+            match (eff, padded) {
+                (Some(eff), Some(padded)) if kernel[d] > 0 && padded >= eff => {
+                    output.push((padded - eff) / strides[d] + 1);
+                }
+                _ => {
+                    return Err(LibraryError::shape(
+                        OP,
+                        format!("kernel {kernel:?} does not fit the padded input {input:?} on spatial dim {d}"),
+                    ));
+                }
+            }
+        }
+        let want: Vec<usize> = [batch, m].into_iter().chain(output.iter().copied()).collect();
+        if y_shape != want.as_slice() {
+            return Err(LibraryError::shape(OP, format!("result shape {y_shape:?} should be {want:?}")));
+        }
+        let pointwise =
+            kernel.iter().all(|&k| k == 1) && strides.iter().all(|&s| s == 1) && pads.iter().all(|&p| p == 0);
+        Ok(Geometry {
+            batch,
+            c,
+            m,
+            groups,
+            cg,
+            mg: m / groups,
+            in_size: element_count(OP, "x", &input)?,
+            k_size: element_count(OP, "w", &kernel)?,
+            out_size: element_count(OP, "y", &output)?,
+            input,
+            kernel,
+            output,
+            strides,
+            dilations,
+            pad_begin: pads[..sp].to_vec(),
+            pointwise,
+        })
+    }
+
+    /// The range of output positions `o` along spatial dim `d` whose tap `k` lands inside the input
+    /// (`o·stride + k·dilation - pad_begin` in `[0, input)`), as `lo..hi` (empty when none does).
+    fn valid(&self, d: usize, k: usize) -> (usize, usize) {
+        let (s, shift) = (self.strides[d] as i64, (k * self.dilations[d]) as i64 - self.pad_begin[d] as i64);
+        let out = self.output[d] as i64;
+        // o·s + shift >= 0  and  o·s + shift <= input - 1.
+        let lo = if shift >= 0 { 0 } else { (-shift + s - 1) / s };
+        let last = self.input[d] as i64 - 1 - shift;
+        let hi = if last < 0 { 0 } else { (last / s + 1).min(out) };
+        (lo.min(out) as usize, hi.max(lo.min(out)) as usize)
+    }
+
+    /// The input position of output `o`, tap `k` along dim `d`, if inside the input.
+    fn position(&self, d: usize, o: usize, k: usize) -> Option<usize> {
+        (o * self.strides[d] + k * self.dilations[d]).checked_sub(self.pad_begin[d]).filter(|&p| p < self.input[d])
+    }
+}
+
+/// One image: `x` is `[C, in…]`, `yi` is `[M, out…]`.
+fn conv_image(g: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, yi: &mut [f32], par: Par) {
+    let out = g.out_size;
+    match bias {
+        Some(b) => {
+            for (plane, &bv) in yi.chunks_mut(out).zip(b) {
+                plane.fill(bv);
+            }
+        }
+        None if g.cg == 1 => yi.fill(0.0),
+        // The products overwrite.
+        None => {}
+    }
+    let accumulate = bias.is_some();
+    if g.cg == 1 {
+        direct_image(g, x, w, yi, par);
+        return;
+    }
+    let (wk, group_out) = (g.cg * g.k_size, g.mg * out);
+    for grp in 0..g.groups {
+        let xg = &x[grp * g.cg * g.in_size..][..g.cg * g.in_size];
+        let wg = &w[grp * g.mg * wk..][..g.mg * wk];
+        let yg = &mut yi[grp * group_out..][..group_out];
+        if g.pointwise {
+            gemm_rowmajor(g.mg, out, g.cg, wg, g.cg, xg, g.in_size, yg, out, accumulate, par);
+            continue;
+        }
+        with_scratch(wk * out, |col| {
+            im2col(g, xg, col, par);
+            gemm_rowmajor(g.mg, out, wk, wg, wk, col, out, yg, out, accumulate, par);
+        });
+    }
+}
+
+thread_local! {
+    /// The column matrix of the last im2col on this thread, kept to save the allocation.
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Runs `f` on a scratch buffer of `len` floats (contents unspecified). The buffer is taken out of the
+/// thread-local slot while in use, so a nested call on the same thread (rayon work stealing inside `gemm`) gets a
+/// fresh one instead of aliasing it.
+fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
+    let mut buf = SCRATCH.with(Cell::take);
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    f(&mut buf[..len]);
+    SCRATCH.with(|s| s.set(buf));
+}
+
+/// Calls `f(outer index, flat output offset of the row)` for every row of the output: every multi-index over all
+/// spatial dims but the last (one empty index for 1-D).
+fn for_each_row(output: &[usize], mut f: impl FnMut(&[usize], usize)) {
+    let outer = &output[..output.len() - 1];
+    if outer.contains(&0) {
+        return;
+    }
+    let row = output[output.len() - 1];
+    let mut idx = vec![0; outer.len()];
+    let mut flat = 0;
+    loop {
+        f(&idx, flat);
+        flat += row;
+        let mut d = outer.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < outer[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Kernel taps as multi-indices, flattened: tap `t` is `taps[t*rank..(t+1)*rank]`, in weight order.
+fn kernel_taps(kernel: &[usize]) -> Vec<usize> {
+    let rank = kernel.len();
+    let count: usize = kernel.iter().product();
+    let ks = strides_of(kernel);
+    let mut taps = Vec::with_capacity(count * rank);
+    for t in 0..count {
+        taps.extend((0..rank).map(|d| (t / ks[d]) % kernel[d]));
+    }
+    taps
+}
+
+/// The input offset of an output row's start for tap `k` over all dims but the last, or `None` when the row
+/// lands in the padding.
+fn row_offset(g: &Geometry, in_strides: &[usize], outer: &[usize], k: &[usize]) -> Option<usize> {
+    let mut off = 0;
+    for d in 0..outer.len() {
+        off += g.position(d, outer[d], k[d])? * in_strides[d];
+    }
+    Some(off)
+}
+
+/// Fills `col` (`[cg · k_size, out_size]`) with the input under every kernel tap: row `(c, tap)`, column `p` holds
+/// `x[c, p·stride + tap·dilation - pad_begin]`, or 0 in the padding.
+fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
+    let taps = kernel_taps(&g.kernel);
+    let in_strides = strides_of(&g.input);
+    let last = g.input.len() - 1;
+    let (s, dil, pb) = (g.strides[last], g.dilations[last], g.pad_begin[last]);
+    let ow = g.output[last];
+    let fill_channel = |ci: usize, rows: &mut [f32]| {
+        let xc = &x[ci * g.in_size..][..g.in_size];
+        for (t, row) in rows.chunks_mut(g.out_size).enumerate() {
+            let k = &taps[t * g.kernel.len()..][..g.kernel.len()];
+            let (lo, hi) = g.valid(last, k[last]);
+            for_each_row(&g.output, |outer, flat| {
+                let seg = &mut row[flat..flat + ow];
+                let Some(base) = row_offset(g, &in_strides, outer, k) else {
+                    seg.fill(0.0);
+                    return;
+                };
+                seg[..lo].fill(0.0);
+                seg[hi..].fill(0.0);
+                if lo < hi {
+                    // First input element of the valid run; `valid` guarantees it is in range.
+                    let start = base + lo * s + k[last] * dil - pb;
+                    if s == 1 {
+                        seg[lo..hi].copy_from_slice(&xc[start..start + (hi - lo)]);
+                    } else {
+                        for (v, &xv) in seg[lo..hi].iter_mut().zip(xc[start..].iter().step_by(s)) {
+                            *v = xv;
+                        }
+                    }
+                }
+            });
+        }
+    };
+    let per_channel = g.k_size * g.out_size;
+    if par.parallel() && g.cg > 1 {
+        col.par_chunks_mut(per_channel).enumerate().for_each(|(ci, rows)| fill_channel(ci, rows));
+    } else {
+        for (ci, rows) in col.chunks_mut(per_channel).enumerate() {
+            fill_channel(ci, rows);
+        }
+    }
+}
+
+/// Convs with one input channel per group (depthwise): output channel `mo` reads input channel `mo / mg`.
+/// Accumulates into `yi`, which holds the bias or zeros.
+fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
+    let taps = kernel_taps(&g.kernel);
+    let in_strides = strides_of(&g.input);
+    let rank = g.kernel.len();
+    let last = rank - 1;
+    let (s, dil, pb) = (g.strides[last], g.dilations[last], g.pad_begin[last]);
+    let ow = g.output[last];
+    let ranges: Vec<(usize, usize)> = (0..g.k_size).map(|t| g.valid(last, taps[t * rank + last])).collect();
+    let plane = |mo: usize, yp: &mut [f32]| {
+        let xc = &x[(mo / g.mg) * g.in_size..][..g.in_size];
+        let wm = &w[mo * g.k_size..][..g.k_size];
+        for_each_row(&g.output, |outer, flat| {
+            let yrow = &mut yp[flat..flat + ow];
+            for t in 0..g.k_size {
+                let k = &taps[t * rank..][..rank];
+                let Some(base) = row_offset(g, &in_strides, outer, k) else { continue };
+                let (lo, hi) = ranges[t];
+                if lo >= hi {
+                    continue;
+                }
+                let wv = wm[t];
+                let start = base + lo * s + k[last] * dil - pb;
+                let ys = &mut yrow[lo..hi];
+                if s == 1 {
+                    for (yv, &xv) in ys.iter_mut().zip(&xc[start..start + (hi - lo)]) {
+                        *yv += wv * xv;
+                    }
+                } else {
+                    for (yv, &xv) in ys.iter_mut().zip(xc[start..].iter().step_by(s)) {
+                        *yv += wv * xv;
+                    }
+                }
+            }
+        });
+    };
+    if par.parallel() {
+        yi.par_chunks_mut(g.out_size).enumerate().for_each(|(mo, yp)| plane(mo, yp));
+    } else {
+        for (mo, yp) in yi.chunks_mut(g.out_size).enumerate() {
+            plane(mo, yp);
+        }
+    }
+}

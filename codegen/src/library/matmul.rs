@@ -1,0 +1,267 @@
+//! `matmul` on f32 and f64 through the `gemm` crate, and the row-major gemm call `conv` shares.
+//!
+//! Batch dims broadcast by index mapping: each result batch reads its operands at precomputed offsets, with
+//! broadcast dims contributing nothing, so no operand is ever copied. When only the left operand carries batch
+//! dims (`[.., m, k] · [k, n]`, every linear layer) the batches fold into one tall product.
+
+use rayon::prelude::*;
+
+use super::{Epilogue, LibraryError, Par, check_len, element_count, strides_of};
+
+const OP: &str = "matmul";
+
+/// Products below this many multiply-adds run on one thread: splitting them costs more than it saves.
+const PARALLEL_WORK: usize = 1 << 18;
+
+/// The element types `gemm` multiplies here.
+pub(super) trait GemmScalar: Copy + Send + Sync + 'static {
+    /// Additive identity.
+    const ZERO: Self;
+    /// Multiplicative identity.
+    const ONE: Self;
+}
+
+impl GemmScalar for f32 {
+    const ZERO: f32 = 0.0;
+    const ONE: f32 = 1.0;
+}
+
+impl GemmScalar for f64 {
+    const ZERO: f64 = 0.0;
+    const ONE: f64 = 1.0;
+}
+
+/// An epilogue over any element type; [`Epilogue`] is the f32 one.
+type EpilogueOf<'a, T> = &'a (dyn Fn(usize, &mut [T]) + Sync);
+
+/// `C[b] = A[b] · B[b]` with numpy broadcasting over batch dims; shapes as the interpreter's matmul (1-D operands
+/// promoted as numpy does: `[k]` on the left is `[1, k]`, on the right `[k, 1]`, the unit dim dropped from the
+/// result). `c` holds the result, row-major; `epilogue` runs once on every result element, in row blocks.
+///
+/// Errors if the shapes do not multiply or a slice length disagrees with its shape.
+pub fn matmul_f32(
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+    c: &mut [f32],
+    epilogue: Option<Epilogue>,
+    par: Par,
+) -> Result<(), LibraryError> {
+    matmul(a, a_shape, b, b_shape, c, epilogue, par)
+}
+
+/// [`matmul_f32`] on f64 operands (no epilogue: library epilogues are f32 code).
+pub fn matmul_f64(
+    a: &[f64],
+    a_shape: &[usize],
+    b: &[f64],
+    b_shape: &[usize],
+    c: &mut [f64],
+    par: Par,
+) -> Result<(), LibraryError> {
+    matmul(a, a_shape, b, b_shape, c, None, par)
+}
+
+/// The batch layout of one matmul call, checked against the slices.
+struct Plan {
+    m: usize,
+    k: usize,
+    n: usize,
+    /// Per result batch: (offset into `a`, offset into `b`) in elements.
+    offsets: Vec<(usize, usize)>,
+    /// The right operand is one matrix and the left's batches are consecutive: fold batches into rows.
+    foldable: bool,
+}
+
+fn plan(a_len: usize, a_shape: &[usize], b_len: usize, b_shape: &[usize], c_len: usize) -> Result<Plan, LibraryError> {
+    if a_shape.is_empty() || b_shape.is_empty() {
+        return Err(LibraryError::shape(
+            OP,
+            format!("operands must have rank 1 or more, got {a_shape:?} and {b_shape:?}"),
+        ));
+    }
+    check_len(OP, "a", a_len, a_shape)?;
+    check_len(OP, "b", b_len, b_shape)?;
+    let a2: Vec<usize> = if a_shape.len() == 1 { vec![1, a_shape[0]] } else { a_shape.to_vec() };
+    let b2: Vec<usize> = if b_shape.len() == 1 { vec![b_shape[0], 1] } else { b_shape.to_vec() };
+    let (ra, rb) = (a2.len(), b2.len());
+    let (m, k, kb, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 2], b2[rb - 1]);
+    if k != kb {
+        return Err(LibraryError::shape(
+            OP,
+            format!("contraction dims differ: {a_shape:?} has {k}, {b_shape:?} has {kb}"),
+        ));
+    }
+    let (ba, bb) = (&a2[..ra - 2], &b2[..rb - 2]);
+    let rank = ba.len().max(bb.len());
+    // Right-aligned operand dims, 1 where an operand has fewer batch dims.
+    let dim = |s: &[usize], i: usize| if i + s.len() >= rank { s[i + s.len() - rank] } else { 1 };
+    let mut batch = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (x, y) = (dim(ba, i), dim(bb, i));
+        if x != y && x != 1 && y != 1 {
+            return Err(LibraryError::shape(OP, format!("batch dims of {a_shape:?} and {b_shape:?} do not broadcast")));
+        }
+        batch.push(if x == 1 { y } else { x });
+    }
+    let batches = element_count(OP, "result", &batch)?;
+    let want = batches.checked_mul(m).and_then(|v| v.checked_mul(n));
+    if want != Some(c_len) {
+        return Err(LibraryError::shape(
+            OP,
+            format!("result has {c_len} elements but {a_shape:?} · {b_shape:?} has {batches}×{m}×{n}"),
+        ));
+    }
+    // Operand batch strides in matrices, 0 on broadcast dims.
+    let stride = |s: &[usize]| -> Vec<usize> {
+        let padded: Vec<usize> = (0..rank).map(|i| dim(s, i)).collect();
+        let st = strides_of(&padded);
+        (0..rank).map(|i| if padded[i] == 1 { 0 } else { st[i] }).collect()
+    };
+    let (sa, sb) = (stride(ba), stride(bb));
+    let out_strides = strides_of(&batch);
+    let offsets: Vec<(usize, usize)> = (0..batches)
+        .map(|i| {
+            let (mut oa, mut ob) = (0, 0);
+            for d in 0..rank {
+                let idx = (i / out_strides[d]) % batch[d];
+                oa += idx * sa[d];
+                ob += idx * sb[d];
+            }
+            (oa * m * k, ob * k * n)
+        })
+        .collect();
+    let foldable = offsets.iter().enumerate().all(|(i, &(oa, ob))| ob == 0 && oa == i * m * k);
+    Ok(Plan { m, k, n, offsets, foldable })
+}
+
+fn matmul<T: GemmScalar>(
+    a: &[T],
+    a_shape: &[usize],
+    b: &[T],
+    b_shape: &[usize],
+    c: &mut [T],
+    epilogue: Option<EpilogueOf<T>>,
+    par: Par,
+) -> Result<(), LibraryError> {
+    let p = plan(a.len(), a_shape, b.len(), b_shape, c.len())?;
+    if c.is_empty() {
+        return Ok(());
+    }
+    let (k, n) = (p.k, p.n);
+    let run_epilogue = |offset: usize, block: &mut [T]| {
+        if let Some(f) = epilogue {
+            f(offset, block);
+        }
+    };
+    if p.foldable {
+        // One `[batches·m, k] · [k, n]` product.
+        let rows = p.offsets.len() * p.m;
+        rows_product(rows, k, n, a, b, c, &run_epilogue, par);
+        return Ok(());
+    }
+    let (m, size) = (p.m, p.m * p.n);
+    let one_work = m * n * k.max(1);
+    if par.parallel() && p.offsets.len() >= par.threads.min(4) && one_work < PARALLEL_WORK * 16 {
+        // Many matrices: one per worker at a time, each product serial.
+        c.par_chunks_mut(size).zip(p.offsets.par_iter()).enumerate().for_each(|(i, (cb, &(oa, ob)))| {
+            gemm_rowmajor(m, n, k, &a[oa..], k, &b[ob..], n, cb, n, false, Par::SERIAL);
+            run_epilogue(i * size, cb);
+        });
+        return Ok(());
+    }
+    for (i, (cb, &(oa, ob))) in c.chunks_mut(size).zip(&p.offsets).enumerate() {
+        let base = i * size;
+        rows_product(m, k, n, &a[oa..], &b[ob..], cb, &|off, block| run_epilogue(base + off, block), par);
+    }
+    Ok(())
+}
+
+/// `c[rows, n] = a[rows, k] · b[k, n]`, then the epilogue on every row block (offsets relative to `c`'s start
+/// plus whatever the closure adds). With several threads and enough rows, rows split among workers and each
+/// block runs its epilogue as soon as it is done; otherwise `gemm` parallelizes inside one product.
+fn rows_product<T: GemmScalar>(
+    rows: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    epilogue: &(dyn Fn(usize, &mut [T]) + Sync),
+    par: Par,
+) {
+    let work = rows.saturating_mul(n).saturating_mul(k.max(1));
+    if par.parallel() && work >= PARALLEL_WORK && rows >= 16 * par.threads {
+        let block = rows.div_ceil(par.threads);
+        c.par_chunks_mut(block * n).enumerate().for_each(|(i, cb)| {
+            let r = cb.len() / n;
+            gemm_rowmajor(r, n, k, &a[i * block * k..], k, b, n, cb, n, false, Par::SERIAL);
+            epilogue(i * block * n, cb);
+        });
+        return;
+    }
+    let threads = if work >= PARALLEL_WORK { par } else { Par::SERIAL };
+    gemm_rowmajor(rows, n, k, a, k, b, n, c, n, false, threads);
+    epilogue(0, c);
+}
+
+/// `c[m, n] (+)= a[m, k] · b[k, n]` on row-major blocks with leading dims `lda`, `ldb`, `ldc`; `accumulate`
+/// adds to what `c` holds (a bias, say) instead of overwriting it. Runs on `par.threads` workers of the current
+/// pool (inside `gemm`) when more than one.
+///
+/// Panics if a slice is too short for its block: callers size them from checked shapes, so that is a bug here.
+pub(super) fn gemm_rowmajor<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: &mut [T],
+    ldc: usize,
+    accumulate: bool,
+    par: Par,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
+    assert!(c.len() >= span(m, ldc, n), "library gemm: result block out of bounds");
+    if k == 0 {
+        if !accumulate {
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    assert!(a.len() >= span(m, lda, k) && b.len() >= span(k, ldb, n), "library gemm: operand block out of bounds");
+    let parallelism = if par.parallel() { gemm::Parallelism::Rayon(par.threads) } else { gemm::Parallelism::None };
+    // SAFETY: the asserts above keep every element `gemm` touches (row stride `ld*`, column stride 1) inside the
+    // slices; `c` is borrowed mutably, so the result aliases neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            accumulate,
+            a.as_ptr(),
+            1,
+            lda as isize,
+            b.as_ptr(),
+            1,
+            ldb as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! Native CPU implementations of the ops the fuse pass leaves to library calls: `matmul`, `conv` and `pool`.
+//!
+//! The CPU runtime calls these on raw row-major buffers. Every function checks its slice lengths and shapes
+//! against each other and against the op's shape rule up front and answers [`LibraryError`] on any mismatch, so
+//! a bad call never panics or reads out of bounds. Results match `kiln_ir::interp::eval_op` up to summation order.
+//!
+//! Parallelism is the caller's: a call runs inside the caller's rayon pool and uses at most [`Par::threads`]
+//! workers of it; with one thread nothing is spawned. A library group's elementwise epilogue is passed as an
+//! [`Epilogue`] that each call runs on finished output blocks while they are still in cache.
+
+mod conv;
+mod matmul;
+mod pool;
+
+pub use conv::conv_f32;
+pub use matmul::{matmul_f32, matmul_f64};
+pub use pool::pool_f32;
+
+use kiln_ir::DType;
+use kiln_ir::op::{Op, PoolKind};
+
+/// How much parallelism a library call may use: it runs inside the caller's rayon pool; `threads` is that pool's
+/// size (1 = run serially, never spawn).
+#[derive(Copy, Clone, Debug)]
+pub struct Par {
+    /// Workers the call may occupy; 0 is treated as 1.
+    pub threads: usize,
+}
+
+impl Par {
+    /// One thread: the call runs on the caller's thread and spawns nothing.
+    pub const SERIAL: Par = Par { threads: 1 };
+
+    /// Whether the call may fan out to other workers.
+    fn parallel(self) -> bool {
+        self.threads > 1
+    }
+}
+
+/// A library call's failure (unsupported dtype/attribute combination, bad shapes) — names the op.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LibraryError {
+    /// The op has no library implementation for this dtype or attribute combination.
+    #[error("{op}: no library implementation for {what}")]
+    Unsupported {
+        /// The op's mnemonic (`matmul`, `conv`, `pool`, …).
+        op: &'static str,
+        /// What is unsupported, e.g. `dtype i32`.
+        what: String,
+    },
+    /// Shapes, slice lengths or attributes are inconsistent with each other.
+    #[error("{op}: {message}")]
+    Shape {
+        /// The op's mnemonic.
+        op: &'static str,
+        /// What disagrees, with the values involved.
+        message: String,
+    },
+}
+
+impl LibraryError {
+    fn shape(op: &'static str, message: impl Into<String>) -> LibraryError {
+        LibraryError::Shape { op, message: message.into() }
+    }
+}
+
+/// Epilogue hook: called on each finished block of output rows while it is hot in cache:
+/// (flat element offset of the block start in the output, the block as a mutable slice). May be a no-op.
+///
+/// Every output element is passed exactly once, in blocks that never overlap; blocks may arrive in any order and
+/// from any worker of the pool.
+pub type Epilogue<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
+
+/// Whether a library implementation exists for `op` on operands of `dtype`, as the runtime asks before it plans a
+/// library call. `Ok` means the matching `*_f32`/`*_f64` function accepts the call (shape errors aside).
+pub fn supported(op: &Op, dtype: DType) -> Result<(), LibraryError> {
+    let unsupported = |op: &'static str, what: String| Err(LibraryError::Unsupported { op, what });
+    match op {
+        Op::MatMul => match dtype {
+            DType::F32 | DType::F64 => Ok(()),
+            other => unsupported("matmul", format!("dtype {other}")),
+        },
+        Op::Conv(_) => match dtype {
+            DType::F32 => Ok(()),
+            other => unsupported("conv", format!("dtype {other}")),
+        },
+        Op::Pool(p) => match (dtype, p.kind) {
+            (DType::F32, PoolKind::Max | PoolKind::Avg) => Ok(()),
+            (other, _) => unsupported("pool", format!("dtype {other}")),
+        },
+        other => unsupported(other.mnemonic(), "this op (not a library op)".to_string()),
+    }
+}
+
+/// Checks that a buffer of `len` elements holds a tensor of `shape`; `what` names the operand.
+fn check_len(op: &'static str, what: &str, len: usize, shape: &[usize]) -> Result<usize, LibraryError> {
+    let want = element_count(op, what, shape)?;
+    if len != want {
+        return Err(LibraryError::shape(op, format!("{what} has {len} elements but shape {shape:?} needs {want}")));
+    }
+    Ok(want)
+}
+
+/// The element count of `shape`, or an error if it overflows `usize`.
+fn element_count(op: &'static str, what: &str, shape: &[usize]) -> Result<usize, LibraryError> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| LibraryError::shape(op, format!("{what} shape {shape:?} overflows the address space")))
+}
+
+/// Converts non-negative `i64` attributes to `usize`; `min` is the smallest allowed value.
+fn attr_usizes(op: &'static str, name: &str, v: &[i64], len: usize, min: i64) -> Result<Vec<usize>, LibraryError> {
+    if v.len() != len {
+        return Err(LibraryError::shape(op, format!("{name} has {} entries for {len} spatial dims", v.len())));
+    }
+    v.iter()
+        .map(|&x| {
+            if x < min {
+                Err(LibraryError::shape(op, format!("{name} {v:?} must be at least {min}")))
+            } else {
+                usize::try_from(x).map_err(|_| LibraryError::shape(op, format!("{name} {v:?} is out of range")))
+            }
+        })
+        .collect()
+}
+
+/// Row-major strides of `shape` in elements.
+fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}

@@ -1,0 +1,362 @@
+//! Differential tests of the CPU library calls: every case runs `matmul`, `conv` or `pool` on random tensors and
+//! compares with `kiln_ir::interp::eval_op` (within 1e-4 relative to the result's scale, as summation orders
+//! differ), serially and on a rayon pool of two, without an epilogue and with one that counts its visits (every
+//! element exactly once) and applies `relu(v) + 1`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use kiln_codegen::library::{self, Epilogue, LibraryError, Par};
+use kiln_ir::op::{Conv, Op, Pool, PoolKind};
+use kiln_ir::{DType, Tensor};
+
+const TOLERANCE: f64 = 1e-4;
+
+fn interp(op: &Op, inputs: &[&Tensor]) -> Tensor {
+    let mut out = kiln_ir::interp::eval_op(op, inputs).unwrap_or_else(|e| panic!("interpreter: {e}"));
+    out.remove(0)
+}
+
+fn close(case: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{case}: length");
+    let scale = want.iter().filter(|v| v.is_finite()).fold(1.0f64, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else if w.is_infinite() {
+            g == w
+        } else {
+            (g - w).abs() <= TOLERANCE * scale
+        };
+        assert!(ok, "{case}: element {i}: got {g}, want {w}");
+    }
+}
+
+/// Runs `f` serially (threads 1) and inside a pool of two (threads 2).
+fn with_threads(mut f: impl FnMut(Par) + Send) {
+    f(Par { threads: 1 });
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a rayon pool of two");
+    pool.install(|| f(Par { threads: 2 }));
+}
+
+/// One library call writing its result into the given buffer.
+type LibraryCall<'a> = dyn FnMut(&mut [f32], Option<Epilogue>, Par) + Send + 'a;
+
+/// Runs `call` without an epilogue and with a counting `relu(v) + 1` epilogue, checking both against `want`.
+fn check_f32(case: &str, want: &Tensor, call: &mut LibraryCall) {
+    let want: Vec<f64> = want.to_f64_vec();
+    with_threads(|par| {
+        let mut y = vec![f32::NAN; want.len()];
+        call(&mut y, None, par);
+        let got: Vec<f64> = y.iter().map(|&v| f64::from(v)).collect();
+        close(&format!("{case} (threads {})", par.threads), &got, &want);
+
+        let visits: Vec<AtomicU32> = (0..want.len()).map(|_| AtomicU32::new(0)).collect();
+        let epilogue = |offset: usize, block: &mut [f32]| {
+            for (i, v) in block.iter_mut().enumerate() {
+                visits[offset + i].fetch_add(1, Ordering::Relaxed);
+                *v = v.max(0.0) + 1.0;
+            }
+        };
+        let mut y = vec![f32::NAN; want.len()];
+        call(&mut y, Some(&epilogue), par);
+        let name = format!("{case} with epilogue (threads {})", par.threads);
+        for (i, v) in visits.iter().enumerate() {
+            assert_eq!(v.load(Ordering::Relaxed), 1, "{name}: element {i} visited");
+        }
+        let got: Vec<f64> = y.iter().map(|&v| f64::from(v)).collect();
+        let relu: Vec<f64> = want.iter().map(|&v| v.max(0.0) + 1.0).collect();
+        close(&name, &got, &relu);
+    });
+}
+
+fn f32s(t: &Tensor) -> &[f32] {
+    t.as_slice::<f32>().expect("an f32 tensor")
+}
+
+const MATMULS: &[(&[usize], &[usize])] = &[
+    (&[3, 4], &[4, 5]),
+    (&[1, 1], &[1, 1]),
+    (&[17, 65], &[65, 3]),
+    (&[65, 17], &[17, 65]),
+    (&[2, 3, 4], &[2, 4, 5]),
+    (&[2, 3, 4], &[4, 5]),
+    (&[3, 4], &[2, 4, 5]),
+    (&[2, 1, 3, 4], &[1, 5, 4, 6]),
+    (&[3, 1, 2, 3], &[4, 3, 5]),
+    (&[4], &[4, 5]),
+    (&[3, 4], &[4]),
+    (&[4], &[4]),
+    (&[2, 3, 4], &[4]),
+    (&[5], &[2, 5, 3]),
+    (&[0, 4], &[4, 5]),
+    (&[3, 0], &[0, 5]),
+    (&[3, 4], &[4, 0]),
+    (&[0, 3, 4], &[4, 5]),
+    (&[2, 0, 3, 4], &[2, 1, 4, 3]),
+    (&[130, 200], &[200, 150]),
+    (&[8, 64, 64], &[8, 64, 64]),
+    (&[4, 128, 96], &[96, 80]),
+    (&[3, 40, 96], &[1, 96, 300]),
+    (&[6, 2, 512], &[512, 700]),
+];
+
+#[test]
+fn matmul_f32_matches_the_interpreter() {
+    for (i, &(sa, sb)) in MATMULS.iter().enumerate() {
+        let a = Tensor::random(DType::F32, sa.to_vec(), 2 * i as u64);
+        let b = Tensor::random(DType::F32, sb.to_vec(), 2 * i as u64 + 1);
+        let want = interp(&Op::MatMul, &[&a, &b]);
+        check_f32(&format!("matmul {sa:?}·{sb:?}"), &want, &mut |c, epilogue, par| {
+            library::matmul_f32(f32s(&a), sa, f32s(&b), sb, c, epilogue, par).expect("matmul succeeds");
+        });
+    }
+}
+
+#[test]
+fn matmul_f64_matches_the_interpreter() {
+    for (i, &(sa, sb)) in MATMULS.iter().enumerate() {
+        let a = Tensor::random(DType::F64, sa.to_vec(), 2 * i as u64);
+        let b = Tensor::random(DType::F64, sb.to_vec(), 2 * i as u64 + 1);
+        let want = interp(&Op::MatMul, &[&a, &b]).to_f64_vec();
+        with_threads(|par| {
+            let mut c = vec![f64::NAN; want.len()];
+            let (av, bv) = (a.as_slice::<f64>().unwrap(), b.as_slice::<f64>().unwrap());
+            library::matmul_f64(av, sa, bv, sb, &mut c, par).expect("matmul succeeds");
+            close(&format!("f64 matmul {sa:?}·{sb:?} (threads {})", par.threads), &c, &want);
+        });
+    }
+}
+
+/// (x shape, w shape, strides, pads, dilations, groups, bias).
+type ConvCase = (&'static [usize], &'static [usize], &'static [i64], &'static [i64], &'static [i64], i64, bool);
+
+const CONVS: &[ConvCase] = &[
+    // 1-D.
+    (&[2, 3, 10], &[4, 3, 3], &[1], &[1, 1], &[1], 1, true),
+    (&[1, 2, 11], &[3, 2, 3], &[2], &[0, 2], &[2], 1, false),
+    (&[1, 1, 0], &[1, 1, 1], &[1], &[1, 1], &[1], 1, true),
+    // 2-D general.
+    (&[2, 3, 9, 8], &[5, 3, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, true),
+    (&[1, 4, 11, 10], &[6, 4, 3, 3], &[2, 2], &[1, 0, 2, 1], &[1, 1], 1, false),
+    (&[1, 3, 12, 12], &[4, 3, 3, 3], &[1, 1], &[2, 2, 2, 2], &[2, 2], 1, true),
+    (&[1, 3, 13, 11], &[2, 3, 7, 5], &[2, 3], &[3, 2, 3, 2], &[1, 1], 1, true),
+    (&[1, 1, 2, 2], &[1, 1, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, false),
+    (&[2, 4, 7, 7], &[6, 2, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 2, true),
+    // Depthwise, with and without a channel multiplier.
+    (&[2, 8, 10, 9], &[8, 1, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 8, true),
+    (&[1, 8, 11, 12], &[8, 1, 3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 8, false),
+    (&[1, 4, 9, 9], &[4, 1, 5, 5], &[1, 2], &[2, 0, 1, 3], &[2, 1], 4, true),
+    (&[1, 3, 6, 6], &[6, 1, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 3, false),
+    // Pointwise, and 1x1 kernels that are not.
+    (&[2, 16, 5, 6], &[8, 16, 1, 1], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
+    (&[1, 8, 4, 4], &[4, 4, 1, 1], &[1, 1], &[0, 0, 0, 0], &[1, 1], 2, false),
+    (&[1, 8, 7, 7], &[4, 8, 1, 1], &[2, 2], &[0, 0, 0, 0], &[1, 1], 1, true),
+    (&[1, 8, 5, 5], &[4, 8, 1, 1], &[1, 1], &[1, 0, 0, 1], &[1, 1], 1, false),
+    // 3-D.
+    (&[1, 2, 5, 6, 4], &[3, 2, 3, 2, 2], &[1, 2, 1], &[1, 0, 1, 0, 1, 0], &[1, 1, 1], 1, true),
+    (&[2, 3, 4, 5, 6], &[3, 1, 2, 3, 3], &[1, 1, 2], &[0, 1, 1, 1, 0, 1], &[2, 1, 1], 3, false),
+    // Empty batch, no input channels.
+    (&[0, 3, 5, 5], &[2, 3, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
+    (&[1, 0, 4, 4], &[2, 0, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
+    // Large enough for the parallel paths: one image, then a batch.
+    (&[1, 16, 32, 32], &[32, 16, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, true),
+    (&[1, 64, 32, 32], &[64, 64, 1, 1], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, false),
+    (&[1, 32, 40, 40], &[32, 1, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 32, true),
+    (&[4, 8, 16, 16], &[8, 8, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, true),
+];
+
+fn conv_attrs(c: &ConvCase) -> Conv {
+    Conv { strides: c.2.to_vec(), pads: c.3.to_vec(), dilations: c.4.to_vec(), groups: c.5 }
+}
+
+#[test]
+fn conv_f32_matches_the_interpreter() {
+    for (i, case) in CONVS.iter().enumerate() {
+        let (xs, ws, with_bias) = (case.0, case.1, case.6);
+        let attrs = conv_attrs(case);
+        let x = Tensor::random(DType::F32, xs.to_vec(), 3 * i as u64);
+        let w = Tensor::random(DType::F32, ws.to_vec(), 3 * i as u64 + 1);
+        let b = Tensor::random(DType::F32, vec![ws[0]], 3 * i as u64 + 2);
+        let inputs: Vec<&Tensor> = if with_bias { vec![&x, &w, &b] } else { vec![&x, &w] };
+        let want = interp(&Op::Conv(attrs.clone()), &inputs);
+        let ys = want.shape().to_vec();
+        let bias = with_bias.then(|| f32s(&b));
+        let name = format!("conv x{xs:?} w{ws:?} {attrs:?} bias {with_bias}");
+        check_f32(&name, &want, &mut |y, epilogue, par| {
+            library::conv_f32(f32s(&x), xs, f32s(&w), ws, bias, &attrs, y, &ys, epilogue, par).expect("conv succeeds");
+        });
+    }
+}
+
+/// (x shape, kind, kernel, strides, pads, dilations, ceil_mode, count_include_pad).
+type PoolCase =
+    (&'static [usize], PoolKind, &'static [i64], &'static [i64], &'static [i64], &'static [i64], bool, bool);
+
+const POOLS: &[PoolCase] = &[
+    (&[2, 3, 12, 12], PoolKind::Max, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], false, false),
+    (&[1, 2, 7, 7], PoolKind::Avg, &[2, 2], &[2, 2], &[0, 0, 0, 0], &[1, 1], true, false),
+    (&[1, 2, 7, 7], PoolKind::Avg, &[2, 2], &[2, 2], &[0, 0, 0, 0], &[1, 1], true, true),
+    (&[1, 2, 7, 8], PoolKind::Avg, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], false, true),
+    (&[1, 2, 7, 8], PoolKind::Avg, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], false, false),
+    (&[1, 2, 8, 8], PoolKind::Avg, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], true, true),
+    (&[1, 2, 9, 9], PoolKind::Max, &[2, 2], &[1, 1], &[0, 0, 0, 0], &[2, 2], false, false),
+    (&[1, 2, 10, 9], PoolKind::Max, &[3, 2], &[2, 3], &[1, 0, 2, 1], &[2, 1], true, false),
+    (&[1, 2, 4], PoolKind::Avg, &[3], &[2], &[1, 1], &[1], true, true),
+    (&[1, 2, 4], PoolKind::Avg, &[3], &[2], &[1, 1], &[1], true, false),
+    (&[1, 2, 4, 5, 6], PoolKind::Max, &[2, 2, 2], &[1, 2, 2], &[0, 0, 0, 0, 0, 0], &[1, 1, 1], false, false),
+    (&[1, 2, 4, 5, 6], PoolKind::Avg, &[2, 3, 2], &[1, 2, 2], &[1, 0, 1, 0, 1, 1], &[1, 1, 1], true, true),
+    (&[2, 5, 7, 7], PoolKind::Avg, &[7, 7], &[1, 1], &[0, 0, 0, 0], &[1, 1], false, false),
+    (&[2, 5, 7, 7], PoolKind::Max, &[7, 7], &[1, 1], &[0, 0, 0, 0], &[1, 1], false, false),
+    (&[2, 3, 37], PoolKind::Avg, &[37], &[1], &[0, 0], &[1], false, true),
+    (&[1, 1, 5, 5], PoolKind::Avg, &[2, 2], &[1, 1], &[1, 0, 0, 1], &[1, 1], false, true),
+    (&[0, 3, 4, 4], PoolKind::Max, &[2, 2], &[2, 2], &[0, 0, 0, 0], &[1, 1], false, false),
+    (&[1, 2, 0], PoolKind::Max, &[3], &[1], &[2, 2], &[1], false, false),
+    (&[1, 2, 0], PoolKind::Avg, &[3], &[1], &[2, 2], &[1], false, true),
+    (&[1, 2, 0], PoolKind::Avg, &[3], &[1], &[2, 2], &[1], false, false),
+    (&[2, 16, 32, 32], PoolKind::Max, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], false, false),
+    (&[2, 16, 32, 32], PoolKind::Avg, &[32, 32], &[1, 1], &[0, 0, 0, 0], &[1, 1], false, false),
+];
+
+fn pool_attrs(c: &PoolCase) -> Pool {
+    Pool {
+        kind: c.1,
+        kernel: c.2.to_vec(),
+        strides: c.3.to_vec(),
+        pads: c.4.to_vec(),
+        dilations: c.5.to_vec(),
+        ceil_mode: c.6,
+        count_include_pad: c.7,
+    }
+}
+
+/// Pooling has no epilogue; `check_f32`'s epilogue pass applies it here after the call.
+fn run_pool(x: &Tensor, attrs: &Pool, ys: &[usize], y: &mut [f32], epilogue: Option<Epilogue>, par: Par) {
+    library::pool_f32(f32s(x), x.shape(), attrs, y, ys, par).expect("pool succeeds");
+    if let Some(f) = epilogue {
+        f(0, y);
+    }
+}
+
+#[test]
+fn pool_f32_matches_the_interpreter() {
+    for (i, case) in POOLS.iter().enumerate() {
+        let attrs = pool_attrs(case);
+        let x = Tensor::random(DType::F32, case.0.to_vec(), i as u64);
+        let want = interp(&Op::Pool(attrs.clone()), &[&x]);
+        let ys = want.shape().to_vec();
+        check_f32(&format!("pool x{:?} {attrs:?}", case.0), &want, &mut |y, epilogue, par| {
+            run_pool(&x, &attrs, &ys, y, epilogue, par);
+        });
+    }
+}
+
+#[test]
+fn max_pool_propagates_nan_like_the_interpreter() {
+    let mut v = Tensor::random(DType::F32, vec![1, 2, 6, 6], 7).to_f64_vec();
+    v[7] = f64::NAN;
+    v[36 + 35] = f64::NAN;
+    let x = Tensor::from_vec(vec![1, 2, 6, 6], v.iter().map(|&f| f as f32).collect()).unwrap();
+    for kernel in [[2, 2], [6, 6]] {
+        let attrs = Pool {
+            kind: PoolKind::Max,
+            kernel: kernel.to_vec(),
+            strides: vec![2, 2],
+            pads: vec![0; 4],
+            dilations: vec![1, 1],
+            ceil_mode: false,
+            count_include_pad: false,
+        };
+        let want = interp(&Op::Pool(attrs.clone()), &[&x]);
+        let ys = want.shape().to_vec();
+        check_f32(&format!("max pool NaN {kernel:?}"), &want, &mut |y, epilogue, par| {
+            run_pool(&x, &attrs, &ys, y, epilogue, par);
+        });
+    }
+}
+
+fn expect_err(case: &str, result: Result<(), LibraryError>, op: &str, needle: &str) {
+    let err = result.expect_err(case).to_string();
+    assert!(err.starts_with(op) && err.contains(needle), "{case}: error `{err}` should name {op} and say {needle}");
+}
+
+#[test]
+fn bad_calls_are_errors_naming_the_op() {
+    let s = Par::SERIAL;
+    let (a, b, mut c) = (vec![0.0f32; 12], vec![0.0f32; 20], vec![0.0f32; 15]);
+    expect_err("short a", library::matmul_f32(&a[..11], &[3, 4], &b, &[4, 5], &mut c, None, s), "matmul", "11");
+    expect_err("k mismatch", library::matmul_f32(&a, &[3, 4], &b, &[5, 4], &mut c, None, s), "matmul", "contraction");
+    expect_err("short c", library::matmul_f32(&a, &[3, 4], &b, &[4, 5], &mut c[..14], None, s), "matmul", "14");
+    expect_err("rank 0", library::matmul_f32(&a[..1], &[], &b, &[4, 5], &mut c, None, s), "matmul", "rank");
+    let (a, b, mut c) = (vec![0.0f32; 24], vec![0.0f32; 60], vec![0.0f32; 45]);
+    expect_err(
+        "batch mismatch",
+        library::matmul_f32(&a, &[2, 3, 4], &b, &[3, 4, 5], &mut c, None, s),
+        "matmul",
+        "broadcast",
+    );
+
+    let conv = Conv { strides: vec![1, 1], pads: vec![0; 4], dilations: vec![1, 1], groups: 1 };
+    let (x, w, mut y) = (vec![0.0f32; 2 * 5 * 5], vec![0.0f32; 3 * 2 * 3 * 3], vec![0.0f32; 3 * 3 * 3]);
+    let (xs, ws, ys): (&[usize], &[usize], &[usize]) = (&[1, 2, 5, 5], &[3, 2, 3, 3], &[1, 3, 3, 3]);
+    assert_eq!(library::conv_f32(&x, xs, &w, ws, None, &conv, &mut y, ys, None, s), Ok(()));
+    expect_err("short x", library::conv_f32(&x[1..], xs, &w, ws, None, &conv, &mut y, ys, None, s), "conv", "x has");
+    expect_err(
+        "wrong y shape",
+        library::conv_f32(&x, xs, &w, ws, None, &conv, &mut y, &[1, 3, 1, 9], None, s),
+        "conv",
+        "should be",
+    );
+    expect_err(
+        "bias length",
+        library::conv_f32(&x, xs, &w, ws, Some(&[1.0; 2]), &conv, &mut y, ys, None, s),
+        "conv",
+        "bias",
+    );
+    let grouped = Conv { groups: 2, ..conv.clone() };
+    expect_err("groups", library::conv_f32(&x, xs, &w, ws, None, &grouped, &mut y, ys, None, s), "conv", "groups");
+    let short_strides = Conv { strides: vec![1], ..conv.clone() };
+    expect_err(
+        "strides",
+        library::conv_f32(&x, xs, &w, ws, None, &short_strides, &mut y, ys, None, s),
+        "conv",
+        "strides",
+    );
+    let too_big = [0.0f32; 3 * 2 * 7 * 7];
+    expect_err(
+        "kernel too large",
+        library::conv_f32(&x, xs, &too_big, &[3, 2, 7, 7], None, &conv, &mut y, ys, None, s),
+        "conv",
+        "does not fit",
+    );
+
+    let pool = Pool {
+        kind: PoolKind::Max,
+        kernel: vec![2, 2],
+        strides: vec![2, 2],
+        pads: vec![0; 4],
+        dilations: vec![1, 1],
+        ceil_mode: false,
+        count_include_pad: false,
+    };
+    let mut y = vec![0.0f32; 2 * 2 * 2];
+    assert_eq!(library::pool_f32(&x, xs, &pool, &mut y, &[1, 2, 2, 2], s), Ok(()));
+    expect_err("pool y shape", library::pool_f32(&x, xs, &pool, &mut y, &[1, 2, 4, 1], s), "pool", "should be");
+    expect_err("pool x length", library::pool_f32(&x[1..], xs, &pool, &mut y, &[1, 2, 2, 2], s), "pool", "x has");
+    let bad = Pool { kernel: vec![2], ..pool.clone() };
+    expect_err("pool kernel", library::pool_f32(&x, xs, &bad, &mut y, &[1, 2, 2, 2], s), "pool", "kernel");
+    let bad = Pool { strides: vec![0, 1], ..pool.clone() };
+    expect_err("pool strides", library::pool_f32(&x, xs, &bad, &mut y, &[1, 2, 2, 2], s), "pool", "strides");
+}
+
+#[test]
+fn unsupported_dtypes_are_named() {
+    assert_eq!(library::supported(&Op::MatMul, DType::F32), Ok(()));
+    assert_eq!(library::supported(&Op::MatMul, DType::F64), Ok(()));
+    let err = library::supported(&Op::MatMul, DType::I32).unwrap_err();
+    assert!(matches!(err, LibraryError::Unsupported { op: "matmul", .. }));
+    assert!(err.to_string().contains("i32"), "{err}");
+    let conv = Op::Conv(Conv { strides: vec![1], pads: vec![0, 0], dilations: vec![1], groups: 1 });
+    assert_eq!(library::supported(&conv, DType::F32), Ok(()));
+    let err = library::supported(&conv, DType::F16).unwrap_err().to_string();
+    assert!(err.starts_with("conv") && err.contains("f16"), "{err}");
+}
