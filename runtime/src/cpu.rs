@@ -141,8 +141,9 @@ impl CpuProgram {
         }
         if !self.exe.prepare.is_empty() {
             let ptrs = self.pointers(&[], &symbols, None, &storage, &mut Vec::new())?;
+            let sym_values = self.symbol_values(&symbols);
             for step in &self.exe.prepare {
-                self.step(step, Ptrs(&ptrs), &symbols, &[])?;
+                self.step(step, Ptrs(&ptrs), &symbols, &sym_values)?;
             }
         }
         for (&b, buf) in self.exe.prepared.iter().zip(&storage) {
