@@ -495,3 +495,51 @@ fn object_code_links_loads_and_matches() {
         }
     }
 }
+
+/// The largest relative error of the JIT's `op` over `xs` against the evaluator (absolute error where the exact
+/// value's magnitude is below `abs_floor`).
+fn max_error(op: &str, xs: &[f32], abs_floor: f64) -> f64 {
+    let text = format!(
+        "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[n]\n  %1 = {op} %0 : f32[n]\n  output \"y\" = %1\n}}"
+    );
+    let k = lower_whole(&kiln_ir::parse(&text).unwrap(), op).unwrap();
+    let n = xs.len();
+    let args = vec![Tensor::from_vec(vec![n], xs.to_vec()).unwrap(), Tensor::zeros(DType::F32, vec![n])];
+    let mut want = args.clone();
+    kernel::eval(&k, &mut want, &[n as i64]).unwrap();
+    let jit = JitModule::compile(std::slice::from_ref(&k), &CpuOptions::default()).unwrap();
+    let mut bufs = Buffers::new(&k, &args);
+    launch(jit.entry(0), jit.info(0), &mut bufs, &[n as i64], Chunking::Whole);
+    let got = bufs.tensors(&args)[1].to_f64_vec();
+    let mut worst: f64 = 0.0;
+    for (g, w) in got.iter().zip(want[1].to_f64_vec()) {
+        let err = if g.is_nan() && w.is_nan() || *g == w { 0.0 } else { (g - w).abs() / w.abs().max(abs_floor) };
+        worst = worst.max(err);
+    }
+    worst
+}
+
+/// `n` points evenly spread over `[lo, hi]`.
+fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
+    (0..n).map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32).collect()
+}
+
+#[test]
+fn vector_approximations_stay_within_their_documented_bounds() {
+    let n = 200_003;
+    let cases: [(&str, Vec<f32>, f64, f64); 5] = [
+        ("exp", sweep(-90.0, 90.0, n), 2e-7, 0.0),
+        ("sigmoid", sweep(-90.0, 90.0, n), 3e-7, 0.0),
+        ("tanh", sweep(-10.0, 10.0, n), 3e-7, 0.0),
+        ("log", sweep(1e-30, 50.0, n), 2e-7, 0.0),
+        ("log", sweep(0.5, 2.0, n), 2e-7, 0.5),
+    ];
+    for (op, xs, bound, floor) in cases {
+        let err = max_error(op, &xs, floor);
+        assert!(err <= bound, "{op}: max error {err:e} above {bound:e}");
+        println!("{op}: max error {err:e}");
+    }
+    // Tiny magnitudes, where the formulas change.
+    let small: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1.3e-3).collect();
+    assert!(max_error("tanh", &small, 0.0) <= 3e-7);
+}

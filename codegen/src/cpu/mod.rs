@@ -26,9 +26,11 @@
 //! # Vectorization
 //! A `Vectorizable` loop over f32 data runs four iterations at a time in f32x4 registers with a scalar tail
 //! (see `simd` for which loops qualify and how loads and stores are formed); reduction loops stay scalar, so
-//! reductions fold in the interpreter's order. Vector lanes compute every kind exactly as the scalar code does
-//! (arithmetic and `sqrt` are IEEE-exact; other kinds go lane by lane through the scalar path), so vectorized
-//! results are bit-identical to scalar ones: no approximation error is introduced.
+//! reductions fold in the interpreter's order. Vector arithmetic, `sqrt`, `min`/`max`, comparisons and selects
+//! are IEEE-exact; `exp`, `log`, `tanh` and `sigmoid` use inline polynomials (see `vmath`) with relative error
+//! below 2e-7 (`exp`, `log`) and 3e-7 (`tanh`, `sigmoid`), falling back to the exact scalar functions for a
+//! group of lanes holding NaN, infinities or values outside the polynomials' ranges; every other kind (`erf`,
+//! `pow`, trigonometry, ...) computes lane by lane through the exact scalar path.
 //!
 //! # Runtime functions
 //! Transcendental math and the f16/bf16 conversions are Rust shims called through a table of pointers
@@ -39,6 +41,7 @@ mod emit;
 mod parts;
 pub mod runtime;
 mod simd;
+mod vmath;
 
 use std::collections::HashMap;
 

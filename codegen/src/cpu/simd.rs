@@ -10,8 +10,9 @@
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
 //! accesses, each index computed for its own iteration). Arithmetic, `min`/`max` (NaN-propagating, as the
 //! interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are vector instructions, as are
-//! `floor`/`ceil`/`round` where the target has SSE4.1; every other kind computes lane by lane through the same
-//! scalar code (and runtime functions) the scalar loop uses, so results are bit-identical to it.
+//! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh` and `sigmoid` are inline
+//! approximations (`vmath`, same SSE4.1 condition); every other kind computes lane by lane through the same
+//! scalar code (and runtime functions) the scalar loop uses, bit-identical to it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -224,7 +225,7 @@ impl Emitter<'_, '_> {
     }
 
     /// Lanes of `a` where the i32x4 `mask` is set, of `b` elsewhere.
-    fn select_mask(&mut self, mask: Value, a: Value, b: Value) -> Value {
+    pub(crate) fn select_mask(&mut self, mask: Value, a: Value, b: Value) -> Value {
         let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
         let m = self.b.ins().bitcast(types::F32X4, flags, mask);
         self.b.ins().bitselect(m, a, b)
@@ -261,11 +262,16 @@ impl Emitter<'_, '_> {
             UnaryOp::Floor if self.target.vector_rounding => self.b.ins().floor(x),
             UnaryOp::Ceil if self.target.vector_rounding => self.b.ins().ceil(x),
             UnaryOp::Round if self.target.vector_rounding => self.b.ins().nearest(x),
+            _ if let Some(v) = self.vector_math(k, x) => v?,
             _ => self.per_lane(|e, v| Ok(e.unary(k, v, DType::F32)?.0), x)?,
         })
     }
 
-    fn per_lane(&mut self, mut f: impl FnMut(&mut Self, Value) -> EResult<Value>, x: Value) -> EResult<Value> {
+    pub(crate) fn per_lane(
+        &mut self,
+        mut f: impl FnMut(&mut Self, Value) -> EResult<Value>,
+        x: Value,
+    ) -> EResult<Value> {
         let mut out = x;
         for lane in 0..LANES as u8 {
             let v = self.b.ins().extractlane(x, lane);
