@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Buffers, Chunking, check_jit, launch, lower_whole};
-use kiln_codegen::cpu::{self, CpuError, CpuOptions, JitModule, KernelFn, runtime};
+use common::{Buffers, Chunking, check_jit, check_jit_with, launch, lower_whole};
+use kiln_codegen::cpu::{self, CpuError, CpuFeatures, CpuOptions, JitModule, KernelFn, OptLevel, runtime};
 use kiln_codegen::kernel::{self, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::UnaryOp;
@@ -61,6 +61,11 @@ fn safe_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
 /// Lowers `text` and checks it through the JIT for each binding of its symbol `n`; inputs named `d*` get
 /// [`safe_tensor`] values, others [`edge_tensor`] values.
 fn check_graph(case: &str, text: &str, sizes: &[u64]) {
+    check_graph_with(case, text, sizes, &CpuOptions::default());
+}
+
+/// [`check_graph`] with the emitter's options.
+fn check_graph_with(case: &str, text: &str, sizes: &[u64], options: &CpuOptions) {
     let g = kiln_ir::parse(text).unwrap_or_else(|e| panic!("{case}: parse: {e}"));
     let k = lower_whole(&g, case).unwrap_or_else(|e| panic!("{case}: lower: {e}"));
     for &n in sizes {
@@ -85,7 +90,7 @@ fn check_graph(case: &str, text: &str, sizes: &[u64]) {
                     }
                 })
                 .collect();
-            check_jit(&format!("{case} [n={n}, seed {seed}]"), &k, &args, &symbols);
+            check_jit_with(&format!("{case} [n={n}, seed {seed}]"), &k, &args, &symbols, options);
         }
     }
 }
@@ -139,6 +144,34 @@ fn f32_elementwise_kinds_on_edge_values() {
         "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[n]\n  %1 = input {{name=\"y\"}} : f32[n]\n{body}{outputs}}}"
     );
     check_graph("f32 elementwise", &text, ODD_SIZES);
+}
+
+#[test]
+fn baseline_features_and_every_opt_level_match() {
+    let text = r#"graph "g" {
+      %0 = input {name="x"} : f32[n]
+      %1 = input {name="y"} : f64[n]
+      %2 = floor %0 : f32[n]
+      %3 = round %0 : f32[n]
+      %4 = ceil %1 : f64[n]
+      %5 = round %1 : f64[n]
+      %6 = exp %0 : f32[n]
+      %7 = max %0, %2 : f32[n]
+      %8 = cast %0 {to=i8} : i8[n]
+      output "floor" = %2
+      output "round" = %3
+      output "ceil" = %4
+      output "round64" = %5
+      output "exp" = %6
+      output "max" = %7
+      output "i8" = %8
+    }"#;
+    for features in [CpuFeatures::Host, CpuFeatures::Baseline] {
+        for opt_level in [OptLevel::None, OptLevel::Speed, OptLevel::SpeedAndSize] {
+            let options = CpuOptions { opt_level, features };
+            check_graph_with(&format!("rounding {options:?}"), text, &[1, 9, 17], &options);
+        }
+    }
 }
 
 #[test]

@@ -25,8 +25,8 @@ use crate::kernel::{AccOp, AccVar, ArgId, Block, CmpOp, Expr, ICond, IExpr, Kern
 pub(crate) struct Target {
     /// Emit f32x4 code for eligible vectorizable loops.
     pub simd: bool,
-    /// Vector `floor`/`ceil`/`nearest` are native (SSE4.1); otherwise they go lane by lane through scalar code.
-    pub vector_rounding: bool,
+    /// `floor`/`ceil`/`nearest` are native instructions (SSE4.1 on x86-64); otherwise they are runtime calls.
+    pub native_rounding: bool,
     /// The calling convention of runtime functions.
     pub call_conv: CallConv,
     /// Pointer width and the like, for the function builder.
@@ -606,9 +606,9 @@ impl<'k, 'f> Emitter<'k, 'f> {
                     let v = self.b.ins().select(lt, m1, x);
                     self.b.ins().select(gt, one, v)
                 }
-                UnaryOp::Floor => self.b.ins().floor(x),
-                UnaryOp::Ceil => self.b.ins().ceil(x),
-                UnaryOp::Round => self.b.ins().nearest(x),
+                UnaryOp::Floor if self.target.native_rounding => self.b.ins().floor(x),
+                UnaryOp::Ceil if self.target.native_rounding => self.b.ins().ceil(x),
+                UnaryOp::Round if self.target.native_rounding => self.b.ins().nearest(x),
                 UnaryOp::Sigmoid => {
                     let n = self.b.ins().fneg(x);
                     let e = self.call_rt(rt(RtFn::ExpF32, RtFn::ExpF64), &[n]);
@@ -633,6 +633,11 @@ impl<'k, 'f> Emitter<'k, 'f> {
                         UnaryOp::Asinh => rt(RtFn::AsinhF32, RtFn::AsinhF64),
                         UnaryOp::Acosh => rt(RtFn::AcoshF32, RtFn::AcoshF64),
                         UnaryOp::Atanh => rt(RtFn::AtanhF32, RtFn::AtanhF64),
+                        // Without native rounding instructions Cranelift would call libm's by name, which object
+                        // code could not count on finding.
+                        UnaryOp::Floor => rt(RtFn::FloorF32, RtFn::FloorF64),
+                        UnaryOp::Ceil => rt(RtFn::CeilF32, RtFn::CeilF64),
+                        UnaryOp::Round => rt(RtFn::RoundF32, RtFn::RoundF64),
                         _ => return Err(not_defined(self)),
                     };
                     self.call_rt(f, &[x])

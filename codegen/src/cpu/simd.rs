@@ -259,9 +259,9 @@ impl Emitter<'_, '_> {
                 let d = if k == UnaryOp::Rsqrt { self.b.ins().sqrt(x) } else { x };
                 self.b.ins().fdiv(one, d)
             }
-            UnaryOp::Floor if self.target.vector_rounding => self.b.ins().floor(x),
-            UnaryOp::Ceil if self.target.vector_rounding => self.b.ins().ceil(x),
-            UnaryOp::Round if self.target.vector_rounding => self.b.ins().nearest(x),
+            UnaryOp::Floor if self.target.native_rounding => self.b.ins().floor(x),
+            UnaryOp::Ceil if self.target.native_rounding => self.b.ins().ceil(x),
+            UnaryOp::Round if self.target.native_rounding => self.b.ins().nearest(x),
             _ if let Some(v) = self.vector_math(k, x) => v?,
             _ => self.per_lane(|e, v| Ok(e.unary(k, v, DType::F32)?.0), x)?,
         })

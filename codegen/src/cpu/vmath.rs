@@ -33,7 +33,7 @@ impl Emitter<'_, '_> {
     /// The inline approximation of `k` on `x`, if there is one for this target.
     pub(crate) fn vector_math(&mut self, k: UnaryOp, x: Value) -> Option<EResult<Value>> {
         // Range reduction rounds to nearest in vector registers.
-        if !self.target.vector_rounding {
+        if !self.target.native_rounding {
             return None;
         }
         Some(match k {
