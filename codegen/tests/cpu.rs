@@ -387,6 +387,33 @@ fn unsupported_and_malformed_kernels_are_errors() {
     assert!(cpu::emit_object(&[k], &CpuOptions::default()).is_err());
     let k = one_loop_kernel("mixed", DType::F32, Expr::Const(Scalar::I32(1)));
     assert!(matches!(JitModule::compile(&[k], &CpuOptions::default()), Err(CpuError::Malformed { .. })));
+    // A store into an input, and a variable used outside the block that binds it.
+    let mut k = one_loop_kernel("store_input", DType::F32, load.clone());
+    k.body = Block(vec![Stmt::For {
+        var: LoopVar(0),
+        extent: IExpr::Sym(0),
+        kind: LoopKind::Parallel,
+        body: Block(vec![Stmt::Store { arg: kernel::ArgId(0), index: IExpr::Var(LoopVar(0)), value: load.clone() }]),
+    }]);
+    let store_err = JitModule::compile(&[k], &CpuOptions::default()).unwrap_err();
+    assert!(store_err.to_string().contains("store into `x`"), "{store_err}");
+    let mut k = one_loop_kernel("scope", DType::F32, load.clone());
+    let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
+    body.0.insert(0, Stmt::Let { var: kernel::Var(0), dtype: DType::F32, value: load.clone() });
+    k.body.0.push(Stmt::For {
+        var: LoopVar(1),
+        extent: IExpr::Sym(0),
+        kind: LoopKind::Parallel,
+        body: Block(vec![Stmt::Store {
+            arg: kernel::ArgId(1),
+            index: IExpr::Var(LoopVar(1)),
+            value: Expr::Var(kernel::Var(0)),
+        }]),
+    });
+    let scope_err = JitModule::compile(&[k], &CpuOptions::default()).unwrap_err();
+    let is_scope_error =
+        matches!(&scope_err, CpuError::Malformed { message, .. } if message.contains("v0 is not defined"));
+    assert!(is_scope_error, "{scope_err}");
     // Through the crate's error type too.
     let e: kiln_codegen::Error = err.into();
     assert!(e.to_string().contains("undefined"), "{e}");

@@ -18,7 +18,9 @@ use kiln_ir::op::{BinaryOp, UnaryOp};
 use super::CpuError;
 use super::parts::Part;
 use super::runtime::{RtFn, RtSig};
-use crate::kernel::{AccOp, AccVar, ArgId, Block, CmpOp, Expr, ICond, IExpr, Kernel, LoopKind, LoopVar, Stmt, Var};
+use crate::kernel::{
+    AccOp, AccVar, ArgId, ArgRole, Block, CmpOp, Expr, ICond, IExpr, Kernel, LoopKind, LoopVar, Stmt, Var,
+};
 
 /// What the emitter may use of the target.
 #[derive(Copy, Clone)]
@@ -110,7 +112,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
         let mut bases = Vec::with_capacity(kernel.args.len());
         for (i, a) in kernel.args.iter().enumerate() {
             let base = match a.role {
-                crate::kernel::ArgRole::Constant(_) => {
+                ArgRole::Constant(_) => {
                     let gv = data.get(&ArgId(i as u32)).ok_or_else(|| CpuError::Malformed {
                         kernel: kernel.name.clone(),
                         message: format!("constant `{}` has no data", a.name),
@@ -187,11 +189,14 @@ impl<'k, 'f> Emitter<'k, 'f> {
         CpuError::Unsupported { kernel: self.kernel.name.clone(), what }
     }
 
+    /// A nested block: its `Let`s and `Acc`s go out of scope at its end, so a malformed use outside it is an
+    /// error rather than a value that does not dominate its use.
     fn block(&mut self, b: &Block) -> EResult<()> {
-        for s in &b.0 {
-            self.stmt(s)?;
-        }
-        Ok(())
+        let (lets, accs) = (self.lets.clone(), self.accs.clone());
+        let result = b.0.iter().try_for_each(|s| self.stmt(s));
+        self.lets = lets;
+        self.accs = accs;
+        result
     }
 
     fn stmt(&mut self, s: &Stmt) -> EResult<()> {
@@ -227,7 +232,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
                 if a.dtype != d {
                     return Err(self.malformed(format!("store of {d} into `{}` of {}", a.name, a.dtype)));
                 }
-                let addr = self.address(*arg, index)?;
+                let addr = self.address(*arg, index, true)?;
                 self.store_scalar(v, d, addr);
                 Ok(())
             }
@@ -403,9 +408,14 @@ impl<'k, 'f> Emitter<'k, 'f> {
         Ok(self.b.ins().icmp(cc, a, b))
     }
 
-    /// The address of element `index` of `arg`.
-    pub(crate) fn address(&mut self, arg: ArgId, index: &IExpr) -> EResult<Value> {
+    /// The address of element `index` of `arg`, which must be an output when `store` is set and must not be one
+    /// otherwise.
+    pub(crate) fn address(&mut self, arg: ArgId, index: &IExpr, store: bool) -> EResult<Value> {
         let a = self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
+        if store != (a.role == ArgRole::Output) {
+            let what = if store { "store into" } else { "load from" };
+            return Err(self.malformed(format!("{what} `{}`, of role {:?}", a.name, a.role)));
+        }
         let size = a.dtype.size_bytes() as i64;
         let i = self.iexpr(index)?;
         let off = self.b.ins().imul_imm_s(i, size);
@@ -520,7 +530,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
                     .get(arg.0 as usize)
                     .ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?
                     .dtype;
-                let addr = self.address(*arg, index)?;
+                let addr = self.address(*arg, index, false)?;
                 (self.load_scalar(d, addr), d)
             }
             Expr::Var(v) => *self.lets.get(v).ok_or_else(|| self.malformed(format!("v{} is not defined", v.0)))?,

@@ -3,7 +3,7 @@
 //! and `f64` methods, `libm` for `erf`, `half` for the 16-bit floats), so scalar results are bit-identical.
 //!
 //! Kernels never call these by name: they load the address from a table of pointers, [`RUNTIME_TABLE_SYMBOL`],
-//! one entry per [`RtFn`] in declaration order. The JIT fills that table itself; an object file only reserves it
+//! one entry per runtime function in a fixed order ([`runtime_table`]). The JIT fills that table itself; an object file only reserves it
 //! (zeroed, writable, exported) and whoever loads the linked library must fill it with [`install_runtime_table`]
 //! before the first launch. The object also exports [`RUNTIME_TABLE_LEN_SYMBOL`], a `u64` holding the number of
 //! entries it expects, so a loader can refuse a library built against a different table.

@@ -126,13 +126,13 @@ impl Emitter<'_, '_> {
                 Stmt::Store { arg, index, value } => {
                     let x = self.vexpr(value, var, i, &vlets)?;
                     if affine(index, var) == Some(1) {
-                        let addr = self.address(*arg, index)?;
+                        let addr = self.address(*arg, index, true)?;
                         self.b.ins().store(mem(), x, addr, 0);
                     } else {
                         for lane in 0..LANES {
                             let li = self.b.ins().iadd_imm_s(i, lane);
                             self.lane_index.insert(var, li);
-                            let addr = self.address(*arg, index);
+                            let addr = self.address(*arg, index, true);
                             self.lane_index.remove(&var);
                             let addr = addr?;
                             let x = self.b.ins().extractlane(x, lane as u8);
@@ -158,11 +158,11 @@ impl Emitter<'_, '_> {
             }
             Expr::Load { arg, index } => match affine(index, var) {
                 Some(1) => {
-                    let addr = self.address(*arg, index)?;
+                    let addr = self.address(*arg, index, false)?;
                     self.b.ins().load(types::F32X4, mem(), addr, 0)
                 }
                 Some(0) => {
-                    let addr = self.address(*arg, index)?;
+                    let addr = self.address(*arg, index, false)?;
                     let x = self.load_scalar(DType::F32, addr);
                     self.splat(x)
                 }
@@ -172,7 +172,7 @@ impl Emitter<'_, '_> {
                     for lane in 0..LANES {
                         let li = self.b.ins().iadd_imm_s(i, lane);
                         self.lane_index.insert(var, li);
-                        let addr = self.address(*arg, index);
+                        let addr = self.address(*arg, index, false);
                         self.lane_index.remove(&var);
                         let x = self.load_scalar(DType::F32, addr?);
                         v = self.b.ins().insertlane(v, x, lane as u8);
