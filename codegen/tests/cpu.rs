@@ -454,6 +454,7 @@ fn parts_are_described_for_the_runtime() {
     // SAFETY: the buffers match the kernel's launch arguments for n = 6.
     unsafe {
         (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), 99, 0, 6);
+        (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), -1, 0, 6);
         (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), 0, -5, 100);
     }
     check_jit("parts", &k, &args, &[6]);

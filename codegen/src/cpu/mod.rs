@@ -32,6 +32,11 @@
 //! group of lanes holding NaN, infinities or values outside the polynomials' ranges; every other kind (`erf`,
 //! `pow`, trigonometry, ...) computes lane by lane through the exact scalar path.
 //!
+//! No fused multiply-add is formed: the interpreter rounds products and sums separately, and so does this code.
+//! Target features (AVX, FMA, SSE4.1, ...) come from host detection with [`CpuFeatures::Host`]; with
+//! [`CpuFeatures::Baseline`] rounding instructions become runtime calls and vector `exp`/`log`/`tanh`/`sigmoid`
+//! go lane by lane.
+//!
 //! # Runtime functions
 //! Transcendental math and the f16/bf16 conversions are Rust shims called through a table of pointers
 //! ([`runtime::RUNTIME_TABLE_SYMBOL`]). The JIT fills it itself. An object file exports it zeroed; the loader of
@@ -150,7 +155,9 @@ pub enum CpuError {
     Module(String),
 }
 
-/// JIT-compiles kernels into executable memory; keeps the code alive as long as it lives.
+/// JIT-compiles kernels into executable memory; keeps the code alive as long as it lives (dropping it frees the
+/// code, so no [`KernelFn`] taken from it may be called afterwards). `Send + Sync`: entries may be called from
+/// any thread, concurrently.
 pub struct JitModule {
     module: Option<cranelift_jit::JITModule>,
     entries: Vec<KernelFn>,
@@ -199,7 +206,7 @@ impl JitModule {
         Ok(JitModule { module: Some(module), entries, infos })
     }
 
-    /// The entry of kernel `i`. Panics if `i` is not below [`JitModule::len`].
+    /// The entry of kernel `i`, valid while this module lives. Panics if `i` is not below [`JitModule::len`].
     pub fn entry(&self, i: usize) -> KernelFn {
         self.entries[i]
     }
