@@ -45,6 +45,7 @@
 mod emit;
 mod parts;
 pub mod runtime;
+mod scalar;
 mod simd;
 mod vmath;
 
