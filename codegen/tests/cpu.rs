@@ -604,3 +604,86 @@ fn vector_approximations_stay_within_their_documented_bounds() {
     let small: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1.3e-3).collect();
     assert!(max_error("tanh", &small, 0.0) <= 3e-7);
 }
+
+#[test]
+fn strided_stores_scatter_lane_by_lane() {
+    // y[2i] = x[i] * 2, y[2i + 1] = -x[i]: stores with coefficient 2, one vectorizable loop.
+    let i = || IExpr::Var(LoopVar(0));
+    let x = Expr::Load { arg: kernel::ArgId(0), index: i() };
+    let even = IExpr::times(IExpr::Const(2), i());
+    let odd = IExpr::plus(IExpr::times(i(), IExpr::Const(2)), IExpr::Const(1));
+    let k = Kernel {
+        name: "scatter".into(),
+        args: vec![
+            KernelArg { name: "x".into(), dtype: DType::F32, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
+            KernelArg {
+                name: "y".into(),
+                dtype: DType::F32,
+                shape: vec![Extent::Sym(0), Extent::Const(2)],
+                role: ArgRole::Output,
+            },
+        ],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![
+                Stmt::Store {
+                    arg: kernel::ArgId(1),
+                    index: even,
+                    value: Expr::binary(kiln_ir::op::BinaryOp::Mul, x.clone(), Expr::Const(Scalar::F32(2.0))),
+                },
+                Stmt::Store { arg: kernel::ArgId(1), index: odd, value: Expr::unary(UnaryOp::Neg, x) },
+            ]),
+        }]),
+    };
+    let text = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    assert!(text.contains("f32x4"), "{text}");
+    for n in [0usize, 1, 4, 7, 13] {
+        let args = vec![edge_tensor(DType::F32, vec![n], n), Tensor::zeros(DType::F32, vec![n, 2])];
+        check_jit(&format!("scatter [n={n}]"), &k, &args, &[n as i64]);
+    }
+}
+
+#[test]
+fn chunks_of_a_parallel_part_run_concurrently() {
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n,33]
+          %1 = exp %0 : f32[n,33]
+          %2 = reduce %1 {kind=sum, axes=[1], keep_dims=false} : f32[n]
+          output "s" = %2
+        }"#,
+    )
+    .unwrap();
+    let k = lower_whole(&g, "threads").unwrap();
+    let n = 101usize;
+    let x = Tensor::from_vec(vec![n, 33], sweep(-20.0, 20.0, n * 33)).unwrap();
+    let args = vec![x, Tensor::zeros(DType::F32, vec![n])];
+    let mut want = args.clone();
+    kernel::eval(&k, &mut want, &[n as i64]).unwrap();
+    let jit = JitModule::compile(std::slice::from_ref(&k), &CpuOptions::default()).unwrap();
+    assert_eq!(jit.info(0).parts.len(), 1);
+    assert!(jit.info(0).parts[0].parallel);
+    let mut bufs = Buffers::new(&k, &args);
+    // Raw pointers are not Send; the addresses are, and every chunk writes its own rows.
+    let ptrs: Vec<usize> = bufs.pointers().into_iter().map(|p| p as usize).collect();
+    let (jit, syms) = (&jit, [n as i64]);
+    std::thread::scope(|s| {
+        for t in 0..4i64 {
+            let ptrs = ptrs.clone();
+            s.spawn(move || {
+                let ptrs: Vec<*mut u8> = ptrs.into_iter().map(|p| p as *mut u8).collect();
+                let (begin, end) = (t * n as i64 / 4, (t + 1) * n as i64 / 4);
+                // SAFETY: the buffers outlive the scope; chunks write disjoint rows.
+                unsafe { (jit.entry(0))(ptrs.as_ptr(), syms.as_ptr(), 0, begin, end) };
+            });
+        }
+    });
+    let got = bufs.tensors(&args);
+    // The sums fold in the interpreter's order; only the vector `exp` may differ, in the last bits.
+    for (g, w) in got[1].to_f64_vec().iter().zip(want[1].to_f64_vec()) {
+        assert!((g - w).abs() <= 1e-6 * w.abs(), "{g} vs {w}");
+    }
+}
