@@ -27,15 +27,15 @@
 //! A `Vectorizable` loop over f32 data runs four iterations at a time in f32x4 registers with a scalar tail
 //! (see `simd` for which loops qualify and how loads and stores are formed); reduction loops stay scalar, so
 //! reductions fold in the interpreter's order. Vector arithmetic, `sqrt`, `min`/`max`, comparisons and selects
-//! are IEEE-exact; `exp`, `log`, `tanh` and `sigmoid` use inline polynomials (see `vmath`) with relative error
-//! below 2e-7 (`exp`, `log`) and 3e-7 (`tanh`, `sigmoid`), falling back to the exact scalar functions for a
-//! group of lanes holding NaN, infinities or values outside the polynomials' ranges; every other kind (`erf`,
-//! `pow`, trigonometry, ...) computes lane by lane through the exact scalar path.
+//! are IEEE-exact; `exp`, `log`, `tanh`, `sigmoid` and `erf` use inline polynomials (see `vmath`) with relative
+//! error below 2e-7 (`exp`, `log`) and 3e-7 (`tanh`, `sigmoid`, `erf`), falling back to the exact scalar
+//! functions for a group of lanes holding NaN, infinities or values outside the polynomials' ranges; every other
+//! kind (`pow`, `mod`, trigonometry, ...) computes lane by lane through the exact scalar path.
 //!
 //! No fused multiply-add is formed: the interpreter rounds products and sums separately, and so does this code.
 //! Target features (AVX, FMA, SSE4.1, ...) come from host detection with [`CpuFeatures::Host`]; with
-//! [`CpuFeatures::Baseline`] rounding instructions become runtime calls and vector `exp`/`log`/`tanh`/`sigmoid`
-//! go lane by lane.
+//! [`CpuFeatures::Baseline`] rounding instructions become runtime calls and vector `exp`, `log`, `tanh`,
+//! `sigmoid` and `erf` go lane by lane.
 //!
 //! # Runtime functions
 //! Transcendental math and the f16/bf16 conversions are Rust shims called through a table of pointers

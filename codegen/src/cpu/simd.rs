@@ -10,7 +10,7 @@
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
 //! accesses, each index computed for its own iteration). Arithmetic, `min`/`max` (NaN-propagating, as the
 //! interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are vector instructions, as are
-//! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh` and `sigmoid` are inline
+//! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`, `sigmoid` and `erf` are inline
 //! approximations (`vmath`, same SSE4.1 condition); every other kind computes lane by lane through the same
 //! scalar code (and runtime functions) the scalar loop uses, bit-identical to it.
 
