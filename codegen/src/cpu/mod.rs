@@ -23,6 +23,12 @@
 //! interpreter uses (see [`runtime`]). Where the interpreter reports an error — integer division or remainder by
 //! zero, a negative integer exponent — compiled code does not trap: the result is 0 (and `MIN / -1` wraps).
 //!
+//! Every dtype and kind the interpreter defines compiles (f16/bf16 included). A kind on a dtype the interpreter
+//! rejects (`exp` on an integer, `add` on bool, `is_nan` on an integer, a sum of bools, ...) is
+//! [`CpuError::Unsupported`] naming the kernel, the kind and the dtype; a kernel breaking an IR invariant (an
+//! undefined or out-of-scope variable, mismatched dtypes, a store into an input) is [`CpuError::Malformed`].
+//! Nothing panics on either.
+//!
 //! # Vectorization
 //! A `Vectorizable` loop over f32 data runs four iterations at a time in f32x4 registers with a scalar tail
 //! (see `simd` for which loops qualify and how loads and stores are formed); reduction loops stay scalar, so
