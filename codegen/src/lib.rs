@@ -1,16 +1,19 @@
-//! `kiln-codegen`: lowering of fusion groups to the target-independent kernel IR, and (with later issues) the
-//! Cranelift CPU emitter, the NVPTX emitter, and the `Executable` they produce.
+//! `kiln-codegen`: lowering of fusion groups to the target-independent kernel IR, the Cranelift CPU emitter, the
+//! executables backends run, and (with a later issue) the NVPTX emitter.
 //!
-//! What exists today is [`kernel`]: the loop-level kernel IR both emitters will translate (and nothing else),
-//! its text dump, its reference evaluator, and the lowering of a fusion group of graph nodes — elementwise ops,
-//! constants, iota, data movement, reductions, softmax, layer/batch norm and gelu — to one kernel. Matmul,
-//! convolution, pooling, gather/scatter, resize and the recurrent ops are not lowered here; they become library
-//! calls or kernels of their own, and a group holding one is a [`kernel::LowerError::Unsupported`].
+//! [`kernel`] is the loop-level kernel IR both emitters translate (and nothing else), its text dump, its
+//! reference evaluator, and the lowering of a fusion group of graph nodes — elementwise ops, constants, iota,
+//! data movement, reductions, softmax, layer/batch norm and gelu — to one kernel. Matmul, convolution, pooling,
+//! gather/scatter, resize and the recurrent ops are not lowered here; they become library calls or kernels of
+//! their own, and a group holding one is a [`kernel::LowerError::Unsupported`].
+//!
+//! [`cpu`] compiles kernels with Cranelift: JIT-compiled into memory, or as ELF object code a runtime links into
+//! a shared library, with a per-kernel description of its independently launchable parts.
 //!
 //! [`library`] holds the native CPU implementations of what does not become kernel IR: the roots of `library`
 //! fusion groups (`matmul`, `conv`, with their elementwise epilogue as a callback) and `pool`.
 //!
-//! Nothing here runs on a device outside tests.
+//! [`exec`] is the [`exec::Executable`]: a compiled graph's steps and buffers, built from an optimized graph.
 
 pub mod cpu;
 pub mod exec;

@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Buffers, Chunking, check_jit, launch, lower_whole};
-use kiln_codegen::cpu::{self, CpuError, CpuOptions, JitModule, KernelFn, runtime};
+use common::{Buffers, Chunking, check_jit, check_jit_with, launch, lower_whole};
+use kiln_codegen::cpu::{self, CpuError, CpuFeatures, CpuOptions, JitModule, KernelFn, OptLevel, runtime};
 use kiln_codegen::kernel::{self, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::UnaryOp;
@@ -61,6 +61,11 @@ fn safe_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
 /// Lowers `text` and checks it through the JIT for each binding of its symbol `n`; inputs named `d*` get
 /// [`safe_tensor`] values, others [`edge_tensor`] values.
 fn check_graph(case: &str, text: &str, sizes: &[u64]) {
+    check_graph_with(case, text, sizes, &CpuOptions::default());
+}
+
+/// [`check_graph`] with the emitter's options.
+fn check_graph_with(case: &str, text: &str, sizes: &[u64], options: &CpuOptions) {
     let g = kiln_ir::parse(text).unwrap_or_else(|e| panic!("{case}: parse: {e}"));
     let k = lower_whole(&g, case).unwrap_or_else(|e| panic!("{case}: lower: {e}"));
     for &n in sizes {
@@ -85,7 +90,7 @@ fn check_graph(case: &str, text: &str, sizes: &[u64]) {
                     }
                 })
                 .collect();
-            check_jit(&format!("{case} [n={n}, seed {seed}]"), &k, &args, &symbols);
+            check_jit_with(&format!("{case} [n={n}, seed {seed}]"), &k, &args, &symbols, options);
         }
     }
 }
@@ -139,6 +144,34 @@ fn f32_elementwise_kinds_on_edge_values() {
         "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[n]\n  %1 = input {{name=\"y\"}} : f32[n]\n{body}{outputs}}}"
     );
     check_graph("f32 elementwise", &text, ODD_SIZES);
+}
+
+#[test]
+fn baseline_features_and_every_opt_level_match() {
+    let text = r#"graph "g" {
+      %0 = input {name="x"} : f32[n]
+      %1 = input {name="y"} : f64[n]
+      %2 = floor %0 : f32[n]
+      %3 = round %0 : f32[n]
+      %4 = ceil %1 : f64[n]
+      %5 = round %1 : f64[n]
+      %6 = exp %0 : f32[n]
+      %7 = max %0, %2 : f32[n]
+      %8 = cast %0 {to=i8} : i8[n]
+      output "floor" = %2
+      output "round" = %3
+      output "ceil" = %4
+      output "round64" = %5
+      output "exp" = %6
+      output "max" = %7
+      output "i8" = %8
+    }"#;
+    for features in [CpuFeatures::Host, CpuFeatures::Baseline] {
+        for opt_level in [OptLevel::None, OptLevel::Speed, OptLevel::SpeedAndSize] {
+            let options = CpuOptions { opt_level, features };
+            check_graph_with(&format!("rounding {options:?}"), text, &[1, 9, 17], &options);
+        }
+    }
 }
 
 #[test]
@@ -354,6 +387,33 @@ fn unsupported_and_malformed_kernels_are_errors() {
     assert!(cpu::emit_object(&[k], &CpuOptions::default()).is_err());
     let k = one_loop_kernel("mixed", DType::F32, Expr::Const(Scalar::I32(1)));
     assert!(matches!(JitModule::compile(&[k], &CpuOptions::default()), Err(CpuError::Malformed { .. })));
+    // A store into an input, and a variable used outside the block that binds it.
+    let mut k = one_loop_kernel("store_input", DType::F32, load.clone());
+    k.body = Block(vec![Stmt::For {
+        var: LoopVar(0),
+        extent: IExpr::Sym(0),
+        kind: LoopKind::Parallel,
+        body: Block(vec![Stmt::Store { arg: kernel::ArgId(0), index: IExpr::Var(LoopVar(0)), value: load.clone() }]),
+    }]);
+    let store_err = JitModule::compile(&[k], &CpuOptions::default()).unwrap_err();
+    assert!(store_err.to_string().contains("store into `x`"), "{store_err}");
+    let mut k = one_loop_kernel("scope", DType::F32, load.clone());
+    let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
+    body.0.insert(0, Stmt::Let { var: kernel::Var(0), dtype: DType::F32, value: load.clone() });
+    k.body.0.push(Stmt::For {
+        var: LoopVar(1),
+        extent: IExpr::Sym(0),
+        kind: LoopKind::Parallel,
+        body: Block(vec![Stmt::Store {
+            arg: kernel::ArgId(1),
+            index: IExpr::Var(LoopVar(1)),
+            value: Expr::Var(kernel::Var(0)),
+        }]),
+    });
+    let scope_err = JitModule::compile(&[k], &CpuOptions::default()).unwrap_err();
+    let is_scope_error =
+        matches!(&scope_err, CpuError::Malformed { message, .. } if message.contains("v0 is not defined"));
+    assert!(is_scope_error, "{scope_err}");
     // Through the crate's error type too.
     let e: kiln_codegen::Error = err.into();
     assert!(e.to_string().contains("undefined"), "{e}");
@@ -394,6 +454,7 @@ fn parts_are_described_for_the_runtime() {
     // SAFETY: the buffers match the kernel's launch arguments for n = 6.
     unsafe {
         (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), 99, 0, 6);
+        (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), -1, 0, 6);
         (jit.entry(0))(ptrs.as_ptr(), [6i64].as_ptr(), 0, -5, 100);
     }
     check_jit("parts", &k, &args, &[6]);
@@ -493,5 +554,138 @@ fn object_code_links_loads_and_matches() {
                 assert!(ok, "{} [n={n}] element {i}: {g} vs {w}", k.name);
             }
         }
+    }
+}
+
+/// The largest relative error of the JIT's `op` over `xs` against the evaluator (absolute error where the exact
+/// value's magnitude is below `abs_floor`).
+fn max_error(op: &str, xs: &[f32], abs_floor: f64) -> f64 {
+    let text = format!(
+        "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[n]\n  %1 = {op} %0 : f32[n]\n  output \"y\" = %1\n}}"
+    );
+    let k = lower_whole(&kiln_ir::parse(&text).unwrap(), op).unwrap();
+    let n = xs.len();
+    let args = vec![Tensor::from_vec(vec![n], xs.to_vec()).unwrap(), Tensor::zeros(DType::F32, vec![n])];
+    let mut want = args.clone();
+    kernel::eval(&k, &mut want, &[n as i64]).unwrap();
+    let jit = JitModule::compile(std::slice::from_ref(&k), &CpuOptions::default()).unwrap();
+    let mut bufs = Buffers::new(&k, &args);
+    launch(jit.entry(0), jit.info(0), &mut bufs, &[n as i64], Chunking::Whole);
+    let got = bufs.tensors(&args)[1].to_f64_vec();
+    let mut worst: f64 = 0.0;
+    for (g, w) in got.iter().zip(want[1].to_f64_vec()) {
+        let err = if g.is_nan() && w.is_nan() || *g == w { 0.0 } else { (g - w).abs() / w.abs().max(abs_floor) };
+        worst = worst.max(err);
+    }
+    worst
+}
+
+/// `n` points evenly spread over `[lo, hi]`.
+fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
+    (0..n).map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32).collect()
+}
+
+#[test]
+fn vector_approximations_stay_within_their_documented_bounds() {
+    let n = 200_003;
+    let cases: [(&str, Vec<f32>, f64, f64); 6] = [
+        ("exp", sweep(-90.0, 90.0, n), 2e-7, 0.0),
+        ("sigmoid", sweep(-90.0, 90.0, n), 3e-7, 0.0),
+        ("tanh", sweep(-10.0, 10.0, n), 3e-7, 0.0),
+        ("log", sweep(1e-30, 50.0, n), 2e-7, 0.0),
+        ("log", sweep(0.5, 2.0, n), 2e-7, 0.5),
+        ("erf", sweep(-5.0, 5.0, n), 3e-7, 0.0),
+    ];
+    for (op, xs, bound, floor) in cases {
+        let err = max_error(op, &xs, floor);
+        assert!(err <= bound, "{op}: max error {err:e} above {bound:e}");
+        println!("{op}: max error {err:e}");
+    }
+    // Tiny magnitudes, where the formulas change.
+    let small: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1.3e-3).collect();
+    assert!(max_error("tanh", &small, 0.0) <= 3e-7);
+    assert!(max_error("erf", &small, 0.0) <= 3e-7);
+}
+
+#[test]
+fn strided_stores_scatter_lane_by_lane() {
+    // y[2i] = x[i] * 2, y[2i + 1] = -x[i]: stores with coefficient 2, one vectorizable loop.
+    let i = || IExpr::Var(LoopVar(0));
+    let x = Expr::Load { arg: kernel::ArgId(0), index: i() };
+    let even = IExpr::times(IExpr::Const(2), i());
+    let odd = IExpr::plus(IExpr::times(i(), IExpr::Const(2)), IExpr::Const(1));
+    let k = Kernel {
+        name: "scatter".into(),
+        args: vec![
+            KernelArg { name: "x".into(), dtype: DType::F32, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
+            KernelArg {
+                name: "y".into(),
+                dtype: DType::F32,
+                shape: vec![Extent::Sym(0), Extent::Const(2)],
+                role: ArgRole::Output,
+            },
+        ],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![
+                Stmt::Store {
+                    arg: kernel::ArgId(1),
+                    index: even,
+                    value: Expr::binary(kiln_ir::op::BinaryOp::Mul, x.clone(), Expr::Const(Scalar::F32(2.0))),
+                },
+                Stmt::Store { arg: kernel::ArgId(1), index: odd, value: Expr::unary(UnaryOp::Neg, x) },
+            ]),
+        }]),
+    };
+    let text = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    assert!(text.contains("f32x4"), "{text}");
+    for n in [0usize, 1, 4, 7, 13] {
+        let args = vec![edge_tensor(DType::F32, vec![n], n), Tensor::zeros(DType::F32, vec![n, 2])];
+        check_jit(&format!("scatter [n={n}]"), &k, &args, &[n as i64]);
+    }
+}
+
+#[test]
+fn chunks_of_a_parallel_part_run_concurrently() {
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n,33]
+          %1 = exp %0 : f32[n,33]
+          %2 = reduce %1 {kind=sum, axes=[1], keep_dims=false} : f32[n]
+          output "s" = %2
+        }"#,
+    )
+    .unwrap();
+    let k = lower_whole(&g, "threads").unwrap();
+    let n = 101usize;
+    let x = Tensor::from_vec(vec![n, 33], sweep(-20.0, 20.0, n * 33)).unwrap();
+    let args = vec![x, Tensor::zeros(DType::F32, vec![n])];
+    let mut want = args.clone();
+    kernel::eval(&k, &mut want, &[n as i64]).unwrap();
+    let jit = JitModule::compile(std::slice::from_ref(&k), &CpuOptions::default()).unwrap();
+    assert_eq!(jit.info(0).parts.len(), 1);
+    assert!(jit.info(0).parts[0].parallel);
+    let mut bufs = Buffers::new(&k, &args);
+    // Raw pointers are not Send; the addresses are, and every chunk writes its own rows.
+    let ptrs: Vec<usize> = bufs.pointers().into_iter().map(|p| p as usize).collect();
+    let (jit, syms) = (&jit, [n as i64]);
+    std::thread::scope(|s| {
+        for t in 0..4i64 {
+            let ptrs = ptrs.clone();
+            s.spawn(move || {
+                let ptrs: Vec<*mut u8> = ptrs.into_iter().map(|p| p as *mut u8).collect();
+                let (begin, end) = (t * n as i64 / 4, (t + 1) * n as i64 / 4);
+                // SAFETY: the buffers outlive the scope; chunks write disjoint rows.
+                unsafe { (jit.entry(0))(ptrs.as_ptr(), syms.as_ptr(), 0, begin, end) };
+            });
+        }
+    });
+    let got = bufs.tensors(&args);
+    // The sums fold in the interpreter's order; only the vector `exp` may differ, in the last bits.
+    for (g, w) in got[1].to_f64_vec().iter().zip(want[1].to_f64_vec()) {
+        assert!((g - w).abs() <= 1e-6 * w.abs(), "{g} vs {w}");
     }
 }

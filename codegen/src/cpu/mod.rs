@@ -23,12 +23,25 @@
 //! interpreter uses (see [`runtime`]). Where the interpreter reports an error — integer division or remainder by
 //! zero, a negative integer exponent — compiled code does not trap: the result is 0 (and `MIN / -1` wraps).
 //!
+//! Every dtype and kind the interpreter defines compiles (f16/bf16 included). A kind on a dtype the interpreter
+//! rejects (`exp` on an integer, `add` on bool, `is_nan` on an integer, a sum of bools, ...) is
+//! [`CpuError::Unsupported`] naming the kernel, the kind and the dtype; a kernel breaking an IR invariant (an
+//! undefined or out-of-scope variable, mismatched dtypes, a store into an input) is [`CpuError::Malformed`].
+//! Nothing panics on either.
+//!
 //! # Vectorization
 //! A `Vectorizable` loop over f32 data runs four iterations at a time in f32x4 registers with a scalar tail
 //! (see `simd` for which loops qualify and how loads and stores are formed); reduction loops stay scalar, so
-//! reductions fold in the interpreter's order. Vector lanes compute every kind exactly as the scalar code does
-//! (arithmetic and `sqrt` are IEEE-exact; other kinds go lane by lane through the scalar path), so vectorized
-//! results are bit-identical to scalar ones: no approximation error is introduced.
+//! reductions fold in the interpreter's order. Vector arithmetic, `sqrt`, `min`/`max`, comparisons and selects
+//! are IEEE-exact; `exp`, `log`, `tanh`, `sigmoid` and `erf` use inline polynomials (see `vmath`) with relative
+//! error below 2e-7 (`exp`, `log`) and 3e-7 (`tanh`, `sigmoid`, `erf`), falling back to the exact scalar
+//! functions for a group of lanes holding NaN, infinities or values outside the polynomials' ranges; every other
+//! kind (`pow`, `mod`, trigonometry, ...) computes lane by lane through the exact scalar path.
+//!
+//! No fused multiply-add is formed: the interpreter rounds products and sums separately, and so does this code.
+//! Target features (AVX, FMA, SSE4.1, ...) come from host detection with [`CpuFeatures::Host`]; with
+//! [`CpuFeatures::Baseline`] rounding instructions become runtime calls and vector `exp`, `log`, `tanh`,
+//! `sigmoid` and `erf` go lane by lane.
 //!
 //! # Runtime functions
 //! Transcendental math and the f16/bf16 conversions are Rust shims called through a table of pointers
@@ -38,7 +51,9 @@
 mod emit;
 mod parts;
 pub mod runtime;
+mod scalar;
 mod simd;
+mod vmath;
 
 use std::collections::HashMap;
 
@@ -147,7 +162,9 @@ pub enum CpuError {
     Module(String),
 }
 
-/// JIT-compiles kernels into executable memory; keeps the code alive as long as it lives.
+/// JIT-compiles kernels into executable memory; keeps the code alive as long as it lives (dropping it frees the
+/// code, so no [`KernelFn`] taken from it may be called afterwards). `Send + Sync`: entries may be called from
+/// any thread, concurrently.
 pub struct JitModule {
     module: Option<cranelift_jit::JITModule>,
     entries: Vec<KernelFn>,
@@ -196,7 +213,7 @@ impl JitModule {
         Ok(JitModule { module: Some(module), entries, infos })
     }
 
-    /// The entry of kernel `i`. Panics if `i` is not below [`JitModule::len`].
+    /// The entry of kernel `i`, valid while this module lives. Panics if `i` is not below [`JitModule::len`].
     pub fn entry(&self, i: usize) -> KernelFn {
         self.entries[i]
     }
@@ -285,12 +302,12 @@ fn target_of(isa: &OwnedTargetIsa) -> Target {
     use target_lexicon::Architecture;
     let arch = isa.triple().architecture;
     let flag = |name: &str| isa.isa_flags().iter().any(|v| v.name == name && v.as_bool() == Some(true));
-    let (simd, vector_rounding) = match arch {
+    let (simd, native_rounding) = match arch {
         Architecture::X86_64 => (true, flag("has_sse41")),
         Architecture::Aarch64(_) => (true, true),
         _ => (false, false),
     };
-    Target { simd, vector_rounding, call_conv: isa.default_call_conv(), frontend: isa.frontend_config() }
+    Target { simd, native_rounding, call_conv: isa.default_call_conv(), frontend: isa.frontend_config() }
 }
 
 /// Declares (and defines) the runtime table: in the JIT filled with the shims' addresses, in object code zeroed

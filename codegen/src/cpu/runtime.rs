@@ -3,10 +3,14 @@
 //! and `f64` methods, `libm` for `erf`, `half` for the 16-bit floats), so scalar results are bit-identical.
 //!
 //! Kernels never call these by name: they load the address from a table of pointers, [`RUNTIME_TABLE_SYMBOL`],
-//! one entry per [`RtFn`] in declaration order. The JIT fills that table itself; an object file only reserves it
+//! one entry per runtime function in a fixed order ([`runtime_table`]). The JIT fills that table itself; an object file only reserves it
 //! (zeroed, writable, exported) and whoever loads the linked library must fill it with [`install_runtime_table`]
 //! before the first launch. The object also exports [`RUNTIME_TABLE_LEN_SYMBOL`], a `u64` holding the number of
 //! entries it expects, so a loader can refuse a library built against a different table.
+//!
+//! Load such a library with local symbol binding (`RTLD_LOCAL`, `libloading`'s default on Unix): its code
+//! reaches the table through the global offset table, so a table of the same name made global by an earlier
+//! library would otherwise stand in for it. Each loaded library has its own table to fill.
 
 use half::{bf16, f16};
 
@@ -121,6 +125,12 @@ runtime_fns! {
     I64ToF16 = "kiln_rt_i64_to_f16", I64ToF32, i64_to_f16;
     I64ToBf16 = "kiln_rt_i64_to_bf16", I64ToF32, i64_to_bf16;
     IPow = "kiln_rt_ipow", I64I64ToI64, ipow;
+    FloorF32 = "kiln_rt_floorf", F32ToF32, floorf;
+    CeilF32 = "kiln_rt_ceilf", F32ToF32, ceilf;
+    RoundF32 = "kiln_rt_roundevenf", F32ToF32, roundevenf;
+    FloorF64 = "kiln_rt_floor", F64ToF64, floor;
+    CeilF64 = "kiln_rt_ceil", F64ToF64, ceil;
+    RoundF64 = "kiln_rt_roundeven", F64ToF64, roundeven;
 }
 
 /// The runtime table's contents for this process: one shim address per entry, in table order.
@@ -181,6 +191,12 @@ unary_shims! {
     asinh: f64 => f64::asinh;
     acosh: f64 => f64::acosh;
     atanh: f64 => f64::atanh;
+    floorf: f32 => f32::floor;
+    ceilf: f32 => f32::ceil;
+    roundevenf: f32 => f32::round_ties_even;
+    floor: f64 => f64::floor;
+    ceil: f64 => f64::ceil;
+    roundeven: f64 => f64::round_ties_even;
 }
 
 extern "C" fn powf(x: f32, y: f32) -> f32 {

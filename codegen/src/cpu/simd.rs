@@ -10,8 +10,9 @@
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
 //! accesses, each index computed for its own iteration). Arithmetic, `min`/`max` (NaN-propagating, as the
 //! interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are vector instructions, as are
-//! `floor`/`ceil`/`round` where the target has SSE4.1; every other kind computes lane by lane through the same
-//! scalar code (and runtime functions) the scalar loop uses, so results are bit-identical to it.
+//! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`, `sigmoid` and `erf` are inline
+//! approximations (`vmath`, same SSE4.1 condition); every other kind computes lane by lane through the same
+//! scalar code (and runtime functions) the scalar loop uses, bit-identical to it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -125,13 +126,13 @@ impl Emitter<'_, '_> {
                 Stmt::Store { arg, index, value } => {
                     let x = self.vexpr(value, var, i, &vlets)?;
                     if affine(index, var) == Some(1) {
-                        let addr = self.address(*arg, index)?;
+                        let addr = self.address(*arg, index, true)?;
                         self.b.ins().store(mem(), x, addr, 0);
                     } else {
                         for lane in 0..LANES {
                             let li = self.b.ins().iadd_imm_s(i, lane);
                             self.lane_index.insert(var, li);
-                            let addr = self.address(*arg, index);
+                            let addr = self.address(*arg, index, true);
                             self.lane_index.remove(&var);
                             let addr = addr?;
                             let x = self.b.ins().extractlane(x, lane as u8);
@@ -157,11 +158,11 @@ impl Emitter<'_, '_> {
             }
             Expr::Load { arg, index } => match affine(index, var) {
                 Some(1) => {
-                    let addr = self.address(*arg, index)?;
+                    let addr = self.address(*arg, index, false)?;
                     self.b.ins().load(types::F32X4, mem(), addr, 0)
                 }
                 Some(0) => {
-                    let addr = self.address(*arg, index)?;
+                    let addr = self.address(*arg, index, false)?;
                     let x = self.load_scalar(DType::F32, addr);
                     self.splat(x)
                 }
@@ -171,7 +172,7 @@ impl Emitter<'_, '_> {
                     for lane in 0..LANES {
                         let li = self.b.ins().iadd_imm_s(i, lane);
                         self.lane_index.insert(var, li);
-                        let addr = self.address(*arg, index);
+                        let addr = self.address(*arg, index, false);
                         self.lane_index.remove(&var);
                         let x = self.load_scalar(DType::F32, addr?);
                         v = self.b.ins().insertlane(v, x, lane as u8);
@@ -224,7 +225,7 @@ impl Emitter<'_, '_> {
     }
 
     /// Lanes of `a` where the i32x4 `mask` is set, of `b` elsewhere.
-    fn select_mask(&mut self, mask: Value, a: Value, b: Value) -> Value {
+    pub(crate) fn select_mask(&mut self, mask: Value, a: Value, b: Value) -> Value {
         let flags = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
         let m = self.b.ins().bitcast(types::F32X4, flags, mask);
         self.b.ins().bitselect(m, a, b)
@@ -258,14 +259,19 @@ impl Emitter<'_, '_> {
                 let d = if k == UnaryOp::Rsqrt { self.b.ins().sqrt(x) } else { x };
                 self.b.ins().fdiv(one, d)
             }
-            UnaryOp::Floor if self.target.vector_rounding => self.b.ins().floor(x),
-            UnaryOp::Ceil if self.target.vector_rounding => self.b.ins().ceil(x),
-            UnaryOp::Round if self.target.vector_rounding => self.b.ins().nearest(x),
+            UnaryOp::Floor if self.target.native_rounding => self.b.ins().floor(x),
+            UnaryOp::Ceil if self.target.native_rounding => self.b.ins().ceil(x),
+            UnaryOp::Round if self.target.native_rounding => self.b.ins().nearest(x),
+            _ if let Some(v) = self.vector_math(k, x) => v?,
             _ => self.per_lane(|e, v| Ok(e.unary(k, v, DType::F32)?.0), x)?,
         })
     }
 
-    fn per_lane(&mut self, mut f: impl FnMut(&mut Self, Value) -> EResult<Value>, x: Value) -> EResult<Value> {
+    pub(crate) fn per_lane(
+        &mut self,
+        mut f: impl FnMut(&mut Self, Value) -> EResult<Value>,
+        x: Value,
+    ) -> EResult<Value> {
         let mut out = x;
         for lane in 0..LANES as u8 {
             let v = self.b.ins().extractlane(x, lane);

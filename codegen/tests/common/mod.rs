@@ -192,9 +192,14 @@ pub fn launch(f: KernelFn, info: &KernelInfo, bufs: &mut Buffers, symbols: &[i64
 /// the JIT, whole and in chunks, and compares: bitwise for integers and bools, within 1e-5 relative for floats
 /// (NaN equals NaN).
 pub fn check_jit(case: &str, k: &Kernel, args: &[Tensor], symbols: &[i64]) {
+    check_jit_with(case, k, args, symbols, &CpuOptions::default());
+}
+
+/// [`check_jit`] with the emitter's options.
+pub fn check_jit_with(case: &str, k: &Kernel, args: &[Tensor], symbols: &[i64], options: &CpuOptions) {
     let mut want = args.to_vec();
     kernel::eval(k, &mut want, symbols).unwrap_or_else(|e| panic!("{case}: evaluator: {e}"));
-    let jit = JitModule::compile(std::slice::from_ref(k), &CpuOptions::default())
+    let jit = JitModule::compile(std::slice::from_ref(k), options)
         .unwrap_or_else(|e| panic!("{case}: JIT: {e}\n{}", kernel::print(k)));
     for chunking in [Chunking::Whole, Chunking::Split] {
         let mut bufs = Buffers::new(k, args);
