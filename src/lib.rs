@@ -185,7 +185,7 @@ pub struct CompileReport {
 
 /// A compiled model: run it as often as you like, from several threads at once.
 pub struct Compiled {
-    program: std::sync::Arc<dyn kiln_runtime::Program>,
+    program: std::sync::Arc<kiln_runtime::cpu::CpuProgram>,
     report: CompileReport,
     inputs: Vec<(String, kiln_ir::TensorType)>,
 }
@@ -193,10 +193,20 @@ pub struct Compiled {
 impl Compiled {
     /// Runs the compiled model on named inputs; outputs come in the model's order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
-        self.program.run(inputs).map_err(|e| match e {
+        kiln_runtime::Program::run(self.program.as_ref(), inputs).map_err(|e| match e {
             kiln_runtime::RunError::Input(m) => Error::Input(m),
             e => Error::Backend { backend: "cpu", message: e.to_string() },
         })
+    }
+
+    /// Runs once and returns each step's description and wall time, slowest first (`kiln bench --profile`).
+    pub fn profile(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, std::time::Duration)>, Error> {
+        let (_, times) = self.program.run_profiled(inputs).map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
+        let exe = self.program.executable();
+        let mut out: Vec<(String, std::time::Duration)> =
+            exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1));
+        Ok(out)
     }
 
     /// What compiling did.

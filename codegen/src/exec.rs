@@ -24,7 +24,7 @@ use kiln_ir::graph::Weights;
 use kiln_ir::op::{Fusion, FusionKind};
 use kiln_ir::{DType, Dim, Graph, NodeId, Op, Tensor, TensorType, Value};
 
-use crate::kernel::{self, ArgRole, Kernel, LowerError, LowerOptions};
+use crate::kernel::{self, ArgRole, Kernel, LowerError, LowerOptions, SpacePolicy};
 
 /// A buffer of an [`Executable`]: an index into [`Executable::buffers`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -65,6 +65,8 @@ pub enum LibraryOp {
     Conv(kiln_ir::op::Conv),
     /// Pooling.
     Pool(kiln_ir::op::Pool),
+    /// `gather` along an axis (any data dtype; i32 or i64 indices): whole inner rows are copied.
+    Gather(kiln_ir::op::Gather),
 }
 
 /// One step of a run.
@@ -299,6 +301,7 @@ impl<'g> Builder<'g> {
             Op::MatMul if f32_only => return library(LibraryOp::MatMul),
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
             Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
+            Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
             Op::Fusion(f) => match self.fusion(f, inputs, outputs) {
                 Ok(step) => return step,
                 Err(why) => return self.fallback(id, inputs, outputs, why),
@@ -306,7 +309,7 @@ impl<'g> Builder<'g> {
             _ => {}
         }
         let name = format!("k{}_{}", self.exe.kernels.len(), node.op.mnemonic());
-        match kernel::lower_mapped(g, &[id], &name, &LowerOptions::default()) {
+        match kernel::lower_mapped(g, &[id], &name, &Self::lower_options()) {
             Ok((k, values)) => {
                 let known: HashMap<Value, BufferId> =
                     values.iter().filter_map(|v| self.buffer_of.get(v).map(|&b| (*v, b))).collect();
@@ -315,6 +318,12 @@ impl<'g> Builder<'g> {
             Err(e) => Err(e.to_string()),
         }
         .unwrap_or_else(|why| self.fallback(id, inputs, outputs, why))
+    }
+
+    fn lower_options() -> LowerOptions {
+        // Outputs of a fusion group may live in different iteration spaces (a reshape beside the value it
+        // reshapes); each space gets its own loop nest.
+        LowerOptions { spaces: SpacePolicy::Separate }
     }
 
     fn fallback(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId], why: String) -> Step {
@@ -385,7 +394,7 @@ impl<'g> Builder<'g> {
         let name = format!("k{}_{}", self.exe.kernels.len(), f.kind.name());
         match f.kind {
             FusionKind::Loop => {
-                let (k, values) = kernel::lower_mapped(body, &members, &name, &LowerOptions::default())
+                let (k, values) = kernel::lower_mapped(body, &members, &name, &Self::lower_options())
                     .map_err(|e: LowerError| e.to_string())?;
                 self.kernel_step(k, &values, &|v| map.get(&v).copied())
             }
@@ -403,8 +412,18 @@ impl<'g> Builder<'g> {
                     Op::Conv(c) => LibraryOp::Conv(c.clone()),
                     _ => LibraryOp::MatMul,
                 };
-                let lib_inputs: Vec<BufferId> =
-                    rnode.inputs.iter().map(|v| map.get(v).copied().ok_or("root operand not bound")).collect::<Result<_, _>>()?;
+                let mut lib_inputs = Vec::with_capacity(rnode.inputs.len());
+                for v in &rnode.inputs {
+                    let b = match (map.get(v), &body.node(v.node).op) {
+                        (Some(&b), _) => b,
+                        // A small constant (a bias) cloned into the body.
+                        (None, Op::Constant(c)) => {
+                            self.add_buffer(rnode_input_type(body, *v)?, Home::Constant(Arc::new(c.value.clone())))
+                        }
+                        (None, _) => return Err(format!("{} is not an operand of the group", body.describe(v.node))),
+                    };
+                    lib_inputs.push(b);
+                }
                 let root_value = Value::new(root, 0);
                 let epi: Vec<NodeId> = members.iter().copied().filter(|&b| b != root).collect();
                 if epi.is_empty() {
@@ -424,13 +443,18 @@ impl<'g> Builder<'g> {
                     }
                 };
                 map.insert(root_value, scratch);
-                let (k, values) = kernel::lower_mapped(body, &epi, &name, &LowerOptions::default())
+                let (k, values) = kernel::lower_mapped(body, &epi, &name, &Self::lower_options())
                     .map_err(|e: LowerError| e.to_string())?;
                 let epilogue = self.kernel_step(k, &values, &|v| map.get(&v).copied())?;
                 Ok(Step::Library { op, inputs: lib_inputs, output: scratch, epilogue: Some(Box::new(epilogue)) })
             }
         }
     }
+}
+
+/// The type of body value `v`.
+fn rnode_input_type(body: &Graph, v: Value) -> Result<TensorType, String> {
+    body.value_type(v).cloned().ok_or_else(|| format!("{} has no type", body.describe(v.node)))
 }
 
 impl Executable {
@@ -446,6 +470,28 @@ impl Executable {
                 Dim::Sym(s) => symbols.get(s).map(|&n| n as usize).ok_or_else(|| format!("symbol `{s}` is unbound")),
             })
             .collect()
+    }
+
+    /// A one-line description of `step` for profiles: its kind, kernel or op, and result shape.
+    pub fn describe(&self, step: &Step) -> String {
+        let ty = |b: &BufferId| self.buffers[b.0 as usize].ty.to_string();
+        match step {
+            Step::Kernel { kernel, args } => {
+                format!("kernel {} -> {}", self.kernels[*kernel].name, args.last().map(ty).unwrap_or_default())
+            }
+            Step::Library { op, output, epilogue, .. } => {
+                let name = match op {
+                    LibraryOp::MatMul => "matmul".to_string(),
+                    LibraryOp::Conv(c) => format!("conv{}", if c.groups > 1 { " (grouped)" } else { "" }),
+                    LibraryOp::Pool(p) => format!("{} pool", p.kind.name()),
+                    LibraryOp::Gather(_) => "gather".to_string(),
+                };
+                let epi = if epilogue.is_some() { " + epilogue" } else { "" };
+                format!("library {name}{epi} -> {}", ty(output))
+            }
+            Step::Interp { node, .. } => format!("interpreter {node}"),
+            Step::Copy { dst, .. } => format!("copy -> {}", ty(dst)),
+        }
     }
 
     /// Number of library, kernel, interpreter and copy steps, for reports.

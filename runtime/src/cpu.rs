@@ -164,6 +164,26 @@ impl CpuProgram {
 
     /// Runs the program on `inputs` (by name) and returns its outputs, in order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.execute(inputs, None)
+    }
+
+    /// Runs as [`CpuProgram::run`] does and also returns the wall time of each step (by index into
+    /// `executable().steps`), for profiles.
+    #[allow(clippy::type_complexity)]
+    pub fn run_profiled(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+    ) -> Result<(Vec<(String, Tensor)>, Vec<std::time::Duration>), RunError> {
+        let mut times = Vec::with_capacity(self.exe.steps.len());
+        let out = self.execute(inputs, Some(&mut times))?;
+        Ok((out, times))
+    }
+
+    fn execute(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+        mut times: Option<&mut Vec<std::time::Duration>>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
         let given = self.check_inputs(inputs)?;
         let symbols = self.bind_symbols(&given)?;
         let arena = self.take_arena()?;
@@ -174,7 +194,11 @@ impl CpuProgram {
             let shared = Ptrs(&ptrs);
             self.pool.install(|| -> Result<(), RunError> {
                 for step in &self.exe.steps {
+                    let t = std::time::Instant::now();
                     self.step(step, shared, &symbols, &sym_values)?;
+                    if let Some(times) = times.as_deref_mut() {
+                        times.push(t.elapsed());
+                    }
                 }
                 Ok(())
             })?;
@@ -391,6 +415,12 @@ impl CpuProgram {
         symbols: &HashMap<String, u64>,
     ) -> Result<(), RunError> {
         let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(RunError::Backend);
+        if let LibraryOp::Gather(g) = op {
+            let (dd, id) = (dims(inputs[0])?, dims(inputs[1])?);
+            let index_dtype = self.exe.buffers[inputs[1].0 as usize].ty.dtype;
+            let elem = self.exe.buffers[inputs[0].0 as usize].ty.dtype.size_bytes();
+            return gather(g, ptrs.0[inputs[0].0 as usize], &dd, elem, ptrs.0[inputs[1].0 as usize], &id, index_dtype, ptrs.0[output.0 as usize]);
+        }
         let f32s = |b: BufferId, dims: &[usize]| -> &[f32] {
             let n: usize = dims.iter().product();
             if n == 0 {
@@ -426,6 +456,7 @@ impl CpuProgram {
                 let xd = dims(inputs[0])?;
                 library::pool_f32(f32s(inputs[0], &xd), &xd, attrs, out, &out_dims, par)
             }
+            LibraryOp::Gather(_) => unreachable!("handled above"),
         };
         r.map_err(|e| RunError::Op(e.to_string()))
     }
@@ -503,4 +534,54 @@ impl CpuProgram {
             }
         }
     }
+}
+
+/// `gather` of rows: for each outer position and each index, one contiguous run of `inner` elements is copied.
+/// Indices are i32 or i64, negative from the end; an index out of range is an error naming it.
+#[allow(clippy::too_many_arguments)]
+fn gather(
+    g: &kiln_ir::op::Gather,
+    data: *const u8,
+    data_dims: &[usize],
+    elem: usize,
+    indices: *const u8,
+    index_dims: &[usize],
+    index_dtype: kiln_ir::DType,
+    out: *mut u8,
+) -> Result<(), RunError> {
+    let rank = data_dims.len();
+    let axis = if g.axis < 0 { g.axis + rank as i64 } else { g.axis };
+    if rank == 0 || !(0..rank as i64).contains(&axis) {
+        return Err(RunError::Op(format!("gather: axis {} is out of range for rank {rank}", g.axis)));
+    }
+    let axis = axis as usize;
+    let outer: usize = data_dims[..axis].iter().product();
+    let n = data_dims[axis];
+    let row = data_dims[axis + 1..].iter().product::<usize>() * elem;
+    let count: usize = index_dims.iter().product();
+    let mut rows = Vec::with_capacity(count);
+    for k in 0..count {
+        // SAFETY: the index buffer holds `count` elements of `index_dtype`.
+        let i = unsafe {
+            match index_dtype {
+                kiln_ir::DType::I32 => i64::from(indices.cast::<i32>().add(k).read_unaligned()),
+                kiln_ir::DType::I64 => indices.cast::<i64>().add(k).read_unaligned(),
+                d => return Err(RunError::Op(format!("gather: indices must be i32 or i64, not {d}"))),
+            }
+        };
+        rows.push(kiln_ir::interp::resolve_index(i, n, axis).map_err(|e| RunError::Op(format!("gather: {e}")))?);
+    }
+    if row == 0 {
+        return Ok(());
+    }
+    for o in 0..outer {
+        for (k, &r) in rows.iter().enumerate() {
+            // SAFETY: `r < n`, so the source row lies inside the data buffer of `outer * n * row` bytes; the
+            // destination row lies inside the output of `outer * count * row` bytes; they do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.add((o * n + r) * row), out.add((o * count + k) * row), row);
+            }
+        }
+    }
+    Ok(())
 }

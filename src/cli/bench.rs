@@ -43,6 +43,9 @@ pub struct BenchArgs {
     /// End with one line of JSON holding the results.
     #[arg(long)]
     json: bool,
+    /// After timing, print the slowest steps of one run (compiled backends).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// The JSON line.
@@ -87,6 +90,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let threads = kiln::resolve_threads(a.threads);
 
     let t0 = Instant::now();
+    let mut profile: Option<Box<dyn Fn() -> Result<Vec<(String, std::time::Duration)>>>> = None;
     let (runner, report): (Box<dyn Fn() -> Result<()>>, Option<kiln::CompileReport>) = match a.backend {
         Backend::Interp => {
             let opts = kiln::RunOptions { backend: Backend::Interp, threads };
@@ -95,8 +99,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             (Box::new(move || m.run(&ins, &opts).map(drop).map_err(Into::into)), None)
         }
         backend => {
-            let compiled = model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?;
+            let compiled =
+                std::sync::Arc::new(model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?);
             let report = compiled.report().clone();
+            let (c, ins) = (std::sync::Arc::clone(&compiled), inputs.clone());
+            profile = Some(Box::new(move || c.profile(&ins).map_err(Into::into)));
             let ins = inputs.clone();
             (Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)), Some(report))
         }
@@ -141,6 +148,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pick(0.9),
         times[times.len() - 1],
     );
+    if a.profile
+        && let Some(profile) = &profile
+    {
+        let steps = profile()?;
+        let total: f64 = steps.iter().map(|(_, t)| t.as_secs_f64()).sum();
+        println!("profile of one run ({:.3} ms in {} steps), slowest first:", total * 1e3, steps.len());
+        for (what, t) in steps.iter().take(25) {
+            println!("  {:>9.3} ms {:>5.1}%  {what}", t.as_secs_f64() * 1e3, 100.0 * t.as_secs_f64() / total.max(1e-12));
+        }
+    }
     let peak_rss_bytes = peak_rss_bytes();
     println!("peak RSS {:.1} MiB", peak_rss_bytes as f64 / (1 << 20) as f64);
     if a.json {

@@ -116,7 +116,7 @@ pub(super) fn split_at_axis(shape: &[usize], axis: usize) -> (usize, usize, usiz
 
 /// Resolves a possibly negative index against an axis of extent `n` (`-1` is the last element), or explains
 /// why it is out of range.
-pub(super) fn resolve_index(i: i64, n: usize, axis: usize) -> Result<usize, String> {
+pub fn resolve_index(i: i64, n: usize, axis: usize) -> Result<usize, String> {
     let n_i = n as i64;
     let r = if i < 0 { i + n_i } else { i };
     if (0..n_i).contains(&r) {

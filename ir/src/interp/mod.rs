@@ -24,6 +24,8 @@ pub mod scalar;
 mod shape;
 mod topk;
 
+pub use index::resolve_index;
+
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
