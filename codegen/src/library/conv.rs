@@ -219,6 +219,8 @@ fn conv_image(g: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, yi: &mut
             gemm_rowmajor(g.mg, out, g.cg, wg, g.cg, xg, g.in_size, yg, out, accumulate, par);
             continue;
         }
+        // Building the column matrix in bands of output rows (to keep it in cache for the gemm) measured no
+        // faster: `gemm` blocks its operands itself, and im2col writes one sequential stream.
         with_scratch(wk * out, |col| {
             im2col(g, xg, col, par);
             gemm_rowmajor(g.mg, out, wk, wg, wk, col, out, yg, out, accumulate, par);
@@ -243,25 +245,15 @@ fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
     SCRATCH.with(|s| s.set(buf));
 }
 
-/// Calls `f(outer index, flat output offset of the row)` for every row of the output: every multi-index over all
-/// spatial dims but the last (one empty index for 1-D).
-fn for_each_row(output: &[usize], mut f: impl FnMut(&[usize], usize)) {
+/// Calls `f(outer index, flat output offset of the row)` for the first `count` output rows: a row is a
+/// multi-index over all spatial dims but the last (one empty index for 1-D), rows in row-major order.
+fn for_each_row(output: &[usize], count: usize, mut f: impl FnMut(&[usize], usize)) {
     let outer = &output[..output.len() - 1];
-    if outer.contains(&0) {
-        return;
-    }
     let row = output[output.len() - 1];
     let mut idx = vec![0; outer.len()];
-    let mut flat = 0;
-    loop {
-        f(&idx, flat);
-        flat += row;
-        let mut d = outer.len();
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
+    for r in 0..count {
+        f(&idx, r * row);
+        for d in (0..outer.len()).rev() {
             idx[d] += 1;
             if idx[d] < outer[d] {
                 break;
@@ -301,12 +293,13 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
     let last = g.input.len() - 1;
     let (s, dil, pb) = (g.strides[last], g.dilations[last], g.pad_begin[last]);
     let ow = g.output[last];
-    let fill_channel = |ci: usize, rows: &mut [f32]| {
+    let (cols, rows) = (g.out_size, g.out_size / ow);
+    let fill_channel = |ci: usize, chunk: &mut [f32]| {
         let xc = &x[ci * g.in_size..][..g.in_size];
-        for (t, row) in rows.chunks_mut(g.out_size).enumerate() {
+        for (t, row) in chunk.chunks_mut(cols).enumerate() {
             let k = &taps[t * g.kernel.len()..][..g.kernel.len()];
             let (lo, hi) = g.valid(last, k[last]);
-            for_each_row(&g.output, |outer, flat| {
+            for_each_row(&g.output, rows, |outer, flat| {
                 let seg = &mut row[flat..flat + ow];
                 let Some(base) = row_offset(g, &in_strides, outer, k) else {
                     seg.fill(0.0);
@@ -317,23 +310,17 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
                 if lo < hi {
                     // First input element of the valid run; `valid` guarantees it is in range.
                     let start = base + lo * s + k[last] * dil - pb;
-                    if s == 1 {
-                        seg[lo..hi].copy_from_slice(&xc[start..start + (hi - lo)]);
-                    } else {
-                        for (v, &xv) in seg[lo..hi].iter_mut().zip(xc[start..].iter().step_by(s)) {
-                            *v = xv;
-                        }
-                    }
+                    copy_strided(&mut seg[lo..hi], &xc[start..], s);
                 }
             });
         }
     };
-    let per_channel = g.k_size * g.out_size;
+    let per_channel = g.k_size * cols;
     if par.parallel() && g.cg > 1 {
-        col.par_chunks_mut(per_channel).enumerate().for_each(|(ci, rows)| fill_channel(ci, rows));
+        col.par_chunks_mut(per_channel).enumerate().for_each(|(ci, chunk)| fill_channel(ci, chunk));
     } else {
-        for (ci, rows) in col.chunks_mut(per_channel).enumerate() {
-            fill_channel(ci, rows);
+        for (ci, chunk) in col.chunks_mut(per_channel).enumerate() {
+            fill_channel(ci, chunk);
         }
     }
 }
@@ -351,7 +338,7 @@ fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
     let plane = |mo: usize, yp: &mut [f32]| {
         let xc = &x[(mo / g.mg) * g.in_size..][..g.in_size];
         let wm = &w[mo * g.k_size..][..g.k_size];
-        for_each_row(&g.output, |outer, flat| {
+        for_each_row(&g.output, g.out_size / ow, |outer, flat| {
             let yrow = &mut yp[flat..flat + ow];
             for t in 0..g.k_size {
                 let k = &taps[t * rank..][..rank];
@@ -362,16 +349,7 @@ fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
                 }
                 let wv = wm[t];
                 let start = base + lo * s + k[last] * dil - pb;
-                let ys = &mut yrow[lo..hi];
-                if s == 1 {
-                    for (yv, &xv) in ys.iter_mut().zip(&xc[start..start + (hi - lo)]) {
-                        *yv += wv * xv;
-                    }
-                } else {
-                    for (yv, &xv) in ys.iter_mut().zip(xc[start..].iter().step_by(s)) {
-                        *yv += wv * xv;
-                    }
-                }
+                axpy_strided(&mut yrow[lo..hi], wv, &xc[start..], s);
             }
         });
     };
@@ -380,6 +358,37 @@ fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
     } else {
         for (mo, yp) in yi.chunks_mut(g.out_size).enumerate() {
             plane(mo, yp);
+        }
+    }
+}
+
+/// `ys[i] = xs[i·stride]`.
+#[inline]
+fn copy_strided(ys: &mut [f32], xs: &[f32], stride: usize) {
+    let n = ys.len();
+    if stride == 1 {
+        ys.copy_from_slice(&xs[..n]);
+    } else if n > 0 {
+        // One bounds check for the run instead of one per element.
+        let xs = &xs[..(n - 1) * stride + 1];
+        for (i, y) in ys.iter_mut().enumerate() {
+            *y = xs[i * stride];
+        }
+    }
+}
+
+/// `ys[i] += a · xs[i·stride]`.
+#[inline]
+fn axpy_strided(ys: &mut [f32], a: f32, xs: &[f32], stride: usize) {
+    let n = ys.len();
+    if stride == 1 {
+        for (y, &x) in ys.iter_mut().zip(&xs[..n]) {
+            *y += a * x;
+        }
+    } else if n > 0 {
+        let xs = &xs[..(n - 1) * stride + 1];
+        for (i, y) in ys.iter_mut().enumerate() {
+            *y += a * xs[i * stride];
         }
     }
 }

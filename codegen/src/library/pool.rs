@@ -72,6 +72,11 @@ struct Geometry {
     window: usize,
     /// One window covering each whole plane: reduce the plane directly.
     global: bool,
+    /// Per last-dim kernel tap that lands in the input anywhere: the run `lo..hi` of output positions along the
+    /// last dim it lands inside for, and the input position of the first.
+    row_taps: Vec<(usize, usize, usize)>,
+    /// The last dim's stride.
+    row_stride: usize,
 }
 
 impl Geometry {
@@ -141,6 +146,17 @@ impl Geometry {
                 axis
             })
             .collect();
+        let last = sp - 1;
+        let row_taps = (0..kernel[last])
+            .filter_map(|k| {
+                let shift = k * dilations[last];
+                let (pb, n, s) = (pads[last], input[last], strides[last]);
+                // Output positions o with pb <= o·s + shift < pb + n.
+                let lo = pb.saturating_sub(shift).div_ceil(s);
+                let hi = if pb + n > shift { (pb + n - shift).div_ceil(s).min(output[last]) } else { 0 };
+                (lo < hi).then(|| (lo, hi, lo * s + shift - pb))
+            })
+            .collect();
         let global = kernel == input && pads.iter().all(|&v| v == 0) && dilations.iter().all(|&v| v == 1);
         Ok(Geometry {
             axes,
@@ -149,42 +165,40 @@ impl Geometry {
             output,
             window: kernel.iter().product(),
             global,
+            row_taps,
+            row_stride: strides[last],
         })
     }
 
-    /// Pools one `[in…]` plane into one `[out…]` plane.
+    /// Pools one `[in…]` plane into one `[out…]` plane, a row (the last spatial dim) at a time: for every real tap
+    /// of the outer dims and every tap of the last dim, the valid run of the output row is combined with a
+    /// (strided) run of the input row.
     fn pool_plane(&self, p: &Pool, x: &[f32], y: &mut [f32]) {
-        let mut o = vec![0usize; self.output.len()];
-        for yv in y.iter_mut() {
-            *yv = match p.kind {
-                PoolKind::Max => {
-                    let mut best = f32::NEG_INFINITY;
-                    self.for_each_tap(&o, 0, 0, &mut |off| {
-                        let v = x[off];
-                        // Once NaN, `best` stays NaN: no comparison with it is true.
-                        if v > best || v.is_nan() {
-                            best = v;
-                        }
-                    });
-                    best
+        let last = self.axes.len() - 1;
+        let row = self.output[last];
+        let max = p.kind == PoolKind::Max;
+        y.fill(if max { f32::NEG_INFINITY } else { 0.0 });
+        let count = |w: &(usize, usize, usize)| if p.count_include_pad { w.2 } else { w.1 - w.0 };
+        let mut o = vec![0usize; last];
+        for yrow in y.chunks_mut(row) {
+            self.for_each_outer_tap(&o, 0, 0, &mut |base| {
+                for &(lo, hi, first) in &self.row_taps {
+                    let (ys, xs) = (&mut yrow[lo..hi], &x[base + first..]);
+                    if max {
+                        max_into(ys, xs, self.row_stride);
+                    } else {
+                        add_into(ys, xs, self.row_stride);
+                    }
                 }
-                PoolKind::Avg => {
-                    let mut sum = 0.0f32;
-                    self.for_each_tap(&o, 0, 0, &mut |off| sum += x[off]);
-                    let count: usize = self
-                        .axes
-                        .iter()
-                        .zip(&o)
-                        .map(|(a, &i)| {
-                            let (lo, hi, padded) = a.windows[i];
-                            if p.count_include_pad { padded } else { hi - lo }
-                        })
-                        .product();
-                    sum / count as f32
+            });
+            if !max {
+                let outer: usize = self.axes[..last].iter().zip(&o).map(|(a, &i)| count(&a.windows[i])).product();
+                for (yv, w) in yrow.iter_mut().zip(&self.axes[last].windows) {
+                    *yv /= (outer * count(w)) as f32;
                 }
-            };
-            // Next output position, last dim fastest.
-            for d in (0..o.len()).rev() {
+            }
+            // Next row, the innermost outer dim fastest.
+            for d in (0..last).rev() {
                 o[d] += 1;
                 if o[d] < self.output[d] {
                     break;
@@ -194,19 +208,47 @@ impl Geometry {
         }
     }
 
-    /// Calls `f(input offset)` for every real tap of the window at output position `o`, from dim `d` on.
-    fn for_each_tap(&self, o: &[usize], d: usize, off: usize, f: &mut impl FnMut(usize)) {
-        let axis = &self.axes[d];
-        let (lo, hi, _) = axis.windows[o[d]];
-        let taps = &axis.taps[lo..hi];
-        if d + 1 == self.axes.len() {
-            for &t in taps {
-                f(off + t);
-            }
-        } else {
-            for &t in taps {
-                self.for_each_tap(o, d + 1, off + t, f);
-            }
+    /// Calls `f(input offset)` for every real tap of the outer dims (all but the last) of the row at outer output
+    /// position `o`, from dim `d` on; once with offset 0 for 1-D pooling.
+    fn for_each_outer_tap(&self, o: &[usize], d: usize, off: usize, f: &mut impl FnMut(usize)) {
+        if d == o.len() {
+            f(off);
+            return;
+        }
+        let (lo, hi, _) = self.axes[d].windows[o[d]];
+        for &t in &self.axes[d].taps[lo..hi] {
+            self.for_each_outer_tap(o, d + 1, off + t, f);
+        }
+    }
+}
+
+/// `ys[i] = max(ys[i], xs[i·stride])` where NaN wins and stays (no comparison with it is true).
+#[inline]
+fn max_into(ys: &mut [f32], xs: &[f32], stride: usize) {
+    // A select, not a conditional store, so that it compiles branch-free (random data mispredicts).
+    let combine = |y: &mut f32, v: f32| *y = if (v > *y) | v.is_nan() { v } else { *y };
+    if stride == 1 {
+        let n = ys.len();
+        ys.iter_mut().zip(&xs[..n]).for_each(|(y, &v)| combine(y, v));
+    } else {
+        // One bounds check for the whole run instead of one per element.
+        let xs = &xs[..(ys.len() - 1) * stride + 1];
+        for (i, y) in ys.iter_mut().enumerate() {
+            combine(y, xs[i * stride]);
+        }
+    }
+}
+
+/// `ys[i] += xs[i·stride]`.
+#[inline]
+fn add_into(ys: &mut [f32], xs: &[f32], stride: usize) {
+    if stride == 1 {
+        let n = ys.len();
+        ys.iter_mut().zip(&xs[..n]).for_each(|(y, &v)| *y += v);
+    } else {
+        let xs = &xs[..(ys.len() - 1) * stride + 1];
+        for (i, y) in ys.iter_mut().enumerate() {
+            *y += xs[i * stride];
         }
     }
 }
@@ -215,9 +257,7 @@ impl Geometry {
 fn max_of(v: &[f32]) -> f32 {
     let mut best = f32::NEG_INFINITY;
     for &x in v {
-        if x > best || x.is_nan() {
-            best = x;
-        }
+        best = if (x > best) | x.is_nan() { x } else { best };
     }
     best
 }
