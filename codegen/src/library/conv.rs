@@ -287,30 +287,57 @@ fn row_offset(g: &Geometry, in_strides: &[usize], outer: &[usize], k: &[usize]) 
 
 /// Fills `col` (`[cg · k_size, out_size]`) with the input under every kernel tap: row `(c, tap)`, column `p` holds
 /// `x[c, p·stride + tap·dilation - pad_begin]`, or 0 in the padding.
+///
+/// Works an input row at a time: for each input channel, outer kernel tap and output row, the input row it reads
+/// is fixed, and every tap of the last kernel dim copies a run of it. With a stride above 1 the row is first split
+/// into its `stride` phases (`x[j·stride + p]`), so that those runs become contiguous copies.
 fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
     let taps = kernel_taps(&g.kernel);
     let in_strides = strides_of(&g.input);
-    let last = g.input.len() - 1;
+    let (rank, last) = (g.kernel.len(), g.kernel.len() - 1);
     let (s, dil, pb) = (g.strides[last], g.dilations[last], g.pad_begin[last]);
-    let ow = g.output[last];
+    let (ow, il, kl) = (g.output[last], g.input[last], g.kernel[last]);
     let (cols, rows) = (g.out_size, g.out_size / ow);
+    let ranges: Vec<(usize, usize)> = (0..kl).map(|kw| g.valid(last, kw)).collect();
+    // Splitting a row costs a pass over it, repaid only when several taps read it.
+    let phased = s > 1 && kl > 1;
+    let phase_len = il.div_ceil(s);
     let fill_channel = |ci: usize, chunk: &mut [f32]| {
         let xc = &x[ci * g.in_size..][..g.in_size];
-        for (t, row) in chunk.chunks_mut(cols).enumerate() {
-            let k = &taps[t * g.kernel.len()..][..g.kernel.len()];
-            let (lo, hi) = g.valid(last, k[last]);
+        let mut phases = vec![0.0f32; if phased { phase_len * s } else { 0 }];
+        // `kl` consecutive col rows share their outer kernel taps.
+        for (ko, group) in chunk.chunks_mut(kl * cols).enumerate() {
+            let k_outer = &taps[ko * kl * rank..][..last];
             for_each_row(&g.output, rows, |outer, flat| {
-                let seg = &mut row[flat..flat + ow];
-                let Some(base) = row_offset(g, &in_strides, outer, k) else {
-                    seg.fill(0.0);
+                let Some(base) = row_offset(g, &in_strides, outer, k_outer) else {
+                    for kw in 0..kl {
+                        group[kw * cols + flat..][..ow].fill(0.0);
+                    }
                     return;
                 };
-                seg[..lo].fill(0.0);
-                seg[hi..].fill(0.0);
-                if lo < hi {
-                    // First input element of the valid run; `valid` guarantees it is in range.
-                    let start = base + lo * s + k[last] * dil - pb;
-                    copy_strided(&mut seg[lo..hi], &xc[start..], s);
+                let xrow = &xc[base..base + il];
+                if phased {
+                    for p in 0..s.min(il) {
+                        for (d, &v) in phases[p * phase_len..].iter_mut().zip(xrow[p..].iter().step_by(s)) {
+                            *d = v;
+                        }
+                    }
+                }
+                for (kw, &(lo, hi)) in ranges.iter().enumerate() {
+                    let seg = &mut group[kw * cols + flat..][..ow];
+                    seg[..lo].fill(0.0);
+                    seg[hi..].fill(0.0);
+                    if lo >= hi {
+                        continue;
+                    }
+                    // Input index of the run's first element; `valid` keeps the run inside the row.
+                    let first = lo * s + kw * dil - pb;
+                    if phased {
+                        let start = (first % s) * phase_len + first / s;
+                        seg[lo..hi].copy_from_slice(&phases[start..start + (hi - lo)]);
+                    } else {
+                        copy_strided(&mut seg[lo..hi], &xrow[first..], s);
+                    }
                 }
             });
         }
