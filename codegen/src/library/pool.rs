@@ -1,9 +1,10 @@
 //! `pool` on f32: max and average pooling over the spatial dims of `x[N,C,*]`.
 //!
 //! A pooling window is a product of per-dim tap sets, so each spatial dim gets a table once per call: for every
-//! output position along it, the input positions its taps land on and how many taps the padded input holds. A
-//! window is then the product of its dims' lists — no bounds checks in the reduction — and its divisor the product
-//! of their counts. Windows covering the whole unpadded input (global pooling) reduce each plane directly.
+//! output position along it, the input positions its taps land on and how many taps the padded input holds. The
+//! divisor of a window is the product of its dims' counts, and the reduction is separable: each output row first
+//! reduces the input rows under its outer taps into one row, then applies the last dim's taps to that row as
+//! contiguous runs. Windows covering the whole unpadded input (global pooling) reduce each plane directly.
 
 use kiln_ir::infer::pool_extent;
 use kiln_ir::op::{Pool, PoolKind};
@@ -77,6 +78,8 @@ struct Geometry {
     row_taps: Vec<(usize, usize, usize)>,
     /// The last dim's stride.
     row_stride: usize,
+    /// The input's last extent.
+    row_len: usize,
 }
 
 impl Geometry {
@@ -167,6 +170,7 @@ impl Geometry {
             global,
             row_taps,
             row_stride: strides[last],
+            row_len: input[last],
         })
     }
 
@@ -180,17 +184,45 @@ impl Geometry {
         y.fill(if max { f32::NEG_INFINITY } else { 0.0 });
         let count = |w: &(usize, usize, usize)| if p.count_include_pad { w.2 } else { w.1 - w.0 };
         let mut o = vec![0usize; last];
+        // A window is its outer taps × its row taps, so each output row first reduces the input rows under its
+        // outer taps into one row (contiguous, vectorized), then applies the row taps to that. With a stride
+        // above 1 and several row taps, the reduced row is split into its phases (`acc[j·stride + p]`) so that
+        // every row tap combines contiguous runs.
+        let (s, il) = (self.row_stride, self.row_len);
+        let identity = if max { f32::NEG_INFINITY } else { 0.0 };
+        let mut acc = vec![identity; il];
+        let phased = s > 1 && self.row_taps.len() > 1;
+        let phase_len = il.div_ceil(s);
+        let mut phases = vec![0.0f32; if phased { phase_len * s } else { 0 }];
         for yrow in y.chunks_mut(row) {
+            acc.fill(identity);
             self.for_each_outer_tap(&o, 0, 0, &mut |base| {
-                for &(lo, hi, first) in &self.row_taps {
-                    let (ys, xs) = (&mut yrow[lo..hi], &x[base + first..]);
-                    if max {
-                        max_into(ys, xs, self.row_stride);
-                    } else {
-                        add_into(ys, xs, self.row_stride);
-                    }
+                let xrow = &x[base..base + il];
+                if max {
+                    max_into(&mut acc, xrow, 1);
+                } else {
+                    add_into(&mut acc, xrow, 1);
                 }
             });
+            if phased {
+                for p in 0..s.min(il) {
+                    for (d, &v) in phases[p * phase_len..].iter_mut().zip(acc[p..].iter().step_by(s)) {
+                        *d = v;
+                    }
+                }
+            }
+            for &(lo, hi, first) in &self.row_taps {
+                let (ys, xs, stride) = if phased {
+                    (&mut yrow[lo..hi], &phases[(first % s) * phase_len + first / s..], 1)
+                } else {
+                    (&mut yrow[lo..hi], &acc[first..], s)
+                };
+                if max {
+                    max_into(ys, xs, stride);
+                } else {
+                    add_into(ys, xs, stride);
+                }
+            }
             if !max {
                 let outer: usize = self.axes[..last].iter().zip(&o).map(|(a, &i)| count(&a.windows[i])).product();
                 for (yv, w) in yrow.iter_mut().zip(&self.axes[last].windows) {
