@@ -12,7 +12,9 @@ use kiln_ir::op::Conv;
 use rayon::prelude::*;
 
 use super::matmul::gemm_rowmajor;
-use super::{Epilogue, LibraryError, Par, attr_usizes, check_len, element_count, strides_of};
+use super::{
+    Epilogue, LibraryError, Par, attr_usizes, check_len, element_count, phase_start, split_phases, strides_of,
+};
 
 const OP: &str = "conv";
 
@@ -317,11 +319,7 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
                 };
                 let xrow = &xc[base..base + il];
                 if phased {
-                    for p in 0..s.min(il) {
-                        for (d, &v) in phases[p * phase_len..].iter_mut().zip(xrow[p..].iter().step_by(s)) {
-                            *d = v;
-                        }
-                    }
+                    split_phases(xrow, s, phase_len, &mut phases);
                 }
                 for (kw, &(lo, hi)) in ranges.iter().enumerate() {
                     let seg = &mut group[kw * cols + flat..][..ow];
@@ -333,7 +331,7 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
                     // Input index of the run's first element; `valid` keeps the run inside the row.
                     let first = lo * s + kw * dil - pb;
                     if phased {
-                        let start = (first % s) * phase_len + first / s;
+                        let start = phase_start(first, s, phase_len);
                         seg[lo..hi].copy_from_slice(&phases[start..start + (hi - lo)]);
                     } else {
                         copy_strided(&mut seg[lo..hi], &xrow[first..], s);
@@ -357,26 +355,38 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
 fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
     let taps = kernel_taps(&g.kernel);
     let in_strides = strides_of(&g.input);
-    let rank = g.kernel.len();
-    let last = rank - 1;
+    let (rank, last) = (g.kernel.len(), g.kernel.len() - 1);
     let (s, dil, pb) = (g.strides[last], g.dilations[last], g.pad_begin[last]);
-    let ow = g.output[last];
-    let ranges: Vec<(usize, usize)> = (0..g.k_size).map(|t| g.valid(last, taps[t * rank + last])).collect();
+    let (ow, il, kl) = (g.output[last], g.input[last], g.kernel[last]);
+    let ranges: Vec<(usize, usize)> = (0..kl).map(|kw| g.valid(last, kw)).collect();
+    // As in im2col: strided input rows read by several taps are split into phases first.
+    let phased = s > 1 && kl > 1;
+    let phase_len = il.div_ceil(s);
     let plane = |mo: usize, yp: &mut [f32]| {
         let xc = &x[(mo / g.mg) * g.in_size..][..g.in_size];
         let wm = &w[mo * g.k_size..][..g.k_size];
+        let mut phases = vec![0.0f32; if phased { phase_len * s } else { 0 }];
         for_each_row(&g.output, g.out_size / ow, |outer, flat| {
             let yrow = &mut yp[flat..flat + ow];
-            for t in 0..g.k_size {
-                let k = &taps[t * rank..][..rank];
-                let Some(base) = row_offset(g, &in_strides, outer, k) else { continue };
-                let (lo, hi) = ranges[t];
-                if lo >= hi {
-                    continue;
+            // `kl` consecutive taps share their outer kernel taps, hence their input row.
+            for (ko, wk) in wm.chunks(kl).enumerate() {
+                let k_outer = &taps[ko * kl * rank..][..last];
+                let Some(base) = row_offset(g, &in_strides, outer, k_outer) else { continue };
+                let xrow = &xc[base..base + il];
+                if phased {
+                    split_phases(xrow, s, phase_len, &mut phases);
                 }
-                let wv = wm[t];
-                let start = base + lo * s + k[last] * dil - pb;
-                axpy_strided(&mut yrow[lo..hi], wv, &xc[start..], s);
+                for (kw, &(lo, hi)) in ranges.iter().enumerate() {
+                    if lo >= hi {
+                        continue;
+                    }
+                    let first = lo * s + kw * dil - pb;
+                    if phased {
+                        axpy_strided(&mut yrow[lo..hi], wk[kw], &phases[phase_start(first, s, phase_len)..], 1);
+                    } else {
+                        axpy_strided(&mut yrow[lo..hi], wk[kw], &xrow[first..], s);
+                    }
+                }
             }
         });
     };

@@ -133,3 +133,21 @@ fn strides_of(shape: &[usize]) -> Vec<usize> {
     }
     s
 }
+
+/// Splits `row` into its `stride` phases: `phases[p·phase_len + j] = row[j·stride + p]` (`phase_len` at least
+/// `row.len().div_ceil(stride)`), so that a strided run of the row becomes a contiguous run of one phase: the run
+/// from row index `first` starts at phase index [`phase_start`].
+#[inline]
+fn split_phases(row: &[f32], stride: usize, phase_len: usize, phases: &mut [f32]) {
+    for p in 0..stride.min(row.len()) {
+        for (d, &v) in phases[p * phase_len..].iter_mut().zip(row[p..].iter().step_by(stride)) {
+            *d = v;
+        }
+    }
+}
+
+/// Where row index `first` lies in the phases written by [`split_phases`].
+#[inline]
+fn phase_start(first: usize, stride: usize, phase_len: usize) -> usize {
+    (first % stride) * phase_len + first / stride
+}

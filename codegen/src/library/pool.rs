@@ -10,7 +10,7 @@ use kiln_ir::infer::pool_extent;
 use kiln_ir::op::{Pool, PoolKind};
 use rayon::prelude::*;
 
-use super::{LibraryError, Par, attr_usizes, check_len, element_count, strides_of};
+use super::{LibraryError, Par, attr_usizes, check_len, element_count, phase_start, split_phases, strides_of};
 
 const OP: &str = "pool";
 
@@ -205,15 +205,11 @@ impl Geometry {
                 }
             });
             if phased {
-                for p in 0..s.min(il) {
-                    for (d, &v) in phases[p * phase_len..].iter_mut().zip(acc[p..].iter().step_by(s)) {
-                        *d = v;
-                    }
-                }
+                split_phases(&acc, s, phase_len, &mut phases);
             }
             for &(lo, hi, first) in &self.row_taps {
                 let (ys, xs, stride) = if phased {
-                    (&mut yrow[lo..hi], &phases[(first % s) * phase_len + first / s..], 1)
+                    (&mut yrow[lo..hi], &phases[phase_start(first, s, phase_len)..], 1)
                 } else {
                     (&mut yrow[lo..hi], &acc[first..], s)
                 };
