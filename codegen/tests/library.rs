@@ -363,3 +363,61 @@ fn unsupported_dtypes_are_named() {
     let err = library::supported(&conv, DType::F16).unwrap_err().to_string();
     assert!(err.starts_with("conv") && err.contains("f16"), "{err}");
 }
+
+#[test]
+fn extreme_attributes_are_results_or_errors() {
+    let s = Par::SERIAL;
+    let x = Tensor::random(DType::F32, vec![1, 1, 5], 1);
+    let w = Tensor::random(DType::F32, vec![1, 1, 2], 2);
+    let huge = Conv { strides: vec![i64::MAX], pads: vec![1, 0], dilations: vec![1], groups: 1 };
+    let want = interp(&Op::Conv(huge.clone()), &[&x, &w]);
+    check_f32("conv with stride i64::MAX", &want, &mut |y, epilogue, par| {
+        library::conv_f32(f32s(&x), &[1, 1, 5], f32s(&w), &[1, 1, 2], None, &huge, y, &[1, 1, 1], epilogue, par)
+            .expect("conv succeeds");
+    });
+    let wide = Conv { strides: vec![1], pads: vec![0, 0], dilations: vec![i64::MAX], groups: 1 };
+    let mut y = [0.0f32; 1];
+    expect_err(
+        "dilation i64::MAX",
+        library::conv_f32(f32s(&x), &[1, 1, 5], f32s(&w), &[1, 1, 2], None, &wide, &mut y, &[1, 1, 1], None, s),
+        "conv",
+        "does not fit",
+    );
+    let groups = Conv { strides: vec![1], pads: vec![0, 0], dilations: vec![1], groups: -1 };
+    expect_err(
+        "negative groups",
+        library::conv_f32(
+            f32s(&x),
+            &[1, 1, 5],
+            f32s(&w),
+            &[1, 1, 2],
+            None,
+            &groups,
+            &mut [0.0f32; 4],
+            &[1, 1, 4],
+            None,
+            s,
+        ),
+        "conv",
+        "groups",
+    );
+    let pool = Pool {
+        kind: PoolKind::Avg,
+        kernel: vec![2],
+        strides: vec![i64::MAX],
+        pads: vec![1, 1],
+        dilations: vec![1],
+        ceil_mode: true,
+        count_include_pad: true,
+    };
+    let want = interp(&Op::Pool(pool.clone()), &[&x]);
+    let ys = want.shape().to_vec();
+    check_f32("pool with stride i64::MAX", &want, &mut |y, epilogue, par| run_pool(&x, &pool, &ys, y, epilogue, par));
+    let pool = Pool { kernel: vec![i64::MAX], strides: vec![1], ..pool };
+    expect_err(
+        "pool kernel i64::MAX",
+        library::pool_f32(f32s(&x), &[1, 1, 5], &pool, &mut y, &[1, 1, 1], s),
+        "pool",
+        "exceeds",
+    );
+}

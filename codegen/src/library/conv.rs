@@ -154,6 +154,12 @@ impl Geometry {
         if y_shape != want.as_slice() {
             return Err(LibraryError::shape(OP, format!("result shape {y_shape:?} should be {want:?}")));
         }
+        let k_size = element_count(OP, "w", &kernel)?;
+        let out_size = element_count(OP, "y", &output)?;
+        // The im2col scratch of one group must be addressable.
+        if cg.checked_mul(k_size).and_then(|v| v.checked_mul(out_size)).is_none() {
+            return Err(LibraryError::shape(OP, "the column matrix would overflow the address space"));
+        }
         let pointwise =
             kernel.iter().all(|&k| k == 1) && strides.iter().all(|&s| s == 1) && pads.iter().all(|&p| p == 0);
         Ok(Geometry {
@@ -164,8 +170,8 @@ impl Geometry {
             cg,
             mg: m / groups,
             in_size: element_count(OP, "x", &input)?,
-            k_size: element_count(OP, "w", &kernel)?,
-            out_size: element_count(OP, "y", &output)?,
+            k_size,
+            out_size,
             input,
             kernel,
             output,
@@ -179,13 +185,14 @@ impl Geometry {
     /// The range of output positions `o` along spatial dim `d` whose tap `k` lands inside the input
     /// (`o·stride + k·dilation - pad_begin` in `[0, input)`), as `lo..hi` (empty when none does).
     fn valid(&self, d: usize, k: usize) -> (usize, usize) {
-        let (s, shift) = (self.strides[d] as i64, (k * self.dilations[d]) as i64 - self.pad_begin[d] as i64);
-        let out = self.output[d] as i64;
+        // i128: strides may be anything up to i64::MAX without the arithmetic overflowing.
+        let (s, out) = (self.strides[d] as i128, self.output[d] as i128);
+        let shift = (k * self.dilations[d]) as i128 - self.pad_begin[d] as i128;
         // o·s + shift >= 0  and  o·s + shift <= input - 1.
-        let lo = if shift >= 0 { 0 } else { (-shift + s - 1) / s };
-        let last = self.input[d] as i64 - 1 - shift;
-        let hi = if last < 0 { 0 } else { (last / s + 1).min(out) };
-        (lo.min(out) as usize, hi.max(lo.min(out)) as usize)
+        let lo = if shift >= 0 { 0 } else { (-shift + s - 1) / s }.min(out);
+        let last = self.input[d] as i128 - 1 - shift;
+        let hi = if last < 0 { 0 } else { (last / s + 1).min(out) }.max(lo);
+        (lo as usize, hi as usize)
     }
 
     /// The input position of output `o`, tap `k` along dim `d`, if inside the input.
@@ -302,7 +309,7 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], par: Par) {
     let (cols, rows) = (g.out_size, g.out_size / ow);
     let ranges: Vec<(usize, usize)> = (0..kl).map(|kw| g.valid(last, kw)).collect();
     // Splitting a row costs a pass over it, repaid only when several taps read it.
-    let phased = s > 1 && kl > 1;
+    let phased = s > 1 && s <= il && kl > 1;
     let phase_len = il.div_ceil(s);
     let fill_channel = |ci: usize, chunk: &mut [f32]| {
         let xc = &x[ci * g.in_size..][..g.in_size];
@@ -360,7 +367,7 @@ fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
     let (ow, il, kl) = (g.output[last], g.input[last], g.kernel[last]);
     let ranges: Vec<(usize, usize)> = (0..kl).map(|kw| g.valid(last, kw)).collect();
     // As in im2col: strided input rows read by several taps are split into phases first.
-    let phased = s > 1 && kl > 1;
+    let phased = s > 1 && s <= il && kl > 1;
     let phase_len = il.div_ceil(s);
     let plane = |mo: usize, yp: &mut [f32]| {
         let xc = &x[(mo / g.mg) * g.in_size..][..g.in_size];

@@ -127,30 +127,33 @@ impl Geometry {
             return Err(LibraryError::shape(OP, format!("result shape {y_shape:?} should be {want:?}")));
         }
         let in_strides = strides_of(input);
+        // Tap ranges are computed, not enumerated, so that absurd kernels cost nothing; u128 keeps every product
+        // of attributes (each below 2^63) and extents exact.
         let axes = (0..sp)
             .map(|d| {
-                let (pb, pe, n) = (pads[d], pads[d + sp], input[d]);
+                let (pb, pe, n) = (pads[d] as u128, pads[d + sp] as u128, input[d] as u128);
+                let (k, s, dil) = (kernel[d] as u128, strides[d] as u128, dilations[d] as u128);
+                // Taps `k` of output `o` with `o·s + k·dil < bound`: `min(kernel, ceil((bound - o·s) / dil))`.
+                let below =
+                    |o: u128, bound: u128| if o * s >= bound { 0 } else { (bound - o * s).div_ceil(dil).min(k) };
                 let mut axis = Axis { taps: Vec::new(), windows: Vec::with_capacity(output[d]) };
-                for o in 0..output[d] {
+                for o in 0..output[d] as u128 {
                     let start = axis.taps.len();
-                    let mut padded = 0;
-                    for k in 0..kernel[d] {
-                        // Measured from the start of the left padding, so it stays non-negative.
-                        let shifted = o * strides[d] + k * dilations[d];
-                        if shifted >= pb && shifted < pb + n {
-                            axis.taps.push((shifted - pb) * in_strides[d]);
-                        }
-                        if shifted < pb + n + pe {
-                            padded += 1;
-                        }
+                    // Real taps: pb <= o·s + k·dil < pb + n (at most n of them: distinct positions).
+                    let (lo, hi) = (below(o, pb), below(o, pb + n));
+                    for t in lo..hi {
+                        axis.taps.push((o * s + t * dil - pb) as usize * in_strides[d]);
                     }
+                    let padded = below(o, pb + n + pe) as usize;
                     axis.windows.push((start, axis.taps.len(), padded));
                 }
                 axis
             })
             .collect();
         let last = sp - 1;
-        let row_taps = (0..kernel[last])
+        // Last-dim taps that land in the input for some output position: k·dil < pb + n.
+        let reaching = (pads[last] + input[last]).div_ceil(dilations[last]).min(kernel[last]);
+        let row_taps = (0..reaching)
             .filter_map(|k| {
                 let shift = k * dilations[last];
                 let (pb, n, s) = (pads[last], input[last], strides[last]);
@@ -166,7 +169,7 @@ impl Geometry {
             in_size: element_count(OP, "x", input)?,
             out_size: element_count(OP, "y", &output)?,
             output,
-            window: kernel.iter().product(),
+            window: kernel.iter().fold(1usize, |a, &k| a.saturating_mul(k)),
             global,
             row_taps,
             row_stride: strides[last],
@@ -191,7 +194,7 @@ impl Geometry {
         let (s, il) = (self.row_stride, self.row_len);
         let identity = if max { f32::NEG_INFINITY } else { 0.0 };
         let mut acc = vec![identity; il];
-        let phased = s > 1 && self.row_taps.len() > 1;
+        let phased = s > 1 && s <= il && self.row_taps.len() > 1;
         let phase_len = il.div_ceil(s);
         let mut phases = vec![0.0f32; if phased { phase_len * s } else { 0 }];
         for yrow in y.chunks_mut(row) {
@@ -220,9 +223,12 @@ impl Geometry {
                 }
             }
             if !max {
-                let outer: usize = self.axes[..last].iter().zip(&o).map(|(a, &i)| count(&a.windows[i])).product();
+                let outer = self.axes[..last]
+                    .iter()
+                    .zip(&o)
+                    .fold(1usize, |acc, (a, &i)| acc.saturating_mul(count(&a.windows[i])));
                 for (yv, w) in yrow.iter_mut().zip(&self.axes[last].windows) {
-                    *yv /= (outer * count(w)) as f32;
+                    *yv /= outer.saturating_mul(count(w)) as f32;
                 }
             }
             // Next row, the innermost outer dim fastest.
