@@ -1,6 +1,6 @@
 //! Differential tests of the CPU library calls: every case runs `matmul`, `conv` or `pool` on random tensors and
 //! compares with `kiln_ir::interp::eval_op` (within 1e-4 relative to the result's scale, as summation orders
-//! differ), serially and on a rayon pool of two, without an epilogue and with one that counts its visits (every
+//! differ), serially and on rayon pools of two and three, without an epilogue and with one that counts its visits (every
 //! element exactly once) and applies `relu(v) + 1`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,11 +31,13 @@ fn close(case: &str, got: &[f64], want: &[f64]) {
     }
 }
 
-/// Runs `f` serially (threads 1) and inside a pool of two (threads 2).
+/// Runs `f` serially (threads 1) and inside pools of two and three (uneven splits).
 fn with_threads(mut f: impl FnMut(Par) + Send) {
     f(Par { threads: 1 });
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a rayon pool of two");
-    pool.install(|| f(Par { threads: 2 }));
+    for threads in [2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool");
+        pool.install(|| f(Par { threads }));
+    }
 }
 
 /// One library call writing its result into the given buffer.
