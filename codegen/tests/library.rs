@@ -1,7 +1,7 @@
 //! Differential tests of the CPU library calls: every case runs `matmul`, `conv` or `pool` on random tensors and
 //! compares with `kiln_ir::interp::eval_op` (within 1e-4 relative to the result's scale, as summation orders
-//! differ), serially and on rayon pools of two and three, without an epilogue and with one that counts its visits (every
-//! element exactly once) and applies `relu(v) + 1`.
+//! differ), serially and on rayon pools of two and three, without an epilogue and with one that counts its visits
+//! (every element exactly once) and applies `relu(v) + 1`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
