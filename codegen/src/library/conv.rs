@@ -62,7 +62,8 @@ pub fn conv_f32(
     for (n, yi) in y.chunks_mut(image).enumerate() {
         conv_image(&g, &x[n * in_image..][..in_image], w, bias, yi, inner);
         if inner.parallel() && epilogue.is_some() {
-            let block = image.div_ceil(inner.threads).max(1);
+            // Whole channel planes per block, so blocks start on output rows.
+            let block = g.m.div_ceil(inner.threads) * g.out_size;
             yi.par_chunks_mut(block).enumerate().for_each(|(i, b)| run_epilogue(n * image + i * block, b));
         } else {
             run_epilogue(n * image, yi);
