@@ -160,6 +160,10 @@ const CONVS: &[ConvCase] = &[
     // Larger 3-D and 2-D windows: many output rows across the outer dims.
     (&[1, 4, 10, 12, 14], &[2, 4, 3, 3, 3], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], &[1, 1, 1], 1, true),
     (&[1, 4, 30, 41], &[3, 4, 5, 5], &[2, 1], &[2, 1, 2, 3], &[1, 2], 1, false),
+    // Column matrices past 2^18 elements: serially built in several bands of output rows (3-D: across outer dims).
+    (&[1, 64, 30, 30], &[4, 64, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, true),
+    (&[1, 64, 61, 61], &[2, 64, 3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1, false),
+    (&[1, 32, 6, 10, 12], &[2, 32, 3, 3, 3], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], &[1, 1, 1], 1, true),
     // Empty batch, no input channels.
     (&[0, 3, 5, 5], &[2, 3, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
     (&[1, 0, 4, 4], &[2, 0, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
