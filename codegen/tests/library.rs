@@ -1,7 +1,7 @@
 //! Differential tests of the CPU library calls: every case runs `matmul`, `conv` or `pool` on random tensors and
 //! compares with `kiln_ir::interp::eval_op` (within 1e-4 relative to the result's scale, as summation orders
-//! differ), serially and on a rayon pool of two, without an epilogue and with one that counts its visits (every
-//! element exactly once) and applies `relu(v) + 1`.
+//! differ), serially and on rayon pools of two and three, without an epilogue and with one that counts its visits
+//! (every element exactly once) and applies `relu(v) + 1`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -31,11 +31,13 @@ fn close(case: &str, got: &[f64], want: &[f64]) {
     }
 }
 
-/// Runs `f` serially (threads 1) and inside a pool of two (threads 2).
+/// Runs `f` serially (threads 1) and inside pools of two and three (uneven splits).
 fn with_threads(mut f: impl FnMut(Par) + Send) {
     f(Par { threads: 1 });
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a rayon pool of two");
-    pool.install(|| f(Par { threads: 2 }));
+    for threads in [2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a rayon pool");
+        pool.install(|| f(Par { threads }));
+    }
 }
 
 /// One library call writing its result into the given buffer.
@@ -155,6 +157,13 @@ const CONVS: &[ConvCase] = &[
     // 3-D.
     (&[1, 2, 5, 6, 4], &[3, 2, 3, 2, 2], &[1, 2, 1], &[1, 0, 1, 0, 1, 0], &[1, 1, 1], 1, true),
     (&[2, 3, 4, 5, 6], &[3, 1, 2, 3, 3], &[1, 1, 2], &[0, 1, 1, 1, 0, 1], &[2, 1, 1], 3, false),
+    // Larger 3-D and 2-D windows: many output rows across the outer dims.
+    (&[1, 4, 10, 12, 14], &[2, 4, 3, 3, 3], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], &[1, 1, 1], 1, true),
+    (&[1, 4, 30, 41], &[3, 4, 5, 5], &[2, 1], &[2, 1, 2, 3], &[1, 2], 1, false),
+    // Column matrices past 2^18 elements: serially built in several bands of output rows (3-D: across outer dims).
+    (&[1, 64, 30, 30], &[4, 64, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, true),
+    (&[1, 64, 61, 61], &[2, 64, 3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1, false),
+    (&[1, 32, 6, 10, 12], &[2, 32, 3, 3, 3], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], &[1, 1, 1], 1, true),
     // Empty batch, no input channels.
     (&[0, 3, 5, 5], &[2, 3, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
     (&[1, 0, 4, 4], &[2, 0, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
@@ -359,4 +368,62 @@ fn unsupported_dtypes_are_named() {
     assert_eq!(library::supported(&conv, DType::F32), Ok(()));
     let err = library::supported(&conv, DType::F16).unwrap_err().to_string();
     assert!(err.starts_with("conv") && err.contains("f16"), "{err}");
+}
+
+#[test]
+fn extreme_attributes_are_results_or_errors() {
+    let s = Par::SERIAL;
+    let x = Tensor::random(DType::F32, vec![1, 1, 5], 1);
+    let w = Tensor::random(DType::F32, vec![1, 1, 2], 2);
+    let huge = Conv { strides: vec![i64::MAX], pads: vec![1, 0], dilations: vec![1], groups: 1 };
+    let want = interp(&Op::Conv(huge.clone()), &[&x, &w]);
+    check_f32("conv with stride i64::MAX", &want, &mut |y, epilogue, par| {
+        library::conv_f32(f32s(&x), &[1, 1, 5], f32s(&w), &[1, 1, 2], None, &huge, y, &[1, 1, 1], epilogue, par)
+            .expect("conv succeeds");
+    });
+    let wide = Conv { strides: vec![1], pads: vec![0, 0], dilations: vec![i64::MAX], groups: 1 };
+    let mut y = [0.0f32; 1];
+    expect_err(
+        "dilation i64::MAX",
+        library::conv_f32(f32s(&x), &[1, 1, 5], f32s(&w), &[1, 1, 2], None, &wide, &mut y, &[1, 1, 1], None, s),
+        "conv",
+        "does not fit",
+    );
+    let groups = Conv { strides: vec![1], pads: vec![0, 0], dilations: vec![1], groups: -1 };
+    expect_err(
+        "negative groups",
+        library::conv_f32(
+            f32s(&x),
+            &[1, 1, 5],
+            f32s(&w),
+            &[1, 1, 2],
+            None,
+            &groups,
+            &mut [0.0f32; 4],
+            &[1, 1, 4],
+            None,
+            s,
+        ),
+        "conv",
+        "groups",
+    );
+    let pool = Pool {
+        kind: PoolKind::Avg,
+        kernel: vec![2],
+        strides: vec![i64::MAX],
+        pads: vec![1, 1],
+        dilations: vec![1],
+        ceil_mode: true,
+        count_include_pad: true,
+    };
+    let want = interp(&Op::Pool(pool.clone()), &[&x]);
+    let ys = want.shape().to_vec();
+    check_f32("pool with stride i64::MAX", &want, &mut |y, epilogue, par| run_pool(&x, &pool, &ys, y, epilogue, par));
+    let pool = Pool { kernel: vec![i64::MAX], strides: vec![1], ..pool };
+    expect_err(
+        "pool kernel i64::MAX",
+        library::pool_f32(f32s(&x), &[1, 1, 5], &pool, &mut y, &[1, 1, 1], s),
+        "pool",
+        "exceeds",
+    );
 }

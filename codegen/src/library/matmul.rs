@@ -162,7 +162,7 @@ fn matmul<T: GemmScalar>(
         return Ok(());
     }
     let (m, size) = (p.m, p.m * p.n);
-    let one_work = m * n * k.max(1);
+    let one_work = size.saturating_mul(k.max(1));
     if par.parallel() && p.offsets.len() >= par.threads.min(4) && one_work < PARALLEL_WORK * 16 {
         // Many matrices: one per worker at a time, each product serial.
         c.par_chunks_mut(size).zip(p.offsets.par_iter()).enumerate().for_each(|(i, (cb, &(oa, ob)))| {
@@ -192,7 +192,7 @@ fn rows_product<T: GemmScalar>(
     par: Par,
 ) {
     let work = rows.saturating_mul(n).saturating_mul(k.max(1));
-    if par.parallel() && work >= PARALLEL_WORK && rows >= 16 * par.threads {
+    if par.parallel() && work >= PARALLEL_WORK && rows >= par.threads.saturating_mul(16) {
         let block = rows.div_ceil(par.threads);
         c.par_chunks_mut(block * n).enumerate().for_each(|(i, cb)| {
             let r = cb.len() / n;

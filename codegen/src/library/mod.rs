@@ -133,3 +133,34 @@ fn strides_of(shape: &[usize]) -> Vec<usize> {
     }
     s
 }
+
+/// Splits `row` into its `stride` phases: `phases[p·phase_len + j] = row[j·stride + p]` (`phase_len` at least
+/// `row.len().div_ceil(stride)`), so that a strided run of the row becomes a contiguous run of one phase: the run
+/// from row index `first` starts at phase index [`phase_start`].
+#[inline]
+fn split_phases(row: &[f32], stride: usize, phase_len: usize, phases: &mut [f32]) {
+    if stride == 2 {
+        // The common case, written so that it compiles to shuffles rather than a strided gather.
+        let (even, odd) = phases.split_at_mut(phase_len);
+        let pairs = row.chunks_exact(2);
+        if let [last] = pairs.remainder() {
+            even[row.len() / 2] = *last;
+        }
+        for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
+            *e = pair[0];
+            *o = pair[1];
+        }
+        return;
+    }
+    for p in 0..stride.min(row.len()) {
+        for (d, &v) in phases[p * phase_len..].iter_mut().zip(row[p..].iter().step_by(stride)) {
+            *d = v;
+        }
+    }
+}
+
+/// Where row index `first` lies in the phases written by [`split_phases`].
+#[inline]
+fn phase_start(first: usize, stride: usize, phase_len: usize) -> usize {
+    (first % stride) * phase_len + first / stride
+}

@@ -1,15 +1,16 @@
 //! `pool` on f32: max and average pooling over the spatial dims of `x[N,C,*]`.
 //!
 //! A pooling window is a product of per-dim tap sets, so each spatial dim gets a table once per call: for every
-//! output position along it, the input positions its taps land on and how many taps the padded input holds. A
-//! window is then the product of its dims' lists — no bounds checks in the reduction — and its divisor the product
-//! of their counts. Windows covering the whole unpadded input (global pooling) reduce each plane directly.
+//! output position along it, the input positions its taps land on and how many taps the padded input holds. The
+//! divisor of a window is the product of its dims' counts, and the reduction is separable: each output row first
+//! reduces the input rows under its outer taps into one row, then applies the last dim's taps to that row as
+//! contiguous runs. Windows covering the whole unpadded input (global pooling) reduce each plane directly.
 
 use kiln_ir::infer::pool_extent;
 use kiln_ir::op::{Pool, PoolKind};
 use rayon::prelude::*;
 
-use super::{LibraryError, Par, attr_usizes, check_len, element_count, strides_of};
+use super::{LibraryError, Par, attr_usizes, check_len, element_count, phase_start, split_phases, strides_of};
 
 const OP: &str = "pool";
 
@@ -72,6 +73,13 @@ struct Geometry {
     window: usize,
     /// One window covering each whole plane: reduce the plane directly.
     global: bool,
+    /// Per last-dim kernel tap that lands in the input anywhere: the run `lo..hi` of output positions along the
+    /// last dim it lands inside for, and the input position of the first.
+    row_taps: Vec<(usize, usize, usize)>,
+    /// The last dim's stride.
+    row_stride: usize,
+    /// The input's last extent.
+    row_len: usize,
 }
 
 impl Geometry {
@@ -119,26 +127,40 @@ impl Geometry {
             return Err(LibraryError::shape(OP, format!("result shape {y_shape:?} should be {want:?}")));
         }
         let in_strides = strides_of(input);
+        // Tap ranges are computed, not enumerated, so that absurd kernels cost nothing; u128 keeps every product
+        // of attributes (each below 2^63) and extents exact.
         let axes = (0..sp)
             .map(|d| {
-                let (pb, pe, n) = (pads[d], pads[d + sp], input[d]);
+                let (pb, pe, n) = (pads[d] as u128, pads[d + sp] as u128, input[d] as u128);
+                let (k, s, dil) = (kernel[d] as u128, strides[d] as u128, dilations[d] as u128);
+                // Taps `k` of output `o` with `o·s + k·dil < bound`: `min(kernel, ceil((bound - o·s) / dil))`.
+                let below =
+                    |o: u128, bound: u128| if o * s >= bound { 0 } else { (bound - o * s).div_ceil(dil).min(k) };
                 let mut axis = Axis { taps: Vec::new(), windows: Vec::with_capacity(output[d]) };
-                for o in 0..output[d] {
+                for o in 0..output[d] as u128 {
                     let start = axis.taps.len();
-                    let mut padded = 0;
-                    for k in 0..kernel[d] {
-                        // Measured from the start of the left padding, so it stays non-negative.
-                        let shifted = o * strides[d] + k * dilations[d];
-                        if shifted >= pb && shifted < pb + n {
-                            axis.taps.push((shifted - pb) * in_strides[d]);
-                        }
-                        if shifted < pb + n + pe {
-                            padded += 1;
-                        }
+                    // Real taps: pb <= o·s + k·dil < pb + n (at most n of them: distinct positions).
+                    let (lo, hi) = (below(o, pb), below(o, pb + n));
+                    for t in lo..hi {
+                        axis.taps.push((o * s + t * dil - pb) as usize * in_strides[d]);
                     }
+                    let padded = below(o, pb + n + pe) as usize;
                     axis.windows.push((start, axis.taps.len(), padded));
                 }
                 axis
+            })
+            .collect();
+        let last = sp - 1;
+        // Last-dim taps that land in the input for some output position: k·dil < pb + n.
+        let reaching = (pads[last] + input[last]).div_ceil(dilations[last]).min(kernel[last]);
+        let row_taps = (0..reaching)
+            .filter_map(|k| {
+                let shift = k * dilations[last];
+                let (pb, n, s) = (pads[last], input[last], strides[last]);
+                // Output positions o with pb <= o·s + shift < pb + n.
+                let lo = pb.saturating_sub(shift).div_ceil(s);
+                let hi = if pb + n > shift { (pb + n - shift).div_ceil(s).min(output[last]) } else { 0 };
+                (lo < hi).then(|| (lo, hi, lo * s + shift - pb))
             })
             .collect();
         let global = kernel == input && pads.iter().all(|&v| v == 0) && dilations.iter().all(|&v| v == 1);
@@ -147,44 +169,70 @@ impl Geometry {
             in_size: element_count(OP, "x", input)?,
             out_size: element_count(OP, "y", &output)?,
             output,
-            window: kernel.iter().product(),
+            window: kernel.iter().fold(1usize, |a, &k| a.saturating_mul(k)),
             global,
+            row_taps,
+            row_stride: strides[last],
+            row_len: input[last],
         })
     }
 
-    /// Pools one `[in…]` plane into one `[out…]` plane.
+    /// Pools one `[in…]` plane into one `[out…]` plane, a row (the last spatial dim) at a time: for every real tap
+    /// of the outer dims and every tap of the last dim, the valid run of the output row is combined with a
+    /// (strided) run of the input row.
     fn pool_plane(&self, p: &Pool, x: &[f32], y: &mut [f32]) {
-        let mut o = vec![0usize; self.output.len()];
-        for yv in y.iter_mut() {
-            *yv = match p.kind {
-                PoolKind::Max => {
-                    let mut best = f32::NEG_INFINITY;
-                    self.for_each_tap(&o, 0, 0, &mut |off| {
-                        let v = x[off];
-                        // Once NaN, `best` stays NaN: no comparison with it is true.
-                        if v > best || v.is_nan() {
-                            best = v;
-                        }
-                    });
-                    best
+        let last = self.axes.len() - 1;
+        let row = self.output[last];
+        let max = p.kind == PoolKind::Max;
+        y.fill(if max { f32::NEG_INFINITY } else { 0.0 });
+        let count = |w: &(usize, usize, usize)| if p.count_include_pad { w.2 } else { w.1 - w.0 };
+        let mut o = vec![0usize; last];
+        // A window is its outer taps × its row taps, so each output row first reduces the input rows under its
+        // outer taps into one row (contiguous, vectorized), then applies the row taps to that. With a stride
+        // above 1 and several row taps, the reduced row is split into its phases (`acc[j·stride + p]`) so that
+        // every row tap combines contiguous runs.
+        let (s, il) = (self.row_stride, self.row_len);
+        let identity = if max { f32::NEG_INFINITY } else { 0.0 };
+        let mut acc = vec![identity; il];
+        let phased = s > 1 && s <= il && self.row_taps.len() > 1;
+        let phase_len = il.div_ceil(s);
+        let mut phases = vec![0.0f32; if phased { phase_len * s } else { 0 }];
+        for yrow in y.chunks_mut(row) {
+            acc.fill(identity);
+            self.for_each_outer_tap(&o, 0, 0, &mut |base| {
+                let xrow = &x[base..base + il];
+                if max {
+                    max_into(&mut acc, xrow, 1);
+                } else {
+                    add_into(&mut acc, xrow, 1);
                 }
-                PoolKind::Avg => {
-                    let mut sum = 0.0f32;
-                    self.for_each_tap(&o, 0, 0, &mut |off| sum += x[off]);
-                    let count: usize = self
-                        .axes
-                        .iter()
-                        .zip(&o)
-                        .map(|(a, &i)| {
-                            let (lo, hi, padded) = a.windows[i];
-                            if p.count_include_pad { padded } else { hi - lo }
-                        })
-                        .product();
-                    sum / count as f32
+            });
+            if phased {
+                split_phases(&acc, s, phase_len, &mut phases);
+            }
+            for &(lo, hi, first) in &self.row_taps {
+                let (ys, xs, stride) = if phased {
+                    (&mut yrow[lo..hi], &phases[phase_start(first, s, phase_len)..], 1)
+                } else {
+                    (&mut yrow[lo..hi], &acc[first..], s)
+                };
+                if max {
+                    max_into(ys, xs, stride);
+                } else {
+                    add_into(ys, xs, stride);
                 }
-            };
-            // Next output position, last dim fastest.
-            for d in (0..o.len()).rev() {
+            }
+            if !max {
+                let outer = self.axes[..last]
+                    .iter()
+                    .zip(&o)
+                    .fold(1usize, |acc, (a, &i)| acc.saturating_mul(count(&a.windows[i])));
+                for (yv, w) in yrow.iter_mut().zip(&self.axes[last].windows) {
+                    *yv /= outer.saturating_mul(count(w)) as f32;
+                }
+            }
+            // Next row, the innermost outer dim fastest.
+            for d in (0..last).rev() {
                 o[d] += 1;
                 if o[d] < self.output[d] {
                     break;
@@ -194,19 +242,47 @@ impl Geometry {
         }
     }
 
-    /// Calls `f(input offset)` for every real tap of the window at output position `o`, from dim `d` on.
-    fn for_each_tap(&self, o: &[usize], d: usize, off: usize, f: &mut impl FnMut(usize)) {
-        let axis = &self.axes[d];
-        let (lo, hi, _) = axis.windows[o[d]];
-        let taps = &axis.taps[lo..hi];
-        if d + 1 == self.axes.len() {
-            for &t in taps {
-                f(off + t);
-            }
-        } else {
-            for &t in taps {
-                self.for_each_tap(o, d + 1, off + t, f);
-            }
+    /// Calls `f(input offset)` for every real tap of the outer dims (all but the last) of the row at outer output
+    /// position `o`, from dim `d` on; once with offset 0 for 1-D pooling.
+    fn for_each_outer_tap(&self, o: &[usize], d: usize, off: usize, f: &mut impl FnMut(usize)) {
+        if d == o.len() {
+            f(off);
+            return;
+        }
+        let (lo, hi, _) = self.axes[d].windows[o[d]];
+        for &t in &self.axes[d].taps[lo..hi] {
+            self.for_each_outer_tap(o, d + 1, off + t, f);
+        }
+    }
+}
+
+/// `ys[i] = max(ys[i], xs[i·stride])` where NaN wins and stays (no comparison with it is true).
+#[inline]
+fn max_into(ys: &mut [f32], xs: &[f32], stride: usize) {
+    // A select, not a conditional store, so that it compiles branch-free (random data mispredicts).
+    let combine = |y: &mut f32, v: f32| *y = if (v > *y) | v.is_nan() { v } else { *y };
+    if stride == 1 {
+        let n = ys.len();
+        ys.iter_mut().zip(&xs[..n]).for_each(|(y, &v)| combine(y, v));
+    } else {
+        // One bounds check for the whole run instead of one per element.
+        let xs = &xs[..(ys.len() - 1) * stride + 1];
+        for (i, y) in ys.iter_mut().enumerate() {
+            combine(y, xs[i * stride]);
+        }
+    }
+}
+
+/// `ys[i] += xs[i·stride]`.
+#[inline]
+fn add_into(ys: &mut [f32], xs: &[f32], stride: usize) {
+    if stride == 1 {
+        let n = ys.len();
+        ys.iter_mut().zip(&xs[..n]).for_each(|(y, &v)| *y += v);
+    } else {
+        let xs = &xs[..(ys.len() - 1) * stride + 1];
+        for (i, y) in ys.iter_mut().enumerate() {
+            *y += xs[i * stride];
         }
     }
 }
@@ -215,9 +291,7 @@ impl Geometry {
 fn max_of(v: &[f32]) -> f32 {
     let mut best = f32::NEG_INFINITY;
     for &x in v {
-        if x > best || x.is_nan() {
-            best = x;
-        }
+        best = if (x > best) | x.is_nan() { x } else { best };
     }
     best
 }
