@@ -425,7 +425,7 @@ impl<'g> Builder<'g> {
                     lib_inputs.push(b);
                 }
                 let root_value = Value::new(root, 0);
-                let epi: Vec<NodeId> = members.iter().copied().filter(|&b| b != root).collect();
+                let epi = epilogue_nodes(body, root, &members);
                 if epi.is_empty() {
                     let output = *map.get(&root_value).ok_or("the root is not a result")?;
                     return Ok(Step::Library { op, inputs: lib_inputs, output, epilogue: None });
@@ -450,6 +450,30 @@ impl<'g> Builder<'g> {
             }
         }
     }
+}
+
+/// The epilogue of a library group: the members downstream of `root`, plus the constants (and iotas) only they
+/// use. Constants feeding the root itself (a bias cloned into the body) stay out.
+fn epilogue_nodes(body: &Graph, root: NodeId, members: &[NodeId]) -> Vec<NodeId> {
+    let mut downstream: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+    let mut work = vec![root];
+    while let Some(n) = work.pop() {
+        for user in body.users(n) {
+            if downstream.insert(user) {
+                work.push(user);
+            }
+        }
+    }
+    members
+        .iter()
+        .copied()
+        .filter(|&n| {
+            downstream.contains(&n)
+                || (body.node(n).op.is_source()
+                    && !body.users(n).is_empty()
+                    && body.users(n).iter().all(|u| downstream.contains(u)))
+        })
+        .collect()
 }
 
 /// The type of body value `v`.
