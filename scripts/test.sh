@@ -30,6 +30,10 @@ cargo build --quiet --bin kiln
 ./target/debug/kiln conformance "$cases" --backend interp --min-passed "$(cat tests/conformance-floor.txt)" > target/conformance.txt \
   || { grep -E "^FAILED" target/conformance.txt; tail -1 target/conformance.txt; exit 1; }
 tail -1 target/conformance.txt
+echo "== ONNX node conformance (CPU backend: the same cases, compiled)"
+./target/debug/kiln conformance "$cases" --backend cpu --min-passed "$(cat tests/conformance-floor.txt)" > target/conformance-cpu.txt \
+  || { grep -E "^FAILED" target/conformance-cpu.txt; tail -1 target/conformance-cpu.txt; exit 1; }
+tail -1 target/conformance-cpu.txt
 
 echo "== tests"
 models="${KILN_MODELS_DIR:-../shared/models}"

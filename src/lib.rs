@@ -96,9 +96,9 @@ pub enum Error {
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
     /// The reference interpreter (`ir::interp`): slow, obviously correct, every op.
-    #[default]
     Interp,
-    /// Cranelift-compiled code on the host CPU.
+    /// Cranelift-compiled code on the host CPU (the default).
+    #[default]
     Cpu,
     /// PTX kernels on an NVIDIA GPU.
     Cuda,

@@ -67,7 +67,7 @@ fn every_fixture_matches_the_interpreter() {
             .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect()))
             .collect();
         let inputs = model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let want = model.run(&inputs, &kiln::RunOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap_or_else(|e| panic!("{name}: {e}"));
         for threads in [1, 2] {
             let compiled = model
                 .compile(&CompileOptions { threads, ..CompileOptions::default() })
@@ -124,7 +124,7 @@ fn nan_and_inf_propagate_as_in_the_interpreter() {
     let x = Tensor::from_vec(vec![2, 5], vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 2.0, f32::NAN, 88.0])
         .unwrap();
     let inputs = BTreeMap::from([("x".to_string(), x)]);
-    let want = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
+    let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
     let got = model.compile(&CompileOptions::default()).unwrap().run(&inputs).unwrap();
     assert_close("nan/inf", &got, &want);
     let y = got[0].1.as_slice::<f32>().unwrap();
@@ -147,7 +147,7 @@ fn one_compiled_model_runs_from_several_threads() {
                     for _ in 0..20 {
                         last = compiled.run(&inputs).unwrap();
                     }
-                    let want = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
+                    let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
                     assert_close(&format!("thread {seed}"), &last, &want);
                     last
                 })

@@ -23,8 +23,8 @@ pub struct RunArgs {
     /// Where to write `<output>.npy` files and `manifest.json`.
     #[arg(long, short = 'o', value_name = "DIR", default_value = "kiln-out")]
     output_dir: PathBuf,
-    /// The executor: interp (reference interpreter), cpu or cuda.
-    #[arg(long, default_value = "interp", value_parser = parse_backend)]
+    /// The executor: cpu (compiled with Cranelift), interp (reference interpreter) or cuda.
+    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
     backend: Backend,
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]

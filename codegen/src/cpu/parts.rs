@@ -4,6 +4,8 @@
 //! iteration space into `[begin, end)` chunks and run them concurrently. Every maximal run of other top-level
 //! statements is one serial part (extent 1). Top-level `Let`s and `Acc`s are cheap scalar set-up, so each part
 //! re-runs, in its prologue, every one that precedes it; a run made only of them stores nothing and is no part.
+//! A kernel with a top-level accumulator (a reduction over the whole tensor whose result later loops read) is
+//! one serial part: the accumulator's value exists only after its reduction loop.
 
 use crate::kernel::{Block, IExpr, Kernel, LoopKind, Stmt};
 
@@ -21,6 +23,12 @@ pub(crate) struct Part<'k> {
 
 /// The parts of `kernel`, in top-level order.
 pub(crate) fn split(kernel: &Kernel) -> Vec<Part<'_>> {
+    // A top-level accumulator is folded by a top-level reduction loop and read by later statements (a reduction
+    // over the whole tensor, then its normalized output): re-running its declaration in a later part would
+    // read the identity, so such a kernel runs as one serial part.
+    if kernel.body.0.iter().any(|s| matches!(s, Stmt::Acc { .. })) {
+        return vec![Part { prologue: Vec::new(), body: kernel.body.0.iter().collect(), parallel: false }];
+    }
     let mut parts = Vec::new();
     let mut setup: Vec<&Stmt> = Vec::new();
     let mut run: Vec<&Stmt> = Vec::new();
