@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""kiln against ONNX Runtime on the shared reference models, in one run, alternating the two.
+
+For each model and thread count, the script runs `kiln bench --json` and an ONNX Runtime session (all graph
+optimizations, the same thread count, the model's saved inputs) in alternating rounds, so machine noise hits both
+alike, and reports median latencies, their ratio, kiln's compile time and both peak RSS figures.
+
+    .venv/bin/python scripts/bench_vs_ort.py [--models resnet18,bert_small,...] [--threads 1,2] [--rounds 3]
+
+Needs `onnxruntime` and `numpy` in the venv (`scripts/test.sh` creates `.venv`; `pip install onnxruntime`), and a
+release build (`cargo build --release`). Prints a Markdown table (paste it into docs/performance.md).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kiln_bench(kiln, model_dir, threads, runs, warmup):
+    manifest = json.loads((model_dir / "inputs" / "manifest.json").read_text())
+    cmd = [str(kiln), "bench", str(model_dir / "model.onnx"), "--threads", str(threads), "--runs", str(runs),
+           "--warmup", str(warmup), "--json"]
+    for entry in manifest:
+        cmd += ["--input", f"{entry['name']}={model_dir / 'inputs' / entry['file']}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+ORT_CHILD = r"""
+import json, sys, time, numpy as np, onnxruntime as ort
+from pathlib import Path
+model_dir, threads, runs, warmup = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+opts = ort.SessionOptions()
+opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+opts.intra_op_num_threads = threads
+opts.inter_op_num_threads = 1
+t0 = time.perf_counter()
+sess = ort.InferenceSession(str(model_dir / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+load_ms = (time.perf_counter() - t0) * 1e3
+manifest = json.loads((model_dir / "inputs" / "manifest.json").read_text())
+feeds = {e["name"]: np.load(model_dir / "inputs" / e["file"]) for e in manifest}
+for _ in range(warmup):
+    sess.run(None, feeds)
+times = []
+for _ in range(runs):
+    t = time.perf_counter()
+    sess.run(None, feeds)
+    times.append((time.perf_counter() - t) * 1e3)
+rss = 0
+for line in open("/proc/self/status"):
+    if line.startswith("VmHWM:"):
+        rss = int(line.split()[1]) * 1024
+times.sort()
+print(json.dumps({"load_ms": load_ms, "median_ms": times[len(times) // 2],
+                  "min_ms": times[0], "peak_rss_bytes": rss}))
+"""
+
+
+def ort_bench(python, model_dir, threads, runs, warmup):
+    out = subprocess.run([python, "-c", ORT_CHILD, str(model_dir), str(threads), str(runs), str(warmup)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,resnet18,bert_small,gpt2_small")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of kiln and ONNX Runtime per case")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--models-dir", default=os.environ.get("KILN_MODELS_DIR", str(ROOT.parent / "shared" / "models")))
+    ap.add_argument("--kiln", default=str(ROOT / "target" / "release" / "kiln"))
+    args = ap.parse_args()
+
+    kiln = Path(args.kiln)
+    if not kiln.exists():
+        sys.exit(f"{kiln} not found: run `cargo build --release` first")
+    models_dir = Path(args.models_dir)
+    if not models_dir.is_dir():
+        sys.exit(f"reference models not found at {models_dir} (set KILN_MODELS_DIR)")
+    python = sys.executable
+    rows = []
+    for name in args.models.split(","):
+        model_dir = models_dir / name
+        for threads in [int(t) for t in args.threads.split(",")]:
+            k_med, o_med, k_all = [], [], []
+            o_rss = 0
+            for _ in range(args.rounds):
+                k = kiln_bench(kiln, model_dir, threads, args.runs, args.warmup)
+                o = ort_bench(python, model_dir, threads, args.runs, args.warmup)
+                k_med.append(k["median_ms"])
+                o_med.append(o["median_ms"])
+                k_all.append(k)
+                o_rss = max(o_rss, o["peak_rss_bytes"])
+            km, om = statistics.median(k_med), statistics.median(o_med)
+            rows.append({
+                "model": name, "threads": threads, "kiln_ms": km, "ort_ms": om, "ratio": km / om,
+                "compile_ms": statistics.median(x["compile_ms"] for x in k_all),
+                "kiln_rss_mib": max(x["peak_rss_bytes"] for x in k_all) / 2**20, "ort_rss_mib": o_rss / 2**20,
+            })
+            r = rows[-1]
+            print(f"{name:12} {threads}t  kiln {km:8.3f} ms  ort {om:8.3f} ms  ratio {r['ratio']:.2f}  "
+                  f"compile {r['compile_ms']:.1f} ms  rss {r['kiln_rss_mib']:.0f}/{r['ort_rss_mib']:.0f} MiB",
+                  flush=True)
+    print()
+    print("| model | threads | kiln median (ms) | ORT median (ms) | kiln / ORT | kiln compile (ms) | peak RSS kiln / ORT (MiB) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['threads']} | {r['kiln_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} | "
+              f"{r['compile_ms']:.1f} | {r['kiln_rss_mib']:.0f} / {r['ort_rss_mib']:.0f} |")
+    by = {(r["model"], r["threads"]): r for r in rows}
+    for name in args.models.split(","):
+        if (name, 1) in by and (name, 2) in by:
+            print(f"{name}: 2 threads are {by[(name, 1)]['kiln_ms'] / by[(name, 2)]['kiln_ms']:.2f}x faster than 1 "
+                  f"(kiln)")
+
+
+if __name__ == "__main__":
+    main()
