@@ -4,10 +4,12 @@
 //! iteration space into `[begin, end)` chunks and run them concurrently. Every maximal run of other top-level
 //! statements is one serial part (extent 1). Top-level `Let`s and `Acc`s are cheap scalar set-up, so each part
 //! re-runs, in its prologue, every one that precedes it; a run made only of them stores nothing and is no part.
-//! A kernel with a top-level accumulator (a reduction over the whole tensor whose result later loops read) is
-//! one serial part: the accumulator's value exists only after its reduction loop.
+//! A kernel where a top-level parallel loop reads a top-level accumulator (a reduction over the whole tensor
+//! whose result every element then uses) is one serial part: the value exists only after its reduction loop.
 
-use crate::kernel::{Block, IExpr, Kernel, LoopKind, Stmt};
+use std::collections::HashSet;
+
+use crate::kernel::{AccVar, Block, Expr, IExpr, Kernel, LoopKind, Stmt, Var};
 
 use super::PartInfo;
 
@@ -26,7 +28,7 @@ pub(crate) fn split(kernel: &Kernel) -> Vec<Part<'_>> {
     // A top-level accumulator is folded by a top-level reduction loop and read by later statements (a reduction
     // over the whole tensor, then its normalized output): re-running its declaration in a later part would
     // read the identity, so such a kernel runs as one serial part.
-    if kernel.body.0.iter().any(|s| matches!(s, Stmt::Acc { .. })) {
+    if reads_top_level_accumulator(kernel) {
         return vec![Part { prologue: Vec::new(), body: kernel.body.0.iter().collect(), parallel: false }];
     }
     let mut parts = Vec::new();
@@ -52,6 +54,50 @@ pub(crate) fn split(kernel: &Kernel) -> Vec<Part<'_>> {
     }
     flush(&mut run, &mut run_setup, &mut parts);
     parts
+}
+
+/// Whether a top-level parallel loop or `Let` reads a top-level accumulator (directly or through a `Let`).
+fn reads_top_level_accumulator(kernel: &Kernel) -> bool {
+    let mut tainted_accs = HashSet::new();
+    let mut tainted_vars = HashSet::new();
+    for s in &kernel.body.0 {
+        match s {
+            Stmt::Acc { var, .. } => {
+                tainted_accs.insert(*var);
+            }
+            Stmt::Let { var, value, .. } if expr_reads(value, &tainted_accs, &tainted_vars) => {
+                tainted_vars.insert(*var);
+            }
+            Stmt::For { kind: LoopKind::Parallel | LoopKind::Vectorizable, body, .. }
+                if block_reads(body, &tainted_accs, &tainted_vars) =>
+            {
+                return true;
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+fn block_reads(b: &Block, accs: &HashSet<AccVar>, vars: &HashSet<Var>) -> bool {
+    b.0.iter().any(|s| match s {
+        Stmt::For { body, .. } => block_reads(body, accs, vars),
+        Stmt::Let { value, .. } | Stmt::Store { value, .. } | Stmt::Update { value, .. } => {
+            expr_reads(value, accs, vars)
+        }
+        Stmt::Acc { .. } => false,
+    })
+}
+
+fn expr_reads(e: &Expr, accs: &HashSet<AccVar>, vars: &HashSet<Var>) -> bool {
+    match e {
+        Expr::Acc(a) => accs.contains(a),
+        Expr::Var(v) => vars.contains(v),
+        Expr::Const(_) | Expr::Load { .. } | Expr::Index { .. } | Expr::Cond(_) => false,
+        Expr::Unary(_, x) | Expr::Cast(x, _) => expr_reads(x, accs, vars),
+        Expr::Binary(_, a, b) => expr_reads(a, accs, vars) || expr_reads(b, accs, vars),
+        Expr::Select(c, a, b) => [c, a, b].iter().any(|x| expr_reads(x, accs, vars)),
+    }
 }
 
 /// Closes a serial run: it becomes a part unless it only sets up scalars.
