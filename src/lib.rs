@@ -23,6 +23,7 @@ pub use kiln_ir as ir;
 use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
 
 pub mod conformance;
+pub mod difftest;
 pub mod npy;
 pub mod weights;
 
@@ -370,7 +371,8 @@ impl Model {
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
             Backend::Cpu => {
-                let compiled = self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
+                let compiled =
+                    self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
                 compiled.run(inputs)
             }
             b @ Backend::Cuda => Err(Error::Backend {

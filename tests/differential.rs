@@ -1,0 +1,52 @@
+//! Differential testing: random graphs (`kiln::difftest`) compiled for the CPU with one and two threads must match
+//! the interpreter (floats within rtol 1e-4, atol 1e-5, NaN matching NaN; integers exactly; an interpreter error
+//! must be a CPU error too). Every failing seed is reported with its graph's `.kir` text.
+//!
+//! For hunting by hand: `KILN_DIFFTEST_SEEDS=START..END` runs another range (the default is `SEEDS`, and known
+//! failures are then run too); `KILN_DIFFTEST_SKIP=softmax,matmul` leaves those op kinds out (names as in
+//! `kiln::difftest::OpKind`, lowercase), which changes every graph.
+
+use std::ops::Range;
+
+use kiln::difftest::GenOptions;
+
+/// The seeds every `cargo test` runs.
+const SEEDS: Range<u64> = 0..300;
+
+/// Seeds that fail because of known kiln bugs, each listed in `tests/differential-known-failures.md`.
+const KNOWN_FAILURES: &[u64] = &[];
+
+/// The seeds to run, and whether they are the default range.
+fn seeds() -> (Range<u64>, bool) {
+    let Ok(text) = std::env::var("KILN_DIFFTEST_SEEDS") else { return (SEEDS, true) };
+    let (a, b) = text.split_once("..").expect("KILN_DIFFTEST_SEEDS is START..END");
+    (a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed"), false)
+}
+
+fn options() -> GenOptions {
+    let mut options = GenOptions::default();
+    if let Ok(skip) = std::env::var("KILN_DIFFTEST_SKIP") {
+        let skip: Vec<String> = skip.split(',').map(|s| s.trim().replace('_', "").to_lowercase()).collect();
+        options.ops.retain(|k| !skip.contains(&format!("{k:?}").to_lowercase()));
+    }
+    options
+}
+
+#[test]
+fn random_graphs_match_the_interpreter() {
+    let start = std::time::Instant::now();
+    let (range, default_range) = seeds();
+    let options = options();
+    let mut failures = Vec::new();
+    for seed in range.clone() {
+        if default_range && KNOWN_FAILURES.contains(&seed) {
+            continue;
+        }
+        if let Err(e) = kiln::difftest::check_with(seed, &options) {
+            eprintln!("{e}\n");
+            failures.push(seed);
+        }
+    }
+    eprintln!("{} seeds in {:.1?}", range.end - range.start, start.elapsed());
+    assert!(failures.is_empty(), "{} failing seeds (reported above): {failures:?}", failures.len());
+}
