@@ -279,7 +279,11 @@ impl<'g> Builder<'g> {
         let outputs: Vec<BufferId> =
             (0..node.outputs.len()).map(|i| self.result_buffer(Value::new(id, i as u32), prepared)).collect();
         let step = self.step(id, &inputs, &outputs);
-        if prepared { self.exe.prepare.push(step) } else { self.exe.steps.push(step) }
+        if prepared {
+            self.exe.prepare.push(step)
+        } else {
+            self.exe.steps.push(step)
+        }
         Ok(())
     }
 
@@ -289,12 +293,7 @@ impl<'g> Builder<'g> {
         let node = g.node(id);
         let f32_only = node.outputs.iter().all(|t| t.dtype == DType::F32)
             && node.inputs.iter().all(|&v| g.value_type(v).is_some_and(|t| t.dtype == DType::F32));
-        let library = |op: LibraryOp| Step::Library {
-            op,
-            inputs: inputs.to_vec(),
-            output: outputs[0],
-            epilogue: None,
-        };
+        let library = |op: LibraryOp| Step::Library { op, inputs: inputs.to_vec(), output: outputs[0], epilogue: None };
         match &node.op {
             Op::MatMul if f32_only => return library(LibraryOp::MatMul),
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
@@ -403,8 +402,11 @@ impl<'g> Builder<'g> {
                     Op::Conv(c) => LibraryOp::Conv(c.clone()),
                     _ => LibraryOp::MatMul,
                 };
-                let lib_inputs: Vec<BufferId> =
-                    rnode.inputs.iter().map(|v| map.get(v).copied().ok_or("root operand not bound")).collect::<Result<_, _>>()?;
+                let lib_inputs: Vec<BufferId> = rnode
+                    .inputs
+                    .iter()
+                    .map(|v| map.get(v).copied().ok_or("root operand not bound"))
+                    .collect::<Result<_, _>>()?;
                 let root_value = Value::new(root, 0);
                 let epi: Vec<NodeId> = members.iter().copied().filter(|&b| b != root).collect();
                 if epi.is_empty() {

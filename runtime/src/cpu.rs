@@ -420,7 +420,18 @@ impl CpuProgram {
                     Some(&b) => Some(f32s(b, &dims(b)?)),
                     None => None,
                 };
-                library::conv_f32(f32s(inputs[0], &xd), &xd, f32s(inputs[1], &wd), &wd, bias, attrs, out, &out_dims, None, par)
+                library::conv_f32(
+                    f32s(inputs[0], &xd),
+                    &xd,
+                    f32s(inputs[1], &wd),
+                    &wd,
+                    bias,
+                    attrs,
+                    out,
+                    &out_dims,
+                    None,
+                    par,
+                )
             }
             LibraryOp::Pool(attrs) => {
                 let xd = dims(inputs[0])?;
