@@ -56,3 +56,54 @@ fn random_graphs_match_the_interpreter() {
     eprintln!("{} seeds in {:.1?}", range.end - range.start, start.elapsed());
     assert!(failures.is_empty(), "{} failing seeds (reported above): {failures:?}", failures.len());
 }
+
+/// The generator covers what it promises, and every graph it builds verifies (no backend runs, so this is quick).
+#[test]
+fn the_generator_covers_every_op_kind_and_builds_valid_graphs() {
+    let options = GenOptions::default();
+    let mut text = String::new();
+    let (mut zero_size, mut several_outputs, mut weights) = (0, 0, 0);
+    for seed in 0..1000 {
+        let (g, _) = kiln::difftest::random_graph(seed, &options);
+        kiln_ir::verify(&g).unwrap_or_else(|e| panic!("seed {seed}: the generator built an invalid graph: {e:?}"));
+        let printed = kiln_ir::print(&g);
+        zero_size += usize::from(printed.contains("[0") || printed.contains(",0"));
+        several_outputs += usize::from(g.outputs().len() > 1);
+        weights += usize::from(!g.weights.is_empty());
+        text.push_str(&printed);
+    }
+    for op in [
+        "relu",
+        "exp",
+        "tanh",
+        "sigmoid",
+        "neg",
+        "abs",
+        "sqrt",
+        "erf",
+        "log",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "max",
+        "min",
+        "reduce",
+        "softmax",
+        "layer_norm",
+        "matmul",
+        "reshape",
+        "transpose",
+        "broadcast",
+        "slice",
+        "concat",
+        "cast",
+        "gelu",
+        "param",
+    ] {
+        assert!(text.contains(&format!("= {op} ")), "no `{op}` in 1,000 graphs");
+    }
+    for (what, n) in [("zero-size shapes", zero_size), ("several outputs", several_outputs), ("weights", weights)] {
+        assert!(n >= 20, "only {n} of 1,000 graphs have {what}");
+    }
+}
