@@ -13,7 +13,7 @@ use kiln::difftest::GenOptions;
 /// The seeds every `cargo test` runs.
 const SEEDS: Range<u64> = 0..300;
 
-/// Seeds that fail because of known kiln bugs, each listed in `tests/differential-known-failures.md`.
+/// Seeds of `SEEDS` that fail because of known kiln bugs, each listed in `tests/differential-known-failures.md`.
 const KNOWN_FAILURES: &[u64] = &[
     // Bug 1: a fused reduction with a single output group gives its identity to its consumers.
     4, 5, 7, 10, 20, 23, 35, 36, 42, 63, 102, 105, 110, 111, 123, 130, 153, 157, 167, 168, 172, 174, 176, 179, 183, 186,
