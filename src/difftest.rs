@@ -75,7 +75,7 @@ pub struct GenOptions {
     /// Ops per graph: between 1 and this many (a leaf operand or a helper such as `abs` before `sqrt` rides along
     /// with its op).
     pub max_ops: usize,
-    /// The largest rank of a graph input.
+    /// The largest rank of the first graph inputs (later values may grow by broadcasts and batched matmuls).
     pub max_rank: usize,
     /// Each random extent is 0 with chance 1 in this (0: never).
     pub zero_extent_one_in: usize,
