@@ -23,6 +23,7 @@ pub use kiln_ir as ir;
 use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
 
 pub mod conformance;
+pub mod difftest;
 pub mod npy;
 pub mod weights;
 
