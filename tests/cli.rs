@@ -94,7 +94,7 @@ fn run_output_equals_the_library_interpreter() {
     assert!(o.status.success(), "{}", stderr(&o));
     let model = kiln::Model::load(&f, &kiln::LoadOptions::default()).unwrap();
     let inputs = model.random_inputs(&Default::default(), 5).unwrap();
-    let expected = model.run(&inputs, &kiln::RunOptions::default()).unwrap();
+    let expected = model.run(&inputs, &kiln::RunOptions { backend: kiln::Backend::Interp, threads: 1 }).unwrap();
     for (name, t) in expected {
         let got = kiln::npy::read(
             &tmp.path()

@@ -2,8 +2,7 @@
 //! the interpreter (floats within rtol 1e-4, atol 1e-5, NaN matching NaN; integers exactly; an interpreter error
 //! must be a CPU error too). Every failing seed is reported with its graph's `.kir` text.
 //!
-//! For hunting by hand: `KILN_DIFFTEST_SEEDS=START..END` runs another range (the default is `SEEDS`, and known
-//! failures are then run too); `KILN_DIFFTEST_SKIP=softmax,matmul` leaves those op kinds out (names as in
+//! For hunting by hand: `KILN_DIFFTEST_SEEDS=START..END` runs another range (the default is `SEEDS`); `KILN_DIFFTEST_SKIP=softmax,matmul` leaves those op kinds out (names as in
 //! `kiln::difftest::OpKind`, lowercase), which changes every graph.
 
 use std::ops::Range;
@@ -13,20 +12,11 @@ use kiln::difftest::GenOptions;
 /// The seeds every `cargo test` runs.
 const SEEDS: Range<u64> = 0..300;
 
-/// Seeds of `SEEDS` that fail because of known kiln bugs, each listed in `tests/differential-known-failures.md`.
-const KNOWN_FAILURES: &[u64] = &[
-    // Bug 1: a fused reduction with a single output group gives its identity to its consumers.
-    4, 5, 7, 10, 20, 23, 35, 36, 42, 63, 102, 105, 110, 111, 123, 130, 153, 157, 167, 168, 172, 174, 176, 179, 183, 186,
-    194, 195, 212, 224, 238, 241, 253, 260, 264, 269, 273, 277, 280,
-    // Bug 2: integer division by zero is an interpreter error but 0 in compiled code.
-    19, 71,
-];
-
-/// The seeds to run, and whether they are the default range.
-fn seeds() -> (Range<u64>, bool) {
-    let Ok(text) = std::env::var("KILN_DIFFTEST_SEEDS") else { return (SEEDS, true) };
+/// The seeds to run.
+fn seeds() -> Range<u64> {
+    let Ok(text) = std::env::var("KILN_DIFFTEST_SEEDS") else { return SEEDS };
     let (a, b) = text.split_once("..").expect("KILN_DIFFTEST_SEEDS is START..END");
-    (a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed"), false)
+    a.trim().parse().expect("a seed")..b.trim().parse().expect("a seed")
 }
 
 fn options() -> GenOptions {
@@ -41,13 +31,10 @@ fn options() -> GenOptions {
 #[test]
 fn random_graphs_match_the_interpreter() {
     let start = std::time::Instant::now();
-    let (range, default_range) = seeds();
+    let range = seeds();
     let options = options();
     let mut failures = Vec::new();
     for seed in range.clone() {
-        if default_range && KNOWN_FAILURES.contains(&seed) {
-            continue;
-        }
         if let Err(e) = kiln::difftest::check_with(seed, &options) {
             eprintln!("{e}\n");
             failures.push(seed);

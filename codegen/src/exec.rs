@@ -339,6 +339,9 @@ impl<'g> Builder<'g> {
         values: &[Value],
         buffer: &dyn Fn(Value) -> Option<BufferId>,
     ) -> Result<Step, String> {
+        if let Some(why) = integer_division_hazard(&k) {
+            return Err(why);
+        }
         let mut args = Vec::new();
         for ((_, a), &v) in k.args.iter().enumerate().zip(values) {
             if matches!(a.role, ArgRole::Constant(_)) {
@@ -473,6 +476,68 @@ fn epilogue_nodes(body: &Graph, root: NodeId, members: &[NodeId]) -> Vec<NodeId>
                     && body.users(n).iter().all(|u| downstream.contains(u)))
         })
         .collect()
+}
+
+/// Why a kernel must not be compiled: it divides integers by a value that may be zero (an integer `div`,
+/// `mod` or `rem` by a run-time value, or an integer mean over a possibly empty set). The interpreter reports
+/// such a division as an error; compiled code would give 0, a wrong answer, so the node runs on the
+/// interpreter instead. Real models divide integers only in shape arithmetic, which is folded before this.
+fn integer_division_hazard(k: &Kernel) -> Option<String> {
+    use kernel::{Block, Expr, Stmt, VarRef};
+    use kiln_ir::interp::scalar::Scalar;
+    use kiln_ir::op::BinaryOp;
+    let mut lets = HashMap::new();
+    let mut accs = HashMap::new();
+    fn collect(b: &Block, lets: &mut HashMap<kernel::Var, DType>, accs: &mut HashMap<kernel::AccVar, DType>) {
+        for s in &b.0 {
+            match s {
+                Stmt::Let { var, dtype, .. } => {
+                    lets.insert(*var, *dtype);
+                }
+                Stmt::Acc { var, dtype, op } => {
+                    accs.insert(*var, if op.is_arg() { DType::I64 } else { *dtype });
+                }
+                Stmt::For { body, .. } => collect(body, lets, accs),
+                _ => {}
+            }
+        }
+    }
+    collect(&k.body, &mut lets, &mut accs);
+    let var_dtype = |v: VarRef| match v {
+        VarRef::Let(v) => lets.get(&v).copied().unwrap_or(DType::F32),
+        VarRef::Acc(a) => accs.get(&a).copied().unwrap_or(DType::F32),
+    };
+    fn walk(e: &Expr, hazard: &mut dyn FnMut(&Expr, &Expr) -> bool) -> bool {
+        match e {
+            Expr::Binary(op, a, b) => {
+                (matches!(op, BinaryOp::Div | BinaryOp::Mod | BinaryOp::Rem) && hazard(a, b))
+                    || walk(a, hazard)
+                    || walk(b, hazard)
+            }
+            Expr::Unary(_, x) | Expr::Cast(x, _) => walk(x, hazard),
+            Expr::Select(c, a, b) => walk(c, hazard) || walk(a, hazard) || walk(b, hazard),
+            _ => false,
+        }
+    }
+    let mut hazard = |a: &Expr, b: &Expr| {
+        let int = !a.dtype(k, &var_dtype).is_float();
+        let safe = match b {
+            Expr::Const(s) => !matches!(s, Scalar::I8(0) | Scalar::U8(0) | Scalar::I32(0) | Scalar::I64(0)),
+            _ => false,
+        };
+        int && !safe
+    };
+    fn block_has(b: &Block, f: &mut dyn FnMut(&Expr) -> bool) -> bool {
+        b.0.iter().any(|s| match s {
+            Stmt::For { body, .. } => block_has(body, f),
+            Stmt::Let { value, .. } | Stmt::Store { value, .. } | Stmt::Update { value, .. } => f(value),
+            Stmt::Acc { .. } => false,
+        })
+    }
+    block_has(&k.body, &mut |e| walk(e, &mut hazard)).then(|| {
+        "it divides integers by a value that may be zero (an error the interpreter reports, not compiled code)"
+            .to_string()
+    })
 }
 
 /// The type of body value `v`.
