@@ -87,7 +87,7 @@ fn run_writes_outputs_and_manifest_for_every_fixture() {
 }
 
 #[test]
-fn run_output_equals_the_library_interpreter() {
+fn run_output_matches_the_library_interpreter() {
     let f = fixtures().into_iter().find(|f| is_runnable(f) && shape_args(f).is_empty()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let o = kiln(&["run", f.to_str().unwrap(), "--seed", "5", "--output-dir", tmp.path().to_str().unwrap()]);
@@ -101,7 +101,8 @@ fn run_output_equals_the_library_interpreter() {
                 .join(format!("{name}.npy").replace(|c: char| !c.is_ascii_alphanumeric() && !"_.-".contains(c), "_")),
         )
         .unwrap();
-        assert_eq!(got, t, "{name}");
+        // The CLI runs the compiled CPU code, whose transcendental approximations are within a few ulp.
+        kiln::conformance::compare(&got, &t, 1e-5, 1e-6).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 

@@ -43,7 +43,8 @@ fn lowerable_fixtures_match_the_interpreter() {
             "names_and_comments",
             "reductions",
             "select_compare_cast",
-            "softmax_layer_norm"
+            "softmax_layer_norm",
+            "whole_tensor_reductions",
         ]
     );
     assert_eq!(
