@@ -428,7 +428,24 @@ impl Tensor {
         if bytes.len() != n * dtype.size_bytes() {
             return None;
         }
-        let data = Data::from_le_bytes(dtype, bytes)?;
+        fn copy<T: Element>(bytes: &[u8]) -> Data {
+            let n = bytes.len() / std::mem::size_of::<T>();
+            let mut v: Vec<T> = Vec::with_capacity(n);
+            // SAFETY: `v` has room for `n` elements, exactly `bytes.len()` bytes, of a plain scalar type for which
+            // every bit pattern is a valid value (bool is excluded by the caller); the regions are distinct
+            // allocations; after the copy all `n` elements are initialized.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len());
+                v.set_len(n);
+            }
+            T::wrap(v)
+        }
+        // A bool byte other than 0 or 1 is not a valid `bool`: those go through the checked conversion.
+        let data = if dtype == DType::Bool {
+            Data::from_le_bytes(dtype, bytes)?
+        } else {
+            with_dtype!(dtype, T => copy::<T>(bytes))
+        };
         Tensor::new(shape, data).ok()
     }
 
