@@ -7,7 +7,7 @@
 //! the root package does not depend on; what they decode to is checked by the importer's own tests.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use kiln_ir::Tensor;

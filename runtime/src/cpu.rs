@@ -247,12 +247,14 @@ impl CpuProgram {
     }
 
     /// Symbol values for each kernel, by kernel index, in the kernel's symbol order.
+    ///
+    /// Native code carries its kernels' symbol lists itself (a loaded artifact's executable has no kernel IR).
     fn symbol_values(&self, symbols: &HashMap<String, u64>) -> Vec<Vec<i64>> {
-        self.exe
-            .kernels
-            .iter()
-            .map(|k| k.symbols.iter().map(|s| symbols.get(s).map_or(0, |&n| n as i64)).collect())
-            .collect()
+        let values = |names: &[String]| names.iter().map(|s| symbols.get(s).map_or(0, |&n| n as i64)).collect();
+        match &self.code {
+            KernelCode::Native { entries, .. } => entries.iter().map(|(_, info)| values(&info.symbols)).collect(),
+            KernelCode::Reference(kernels) => kernels.iter().map(|k| values(&k.symbols)).collect(),
+        }
     }
 
     fn take_arena(&self) -> Result<AlignedBuf, RunError> {
@@ -420,7 +422,18 @@ impl CpuProgram {
                     Some(&b) => Some(f32s(b, &dims(b)?)),
                     None => None,
                 };
-                library::conv_f32(f32s(inputs[0], &xd), &xd, f32s(inputs[1], &wd), &wd, bias, attrs, out, &out_dims, None, par)
+                library::conv_f32(
+                    f32s(inputs[0], &xd),
+                    &xd,
+                    f32s(inputs[1], &wd),
+                    &wd,
+                    bias,
+                    attrs,
+                    out,
+                    &out_dims,
+                    None,
+                    par,
+                )
             }
             LibraryOp::Pool(attrs) => {
                 let xd = dims(inputs[0])?;
