@@ -18,7 +18,8 @@ pub fn to_dot(g: &Graph) -> String {
             Op::Fusion(f) => {
                 let body: &Graph = &f.body.0;
                 let _ = writeln!(out, "  subgraph cluster_{id} {{");
-                let _ = writeln!(out, "    label={};", quote(&format!("{} fusion {}", f.kind.name(), g.describe(id))));
+                let _ =
+                    writeln!(out, "    label={};", quote(&format!("{} fusion {}", f.kind.name(), fusion_name(g, id))));
                 out.push_str("    style=\"rounded,filled\"; fillcolor=\"#eef3fb\";\n");
                 let _ = writeln!(out, "    {id} [label={}, shape=point];", quote(&g.describe(id)));
                 for b in body.node_ids() {
@@ -59,6 +60,14 @@ pub fn to_dot(g: &Graph) -> String {
     out
 }
 
+/// A fusion node's name, or its id.
+fn fusion_name(g: &Graph, id: NodeId) -> String {
+    match &g.node(id).name {
+        Some(name) => format!("`{name}`"),
+        None => id.to_string(),
+    }
+}
+
 fn label_of(g: &Graph, id: NodeId) -> String {
     match &g.node(id).op {
         Op::Input(i) => format!("input {}", i.name),
@@ -93,7 +102,7 @@ mod tests {
         let g = kiln_ir::parse(include_str!("../tests/fixtures/fusion.kir")).unwrap();
         let dot = to_dot(&g);
         assert_eq!(dot.matches("subgraph cluster_").count(), 2, "{dot}");
-        assert!(dot.contains("label=\"library fusion fusion `fc`\""), "{dot}");
+        assert!(dot.contains("label=\"library fusion `fc`\""), "{dot}");
         assert!(dot.contains("matmul") && dot.contains("reduce"), "{dot}");
     }
 }

@@ -288,9 +288,9 @@ fn bad_input_is_one_clear_error() {
         },
         BadCase { name: "onnx without a graph", args: s(&["run", &p("model.onnx")]), needle: "invalid model" },
         BadCase {
-            name: "cpu backend not built",
-            args: s(&["run", &p("ok.kir"), "--backend", "cpu", "--output-dir", &out]),
-            needle: "backend `cpu`",
+            name: "cuda backend not built",
+            args: s(&["run", &p("ok.kir"), "--backend", "cuda", "--output-dir", &out]),
+            needle: "backend `cuda`",
         },
         BadCase {
             name: "missing weights file",
