@@ -12,8 +12,10 @@
 //! ```
 //!
 //! Models come from `.kir` text (weights beside it in `NAME.safetensors`, or from a file you name), from the
-//! graph's JSON form, or from a [`ir::Builder`] graph via [`Model::from_graph`]. Today the only executor is the
-//! reference interpreter; the CPU and CUDA backends plug in behind [`Backend`] as they land.
+//! graph's JSON form, or from a [`ir::Builder`] graph via [`Model::from_graph`]. They run on the reference
+//! interpreter or, compiled ([`Model::compile`], JIT), on the CPU. [`Model::lower`] is the shared first half of
+//! compiling; [`Artifact::write`] turns its result into an ahead-of-time artifact directory, and
+//! [`Artifact::load`] loads one, without generating code, into the same [`Compiled`] the JIT gives.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,10 +24,14 @@ use std::str::FromStr;
 pub use kiln_ir as ir;
 use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
 
+pub mod artifact;
 pub mod conformance;
 pub mod difftest;
+pub mod dot;
 pub mod npy;
 pub mod weights;
+
+pub use artifact::Artifact;
 
 /// Errors a kiln user can see.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +94,14 @@ pub enum Error {
     /// An ONNX model could not be imported (no path at hand).
     #[error(transparent)]
     Onnx(kiln_onnx::ImportError),
+    /// A compiled artifact could not be written or loaded.
+    #[error("artifact {path}: {message}")]
+    Artifact {
+        /// The artifact directory or the file in it.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// An `.npy` file could not be read or written.
     #[error(transparent)]
     Npy(#[from] npy::NpyError),
@@ -165,7 +179,8 @@ impl Default for CompileOptions {
     }
 }
 
-/// What compiling produced, for reports (`kiln bench`, `--verbose`).
+/// What compiling produced, for reports (`kiln bench`, `--verbose`); for a loaded artifact, what it holds and
+/// how long loading took.
 #[derive(Clone, Debug, Default)]
 pub struct CompileReport {
     /// Wall time of the pass pipeline.
@@ -182,6 +197,8 @@ pub struct CompileReport {
     pub fallbacks: Vec<String>,
     /// Bytes of the per-run arena.
     pub arena_bytes: u64,
+    /// Wall time of loading a compiled artifact ([`Artifact::load`]); zero when compiled in this process.
+    pub load: std::time::Duration,
 }
 
 /// A compiled model: run it as often as you like, from several threads at once.
@@ -192,6 +209,19 @@ pub struct Compiled {
 }
 
 impl Compiled {
+    /// Binds an executable to its code on the CPU backend (running its prepare steps).
+    fn new(
+        exe: kiln_codegen::exec::Executable,
+        code: kiln_runtime::cpu::KernelCode,
+        threads: usize,
+        report: CompileReport,
+        inputs: Vec<(String, kiln_ir::TensorType)>,
+    ) -> Result<Compiled, Error> {
+        let program = kiln_runtime::cpu::CpuProgram::new(exe, code, resolve_threads(threads))
+            .map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
+        Ok(Compiled { program: std::sync::Arc::new(program), report, inputs })
+    }
+
     /// Runs the compiled model on named inputs; outputs come in the model's order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
         kiln_runtime::Program::run(self.program.as_ref(), inputs).map_err(|e| match e {
@@ -209,6 +239,16 @@ impl Compiled {
             exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect();
         out.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
         Ok(out)
+    }
+
+    /// `given` plus deterministic pseudo-random values for the inputs it lacks (as [`Model::complete_inputs`]).
+    pub fn complete_inputs(
+        &self,
+        given: BTreeMap<String, Tensor>,
+        shapes: &BTreeMap<String, Vec<usize>>,
+        seed: u64,
+    ) -> Result<BTreeMap<String, Tensor>, Error> {
+        complete_inputs(&self.inputs, given, shapes, seed)
     }
 
     /// What compiling did.
@@ -261,7 +301,10 @@ impl Model {
                 e => Error::OnnxAt(e, shown.clone()),
             })?,
             _ if path.is_dir() => {
-                return Err(Error::Format { path: shown, message: "compiled artifacts are not supported yet".into() });
+                return Err(Error::Format {
+                    path: shown,
+                    message: "a directory is not a model; load a compiled artifact with `Artifact::load`".into(),
+                });
             }
             _ => {
                 return Err(Error::Format {
@@ -325,44 +368,11 @@ impl Model {
     /// `given` plus random values for the inputs it lacks (see [`Model::random_inputs`]).
     pub fn complete_inputs(
         &self,
-        mut given: BTreeMap<String, Tensor>,
+        given: BTreeMap<String, Tensor>,
         shapes: &BTreeMap<String, Vec<usize>>,
         seed: u64,
     ) -> Result<BTreeMap<String, Tensor>, Error> {
-        let inputs = self.inputs();
-        for name in given.keys().chain(shapes.keys()) {
-            if !inputs.iter().any(|(n, _)| n == name) {
-                return Err(Error::Input(format!("the model has no input `{name}` (inputs: {})", names(&inputs))));
-            }
-        }
-        let mut symbols = bind_symbols(&inputs, &given)?;
-        for (i, (name, ty)) in inputs.iter().enumerate() {
-            if given.contains_key(name) {
-                continue;
-            }
-            let dims = match shapes.get(name) {
-                Some(d) => {
-                    check_dims(name, &ty.shape, d, &mut symbols)?;
-                    d.clone()
-                }
-                None => ty
-                    .shape
-                    .0
-                    .iter()
-                    .map(|d| match d {
-                        Dim::Static(n) => Ok(*n as usize),
-                        Dim::Sym(s) => symbols.get(s).copied().ok_or_else(|| {
-                            Error::Input(format!(
-                                "input `{name}` has symbolic dim `{s}`: give its value with --input {name}=FILE.npy or --shape {name}={}",
-                                example_shape(&ty.shape)
-                            ))
-                        }),
-                    })
-                    .collect::<Result<_, _>>()?,
-            };
-            given.insert(name.clone(), Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64)));
-        }
-        Ok(given)
+        complete_inputs(&self.inputs(), given, shapes, seed)
     }
 
     /// Runs the model. Every input must be given, with the declared dtype and a shape that fits.
@@ -393,8 +403,19 @@ impl Model {
         }
     }
 
-    /// Compiles the model for `options.backend`: the pass pipeline, lowering to an executable, and machine code.
-    pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
+    /// The part of compiling shared by the JIT ([`Model::compile`]) and ahead-of-time artifacts
+    /// ([`Artifact::write`]): the pass pipeline, then lowering to an executable. No machine code yet.
+    pub fn lower(&self, options: &CompileOptions) -> Result<Lowered, Error> {
+        let mut inst = kiln_passes::Instrumentation { reproducer: kiln_passes::Reproducer::Off, ..Default::default() };
+        self.lower_instrumented(options, &mut inst)
+    }
+
+    /// [`Model::lower`] with the pass manager's instrumentation (IR dumps, timing, verification) as given.
+    pub fn lower_instrumented(
+        &self,
+        options: &CompileOptions,
+        inst: &mut kiln_passes::Instrumentation<'_>,
+    ) -> Result<Lowered, Error> {
         let backend = options.backend;
         let fail = |message: String| Error::Backend { backend: backend.name(), message };
         if backend != Backend::Cpu {
@@ -404,29 +425,89 @@ impl Model {
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
         let mut report = CompileReport::default();
         let t0 = std::time::Instant::now();
-        let mut g = self.graph.clone();
+        let mut graph = self.graph.clone();
         let pm = kiln_passes::PassManager::parse(&options.pipeline)
             .map_err(|e| fail(format!("pipeline `{}`: {e}", options.pipeline)))?;
-        let mut inst = kiln_passes::Instrumentation { reproducer: kiln_passes::Reproducer::Off, ..Default::default() };
-        pm.run(&mut g, &kiln_passes::PassContext::default(), &mut inst).map_err(|e| fail(e.to_string()))?;
+        pm.run(&mut graph, &kiln_passes::PassContext::default(), inst).map_err(|e| fail(e.to_string()))?;
         report.passes = t0.elapsed();
         let t1 = std::time::Instant::now();
-        let exe = kiln_codegen::exec::build(&g).map_err(|e| fail(e.to_string()))?;
+        let executable = kiln_codegen::exec::build(&graph).map_err(|e| fail(e.to_string()))?;
         report.lowering = t1.elapsed();
+        report.kernels = executable.kernels.len();
+        report.steps = executable.step_counts();
+        report.fallbacks = executable.fallbacks.clone();
+        report.arena_bytes = executable.arena_bytes;
+        Ok(Lowered { graph, executable, report, inputs: self.inputs() })
+    }
+
+    /// Compiles the model for `options.backend`: [`Model::lower`], then machine code in memory (JIT).
+    pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
+        let Lowered { executable: exe, mut report, inputs, .. } = self.lower(options)?;
+        let fail = |message: String| Error::Backend { backend: options.backend.name(), message };
         let t2 = std::time::Instant::now();
         let jit = kiln_codegen::cpu::JitModule::compile(&exe.kernels, &kiln_codegen::cpu::CpuOptions::default())
             .map_err(|e| fail(e.to_string()))?;
         let entries = (0..jit.len()).map(|i| (jit.entry(i), jit.info(i).clone())).collect();
         report.codegen = t2.elapsed();
-        report.kernels = exe.kernels.len();
-        report.steps = exe.step_counts();
-        report.fallbacks = exe.fallbacks.clone();
-        report.arena_bytes = exe.arena_bytes;
         let code = kiln_runtime::cpu::KernelCode::Native { entries, owner: Box::new(jit) };
-        let program = kiln_runtime::cpu::CpuProgram::new(exe, code, resolve_threads(options.threads))
-            .map_err(|e| fail(e.to_string()))?;
-        Ok(Compiled { program: std::sync::Arc::new(program), report, inputs: self.inputs() })
+        Compiled::new(exe, code, options.threads, report, inputs)
     }
+}
+
+/// A model after its pass pipeline and lowering ([`Model::lower`]): what both the JIT and an ahead-of-time
+/// artifact start from.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    /// The optimized graph.
+    pub graph: Graph,
+    /// Its executable (kernel IR included, no machine code).
+    pub executable: kiln_codegen::exec::Executable,
+    /// Pass and lowering times, step mix (machine-code time still zero).
+    pub report: CompileReport,
+    /// The model's inputs, names and declared types, in order.
+    pub inputs: Vec<(String, kiln_ir::TensorType)>,
+}
+
+/// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).
+fn complete_inputs(
+    inputs: &[(String, kiln_ir::TensorType)],
+    mut given: BTreeMap<String, Tensor>,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    seed: u64,
+) -> Result<BTreeMap<String, Tensor>, Error> {
+    for name in given.keys().chain(shapes.keys()) {
+        if !inputs.iter().any(|(n, _)| n == name) {
+            return Err(Error::Input(format!("the model has no input `{name}` (inputs: {})", names(inputs))));
+        }
+    }
+    let mut symbols = bind_symbols(inputs, &given)?;
+    for (i, (name, ty)) in inputs.iter().enumerate() {
+        if given.contains_key(name) {
+            continue;
+        }
+        let dims = match shapes.get(name) {
+            Some(d) => {
+                check_dims(name, &ty.shape, d, &mut symbols)?;
+                d.clone()
+            }
+            None => ty
+                .shape
+                .0
+                .iter()
+                .map(|d| match d {
+                    Dim::Static(n) => Ok(*n as usize),
+                    Dim::Sym(s) => symbols.get(s).copied().ok_or_else(|| {
+                        Error::Input(format!(
+                            "input `{name}` has symbolic dim `{s}`: give its value with --input {name}=FILE.npy or --shape {name}={}",
+                            example_shape(&ty.shape)
+                        ))
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        given.insert(name.clone(), Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64)));
+    }
+    Ok(given)
 }
 
 fn names(inputs: &[(String, kiln_ir::TensorType)]) -> String {

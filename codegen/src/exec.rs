@@ -113,7 +113,10 @@ pub enum Step {
 }
 
 /// A compiled graph, ready for a backend to load. See the module docs.
-#[derive(Clone, Debug)]
+///
+/// Its serde form (an ahead-of-time artifact's manifest) leaves out the kernels and the weights: an artifact
+/// carries those as object code and a weight file.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Executable {
     /// The graph's name.
     pub name: String,
@@ -132,8 +135,10 @@ pub struct Executable {
     /// The steps of a run, in order.
     pub steps: Vec<Step>,
     /// The kernels steps launch.
+    #[serde(skip)]
     pub kernels: Vec<Kernel>,
     /// The weights (params) the graph carries.
+    #[serde(skip)]
     pub weights: Weights,
     /// Nodes run by the interpreter fallback, with why they were not compiled.
     pub fallbacks: Vec<String>,
@@ -580,6 +585,66 @@ impl Executable {
             Step::Interp { node, .. } => format!("interpreter {node}"),
             Step::Copy { dst, .. } => format!("copy -> {}", ty(dst)),
         }
+    }
+
+    /// Checks that every reference inside the executable is in range — buffers, prepared weights, input
+    /// positions and kernel indices below `kernels` — so that one read back from a file (whose kernels are
+    /// carried apart) cannot index out of bounds when run. `Err` names the first bad reference.
+    pub fn check_references(&self, kernels: usize) -> Result<(), String> {
+        let buffer = |b: &BufferId, what: &str| {
+            if (b.0 as usize) < self.buffers.len() {
+                Ok(())
+            } else {
+                Err(format!("{what} refers to buffer {} of {}", b.0, self.buffers.len()))
+            }
+        };
+        fn step_refs(
+            s: &Step,
+            kernels: usize,
+            buffer: &dyn Fn(&BufferId, &str) -> Result<(), String>,
+        ) -> Result<(), String> {
+            match s {
+                Step::Kernel { kernel, args } => {
+                    if *kernel >= kernels {
+                        return Err(format!("a step launches kernel {kernel} of {kernels}"));
+                    }
+                    args.iter().try_for_each(|b| buffer(b, "a kernel step"))
+                }
+                Step::Library { inputs, output, epilogue, .. } => {
+                    inputs.iter().chain([output]).try_for_each(|b| buffer(b, "a library step"))?;
+                    epilogue.as_deref().map_or(Ok(()), |e| step_refs(e, kernels, buffer))
+                }
+                Step::Interp { inputs, outputs, node, .. } => {
+                    inputs.iter().chain(outputs).try_for_each(|b| buffer(b, &format!("the fallback for {node}")))
+                }
+                Step::Copy { src, dst } => [src, dst].into_iter().try_for_each(|b| buffer(b, "a copy")),
+            }
+        }
+        for s in self.prepare.iter().chain(&self.steps) {
+            step_refs(s, kernels, &buffer)?;
+        }
+        for (name, b) in self.inputs.iter().chain(&self.outputs) {
+            buffer(b, &format!("`{name}`"))?;
+        }
+        self.prepared.iter().try_for_each(|b| buffer(b, "a prepared weight"))?;
+        for (i, info) in self.buffers.iter().enumerate() {
+            match info.home {
+                Home::Input(k) if k >= self.inputs.len() => {
+                    return Err(format!("buffer {i} is input {k} of {}", self.inputs.len()));
+                }
+                Home::Prepared(k) if k >= self.prepared.len() => {
+                    return Err(format!("buffer {i} is prepared weight {k} of {}", self.prepared.len()));
+                }
+                Home::Arena(offset) => {
+                    let bytes = info.ty.shape.num_elements().map(|n| n * info.ty.dtype.size_bytes() as u64);
+                    if bytes.is_none_or(|n| offset.checked_add(n).is_none_or(|end| end > self.arena_bytes)) {
+                        return Err(format!("buffer {i} does not fit the {}-byte arena", self.arena_bytes));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Number of library, kernel, interpreter and copy steps, for reports.

@@ -271,12 +271,14 @@ impl CpuProgram {
     }
 
     /// Symbol values for each kernel, by kernel index, in the kernel's symbol order.
+    ///
+    /// Native code carries its kernels' symbol lists itself (a loaded artifact's executable has no kernel IR).
     fn symbol_values(&self, symbols: &HashMap<String, u64>) -> Vec<Vec<i64>> {
-        self.exe
-            .kernels
-            .iter()
-            .map(|k| k.symbols.iter().map(|s| symbols.get(s).map_or(0, |&n| n as i64)).collect())
-            .collect()
+        let values = |names: &[String]| names.iter().map(|s| symbols.get(s).map_or(0, |&n| n as i64)).collect();
+        match &self.code {
+            KernelCode::Native { entries, .. } => entries.iter().map(|(_, info)| values(&info.symbols)).collect(),
+            KernelCode::Reference(kernels) => kernels.iter().map(|k| values(&k.symbols)).collect(),
+        }
     }
 
     fn take_arena(&self) -> Result<AlignedBuf, RunError> {

@@ -6,6 +6,7 @@
 //! kernels. Today it holds the CPU backend ([`cpu`]) behind the [`Program`] trait every backend implements;
 //! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
 
+pub mod artifact;
 pub mod cpu;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,14 @@ pub enum RunError {
     /// Memory could not be allocated.
     #[error("memory: {0}")]
     Memory(String),
+    /// A compiled artifact's code could not be loaded.
+    #[error("{path}: {message}")]
+    Load {
+        /// The library file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The backend itself failed (a thread pool, an inconsistent executable).
     #[error("backend: {0}")]
     Backend(String),

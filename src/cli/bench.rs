@@ -1,8 +1,8 @@
 //! `kiln bench`: compile a model, then time runs of it — the numbers the CPU backend is judged by.
 //!
-//! Prints the compile time and its breakdown, the step mix (library calls, kernels, interpreter fallbacks),
+//! Prints the compile time and its breakdown (for a compiled artifact directory, its load time instead), the step mix (library calls, kernels, interpreter fallbacks),
 //! then latency statistics over `--runs` timed runs after `--warmup` untimed ones. With `--json`, the last line
-//! of output is one JSON object (`compile_ms`, `median_ms`, `min_ms`, `p90_ms`, `mean_ms`, `runs`, `threads`,
+//! of output is one JSON object (`compile_ms`, `load_ms`, `median_ms`, `min_ms`, `p90_ms`, `mean_ms`, `runs`, `threads`,
 //! `peak_rss_bytes`, …) for scripts such as `scripts/bench_vs_ort.py`.
 
 use std::collections::BTreeMap;
@@ -58,6 +58,7 @@ struct Report<'a> {
     backend: &'a str,
     threads: usize,
     compile_ms: f64,
+    load_ms: f64,
     passes_ms: f64,
     lowering_ms: f64,
     codegen_ms: f64,
@@ -87,50 +88,64 @@ pub fn run(a: BenchArgs) -> Result<()> {
             bail!("--input `{name}` is given twice");
         }
     }
-    let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
-    let model = a.model.load_with(given_shapes)?;
-    let inputs = model.complete_inputs(given, &a.model.shapes()?, 0)?;
     let threads = kiln::resolve_threads(a.threads);
-
-    let t0 = Instant::now();
+    let is_artifact = kiln::Artifact::is_artifact(&a.model.model);
+    type Runner = Box<dyn Fn() -> Result<()>>;
+    // An artifact reports its load time (manifest, weights, kernel library); a model its compile time, from after
+    // loading it and making its inputs.
     let mut profile: Option<Box<Profiler>> = None;
-    let (runner, report): (Box<dyn Fn() -> Result<()>>, Option<kiln::CompileReport>) = match a.backend {
-        Backend::Interp => {
-            let opts = kiln::RunOptions { backend: Backend::Interp, threads };
-            let m = model.clone();
-            let ins = inputs.clone();
-            (Box::new(move || m.run(&ins, &opts).map(drop).map_err(Into::into)), None)
-        }
-        backend => {
-            let compiled = std::sync::Arc::new(model.compile(&CompileOptions {
-                backend,
-                pipeline: a.pipeline.clone(),
-                threads,
-            })?);
-            let report = compiled.report().clone();
-            let (c, ins) = (std::sync::Arc::clone(&compiled), inputs.clone());
-            profile = Some(Box::new(move || c.profile(&ins).map_err(Into::into)));
-            let ins = inputs.clone();
-            (Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)), Some(report))
+    let mut profiled = |compiled: kiln::Compiled, ins: BTreeMap<String, Tensor>| -> Runner {
+        let compiled = std::sync::Arc::new(compiled);
+        let (c, i) = (std::sync::Arc::clone(&compiled), ins.clone());
+        profile = Some(Box::new(move || c.profile(&i).map_err(Into::into)));
+        Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into))
+    };
+    let (runner, report, compile_ms): (Runner, Option<kiln::CompileReport>, f64) = if is_artifact {
+        super::run::check_artifact_options(&a.model, Some(a.backend))?;
+        let compiled = kiln::Artifact::load(&a.model.model, threads)?;
+        let report = compiled.report().clone();
+        let ins = compiled.complete_inputs(given, &a.model.shapes()?, 0)?;
+        (profiled(compiled, ins), Some(report), 0.0)
+    } else {
+        let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
+        let model = a.model.load_with(given_shapes)?;
+        let ins = model.complete_inputs(given, &a.model.shapes()?, 0)?;
+        let t0 = Instant::now();
+        match a.backend {
+            Backend::Interp => {
+                let opts = kiln::RunOptions { backend: Backend::Interp, threads };
+                (Box::new(move || model.run(&ins, &opts).map(drop).map_err(Into::into)), None, 0.0)
+            }
+            backend => {
+                let compiled = model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?;
+                let report = compiled.report().clone();
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                (profiled(compiled, ins), Some(report), ms)
+            }
         }
     };
-    let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let r = report.unwrap_or_default();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "compiled {} for {} in {compile_ms:.1} ms (passes {:.1} ms, lowering {:.1} ms, codegen {:.1} ms): \
-         {} kernels; {} library, {} kernel, {} fallback steps; arena {} KiB",
-        a.model.model.display(),
-        a.backend.name(),
-        ms(r.passes),
-        ms(r.lowering),
-        ms(r.codegen),
+    let steps = format!(
+        "{} kernels; {} library, {} kernel, {} fallback steps; arena {} KiB",
         r.kernels,
         r.steps[0],
         r.steps[1],
         r.steps[2],
-        r.arena_bytes / 1024,
+        r.arena_bytes / 1024
     );
+    if is_artifact {
+        println!("loaded artifact {} in {:.1} ms (no code generation): {steps}", a.model.model.display(), ms(r.load));
+    } else {
+        println!(
+            "compiled {} for {} in {compile_ms:.1} ms (passes {:.1} ms, lowering {:.1} ms, codegen {:.1} ms): {steps}",
+            a.model.model.display(),
+            a.backend.name(),
+            ms(r.passes),
+            ms(r.lowering),
+            ms(r.codegen),
+        );
+    }
     for f in &r.fallbacks {
         println!("  interpreter fallback: {f}");
     }
@@ -173,9 +188,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.json {
         let report = Report {
             model: a.model.model.display().to_string(),
-            backend: a.backend.name(),
+            backend: if is_artifact { "cpu" } else { a.backend.name() },
             threads,
             compile_ms,
+            load_ms: ms(r.load),
             passes_ms: ms(r.passes),
             lowering_ms: ms(r.lowering),
             codegen_ms: ms(r.codegen),

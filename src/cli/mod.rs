@@ -2,6 +2,7 @@
 
 mod bench;
 mod check;
+mod compile;
 mod conformance;
 mod inspect;
 mod opt;
@@ -25,6 +26,9 @@ pub struct Cli {
 enum Command {
     /// Run a model on inputs (given as .npy files, or deterministic pseudo-random) and write its outputs.
     Run(run::RunArgs),
+    /// Compile a model ahead of time into an artifact directory (manifest, weights, kernel library) that `run`
+    /// and `bench` load without generating code.
+    Compile(compile::CompileArgs),
     /// Print a model as .kir text, or write it to a file.
     Opt(opt::OptArgs),
     /// Summarize a model: inputs, outputs, op histogram, parameters.
@@ -40,7 +44,8 @@ enum Command {
 /// Options shared by every command that loads a model.
 #[derive(Args, Debug)]
 pub struct ModelArgs {
-    /// The model: a .kir file (weights from NAME.safetensors beside it, if present) or a kiln graph .json.
+    /// The model: a .kir file (weights from NAME.safetensors beside it, if present), a kiln graph .json or an
+    /// .onnx file; `run` and `bench` also take an artifact directory written by `kiln compile`.
     pub model: PathBuf,
     /// A safetensors file holding the model's weights.
     #[arg(long, value_name = "FILE")]
@@ -82,6 +87,7 @@ impl ModelArgs {
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Compile(a) => compile::run(a),
         Command::Opt(a) => opt::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Check(a) => check::run(a),

@@ -67,9 +67,20 @@ impl PipelineArgs {
         }
     }
 
+    /// True when neither -O nor --pipeline is given (each command then picks its own default pipeline).
+    pub fn is_default(&self) -> bool {
+        self.level.is_none() && self.pipeline.is_none()
+    }
+
     /// Runs the selected pipeline over `g` with the requested instrumentation (dumps and timing to stderr).
     pub fn run(&self, g: &mut kiln_ir::Graph) -> Result<()> {
         let manager = PassManager::parse(&self.pipeline_text()?)?;
+        manager.run(g, &PassContext::default(), &mut self.instrumentation())?;
+        Ok(())
+    }
+
+    /// The instrumentation these options request (dumps and timing to stderr).
+    pub fn instrumentation(&self) -> Instrumentation<'static> {
         let select = |names: &[String], all: bool| {
             if all {
                 PassSelection::All
@@ -79,7 +90,7 @@ impl PipelineArgs {
                 PassSelection::passes(names.iter().cloned())
             }
         };
-        let mut inst = Instrumentation {
+        Instrumentation {
             print_before: select(&self.print_before, false),
             print_after: select(&self.print_after, self.print_after_all),
             print_after_change: self.print_after_change,
@@ -88,9 +99,7 @@ impl PipelineArgs {
             bisect: self.bisect,
             reproducer: self.reproducer_dir.clone().map_or(Reproducer::TempDir, Reproducer::Dir),
             sink: None,
-        };
-        manager.run(g, &PassContext::default(), &mut inst)?;
-        Ok(())
+        }
     }
 }
 

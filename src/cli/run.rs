@@ -23,9 +23,10 @@ pub struct RunArgs {
     /// Where to write `<output>.npy` files and `manifest.json`.
     #[arg(long, short = 'o', value_name = "DIR", default_value = "kiln-out")]
     output_dir: PathBuf,
-    /// The executor: cpu (compiled with Cranelift), interp (reference interpreter) or cuda.
-    #[arg(long, default_value = "cpu", value_parser = parse_backend)]
-    backend: Backend,
+    /// The executor: cpu (compiled with Cranelift, the default), interp (reference interpreter) or cuda. A
+    /// compiled artifact runs on the backend it was compiled for.
+    #[arg(long, value_parser = parse_backend)]
+    backend: Option<Backend>,
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -63,25 +64,63 @@ pub fn run(a: RunArgs) -> Result<()> {
             bail!("--input `{name}` is given twice");
         }
     }
+    if kiln::Artifact::is_artifact(&a.model.model) {
+        return run_artifact(&a, given);
+    }
+    let backend = a.backend.unwrap_or_default();
     let t0 = Instant::now();
     let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
     let model = a.model.load_with(given_shapes)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = model.complete_inputs(given, &a.model.shapes()?, a.seed)?;
     let t1 = Instant::now();
-    let outputs = model.run(&inputs, &RunOptions { backend: a.backend, threads: a.threads })?;
+    let outputs = model.run(&inputs, &RunOptions { backend, threads: a.threads })?;
     let run_ms = t1.elapsed().as_secs_f64() * 1e3;
     write_outputs(&a.output_dir, &outputs)?;
     println!(
         "model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms",
         a.model.model.display(),
-        a.backend.name()
+        backend.name()
     );
-    for (name, t) in &outputs {
+    report_outputs(&outputs, &a.output_dir);
+    Ok(())
+}
+
+/// Checks that options meant for a model file are absent when running a compiled artifact.
+pub fn check_artifact_options(model: &super::ModelArgs, backend: Option<Backend>) -> Result<()> {
+    if model.weights.is_some() {
+        bail!("--weights: a compiled artifact carries its weights ({})", model.model.display());
+    }
+    if let Some(b) = backend.filter(|b| *b != Backend::Cpu) {
+        bail!("--backend {}: a compiled artifact runs on the cpu backend it was compiled for", b.name());
+    }
+    Ok(())
+}
+
+/// `kiln run ARTIFACT_DIR`: load the compiled artifact (no code generation) and run it.
+fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
+    check_artifact_options(&a.model, a.backend)?;
+    let t0 = Instant::now();
+    let compiled = kiln::Artifact::load(&a.model.model, a.threads)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
+    let t1 = Instant::now();
+    let outputs = compiled.run(&inputs)?;
+    let run_ms = t1.elapsed().as_secs_f64() * 1e3;
+    write_outputs(&a.output_dir, &outputs)?;
+    println!(
+        "artifact {} (cpu backend): loaded in {load_ms:.1} ms (no code generation), ran in {run_ms:.1} ms",
+        a.model.model.display()
+    );
+    report_outputs(&outputs, &a.output_dir);
+    Ok(())
+}
+
+fn report_outputs(outputs: &[(String, Tensor)], dir: &Path) {
+    for (name, t) in outputs {
         println!("  {name}: {} {}", t.tensor_type(), summary(t));
     }
-    println!("wrote {} output(s) and manifest.json to {}", outputs.len(), a.output_dir.display());
-    Ok(())
+    println!("wrote {} output(s) and manifest.json to {}", outputs.len(), dir.display());
 }
 
 fn write_outputs(dir: &Path, outputs: &[(String, Tensor)]) -> Result<()> {

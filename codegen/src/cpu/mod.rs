@@ -53,6 +53,7 @@ mod parts;
 pub mod runtime;
 mod scalar;
 mod simd;
+mod target;
 mod vmath;
 
 use std::collections::HashMap;
@@ -66,6 +67,7 @@ use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};
 use crate::kernel::{self, ArgId, ArgRole, Kernel};
 use emit::{Emitter, Target};
 use runtime::{RUNTIME_TABLE_LEN_SYMBOL, RUNTIME_TABLE_SYMBOL, RtFn};
+pub use target::{CpuTarget, cpu_target, host_supports, host_triple};
 
 /// Entry of a compiled kernel: runs iterations `[begin, end)` of the outermost loop of top-level part `part`.
 ///
@@ -80,6 +82,8 @@ pub struct KernelInfo {
     pub name: String,
     /// The exported function's name (in object code; the JIT's function is [`JitModule::entry`]).
     pub symbol: String,
+    /// The kernel's symbols (symbolic dims), in the order their values are passed in `syms`.
+    pub symbols: Vec<String>,
     /// The parts, in the order their indices are passed as `part`.
     pub parts: Vec<PartInfo>,
 }
@@ -424,7 +428,12 @@ fn define_kernel<M: Module>(
         listing.push_str("\n; machine code (VCode)\n");
         listing.push_str(&vcode);
     }
-    let info = KernelInfo { name: kernel.name.clone(), symbol, parts: parts.iter().map(parts::info).collect() };
+    let info = KernelInfo {
+        name: kernel.name.clone(),
+        symbol,
+        symbols: kernel.symbols.clone(),
+        parts: parts.iter().map(parts::info).collect(),
+    };
     Ok((func_id, info, listing))
 }
 

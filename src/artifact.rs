@@ -1,0 +1,251 @@
+//! Ahead-of-time artifacts: a compiled model in a directory, loadable without generating code.
+//!
+//! [`Artifact::write`] takes a [`Lowered`] model (after its pass pipeline and lowering) and writes:
+//! - `manifest.json` ([`Manifest`]): the format version, the kiln version, the target (triple and the CPU features
+//!   the code was compiled for), the model's inputs and outputs, the executable (everything but its kernel IR and
+//!   weights) with the launch facts of each kernel, and the names of the two files below;
+//! - `weights.safetensors`: the weights of the optimized graph;
+//! - `kernels.so`: the kernels as a shared library, Cranelift object code linked by the system `cc`.
+//!
+//! [`Artifact::load`] reads the manifest, refuses an artifact of another format version, another target triple, or
+//! one that needs a CPU feature this host lacks, then loads the weights and the library (no code generation) and
+//! returns the same [`Compiled`] that [`crate::Model::compile`] does. A damaged manifest or weight file is an
+//! [`Error`], never a panic. The manifest is written last, so an interrupted write leaves no loadable artifact.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kiln_codegen::cpu::{self, CpuOptions, CpuTarget, KernelInfo};
+use kiln_codegen::exec::Executable;
+use serde::{Deserialize, Serialize};
+
+use crate::{Compiled, Error, Lowered};
+
+/// The manifest format this kiln writes and reads; bumped on any incompatible change.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The manifest's file name inside an artifact directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+const WEIGHTS_FILE: &str = "weights.safetensors";
+const LIBRARY_FILE: &str = "kernels.so";
+
+/// `manifest.json`: what an artifact holds. See the module docs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the kiln that wrote it.
+    pub format_version: u32,
+    /// The version of the kiln that wrote it.
+    pub kiln_version: String,
+    /// What machine the code is for.
+    pub target: CpuTarget,
+    /// The model's inputs, in order.
+    pub inputs: Vec<PortInfo>,
+    /// The model's outputs, in order.
+    pub outputs: Vec<PortInfo>,
+    /// The weight file, relative to the artifact directory.
+    pub weights_file: String,
+    /// The kernel library, relative to the artifact directory.
+    pub library_file: String,
+    /// Launch facts of each kernel, by the executable's kernel index (symbol, symbols, parts).
+    pub kernels: Vec<KernelInfo>,
+    /// The executable without its kernel IR and weights.
+    pub executable: Executable,
+}
+
+/// An input or output as the manifest lists it, for people and tools reading it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortInfo {
+    /// Its name.
+    pub name: String,
+    /// Its dtype (`f32`, …).
+    pub dtype: String,
+    /// Its shape as `.kir` prints it (`[N,3,224,224]`).
+    pub shape: String,
+}
+
+/// A compiled model on disk: its directory and manifest.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    dir: PathBuf,
+    manifest: Manifest,
+}
+
+fn artifact_error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Artifact { path: path.display().to_string(), message: message.into() }
+}
+
+impl Artifact {
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Whether `path` looks like an artifact: a directory holding a manifest.
+    pub fn is_artifact(path: &Path) -> bool {
+        path.is_dir() && path.join(MANIFEST_FILE).is_file()
+    }
+
+    /// Writes `lowered` as an artifact into `dir` (created if missing): emits object code for the host CPU and
+    /// links it with the system `cc`. Returns the artifact as written.
+    pub fn write(lowered: &Lowered, dir: &Path) -> Result<Artifact, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| artifact_error(dir, format!("cannot create the directory: {e}")))?;
+        let options = CpuOptions::default();
+        let fail = |e: cpu::CpuError| Error::Backend { backend: "cpu", message: e.to_string() };
+        let target = cpu::cpu_target(&options).map_err(fail)?;
+        let exe = &lowered.executable;
+        let (object, kernels) = cpu::emit_object(&exe.kernels, &options).map_err(fail)?;
+        link_shared_library(&object, &dir.join(LIBRARY_FILE))?;
+        crate::weights::save(&dir.join(WEIGHTS_FILE), &exe.weights)?;
+        let port = |name: &str, ty: &kiln_ir::TensorType| PortInfo {
+            name: name.to_string(),
+            dtype: ty.dtype.name().to_string(),
+            shape: ty.shape.to_string(),
+        };
+        let buffer_type = |b: kiln_codegen::exec::BufferId| &exe.buffers[b.0 as usize].ty;
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+            target,
+            inputs: lowered.inputs.iter().map(|(n, t)| port(n, t)).collect(),
+            outputs: exe.outputs.iter().map(|(n, b)| port(n, buffer_type(*b))).collect(),
+            weights_file: WEIGHTS_FILE.into(),
+            library_file: LIBRARY_FILE.into(),
+            kernels,
+            executable: exe.clone(),
+        };
+        let path = dir.join(MANIFEST_FILE);
+        let text = serde_json::to_string_pretty(&manifest)
+            .map_err(|e| artifact_error(&path, format!("cannot serialize the manifest: {e}")))?;
+        std::fs::write(&path, text + "\n").map_err(|e| artifact_error(&path, format!("cannot write: {e}")))?;
+        Ok(Artifact { dir: dir.to_path_buf(), manifest })
+    }
+
+    /// Reads and checks an artifact's manifest: its format version, target triple and CPU features must suit
+    /// this kiln and this host.
+    pub fn open(dir: &Path) -> Result<Artifact, Error> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| artifact_error(&path, format!("cannot read: {e}")))?;
+        // The version is read first, on its own, so that a manifest of another format is reported as such and
+        // not as whatever field it happens to lack.
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| artifact_error(&path, format!("corrupt manifest (not valid JSON): {e}")))?;
+        let version = value
+            .get("format_version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| artifact_error(&path, "no `format_version`: not a kiln artifact manifest"))?;
+        if version != u64::from(FORMAT_VERSION) {
+            return Err(artifact_error(
+                &path,
+                format!(
+                    "format version {version} is not supported: this kiln ({}) reads format version \
+                     {FORMAT_VERSION}; recompile the model with `kiln compile`",
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+        let manifest: Manifest =
+            serde_json::from_value(value).map_err(|e| artifact_error(&path, format!("corrupt manifest: {e}")))?;
+        let host = cpu::host_triple();
+        if manifest.target.triple != host {
+            return Err(artifact_error(
+                &path,
+                format!("compiled for target `{}`, but this host is `{host}`", manifest.target.triple),
+            ));
+        }
+        let missing: Vec<&str> =
+            manifest.target.cpu_features.iter().map(String::as_str).filter(|f| !cpu::host_supports(f)).collect();
+        if !missing.is_empty() {
+            return Err(artifact_error(
+                &path,
+                format!("compiled for CPU features this host lacks: {}", missing.join(", ")),
+            ));
+        }
+        manifest
+            .executable
+            .check_references(manifest.kernels.len())
+            .map_err(|e| artifact_error(&path, format!("corrupt manifest: the executable is inconsistent: {e}")))?;
+        Ok(Artifact { dir: dir.to_path_buf(), manifest })
+    }
+
+    /// Loads the artifact in `dir` to run with `threads` worker threads (0: all cores): [`Artifact::open`], then
+    /// the weights and the kernel library. No code is generated.
+    pub fn load(dir: &Path, threads: usize) -> Result<Compiled, Error> {
+        let t0 = Instant::now();
+        Artifact::open(dir)?.into_compiled(threads, t0)
+    }
+
+    fn into_compiled(self, threads: usize, t0: Instant) -> Result<Compiled, Error> {
+        let Manifest { executable: mut exe, kernels, weights_file, library_file, .. } = self.manifest;
+        let file = |name: &str| -> Result<PathBuf, Error> {
+            // The manifest names files inside the artifact only.
+            let relative = Path::new(name);
+            if relative.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+                Ok(self.dir.join(relative))
+            } else {
+                Err(artifact_error(&self.dir.join(MANIFEST_FILE), format!("`{name}` is not a file of the artifact")))
+            }
+        };
+        exe.weights = crate::weights::load(&file(&weights_file)?)?;
+        let library = file(&library_file)?;
+        if !library.is_file() {
+            return Err(artifact_error(&library, "the kernel library is missing"));
+        }
+        // SAFETY: the library is the one `Artifact::write` linked for these kernels, as the manifest beside it
+        // records; its table size and symbols are checked as it loads.
+        let code = unsafe { kiln_runtime::artifact::load_kernel_library(&library, &kernels) }
+            .map_err(|e| artifact_error(&library, e.to_string()))?;
+        let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
+        let report = crate::CompileReport {
+            kernels: kernels.len(),
+            steps: exe.step_counts(),
+            fallbacks: exe.fallbacks.clone(),
+            arena_bytes: exe.arena_bytes,
+            ..Default::default()
+        };
+        let mut compiled = Compiled::new(exe, code, threads, report, inputs)?;
+        compiled.report.load = t0.elapsed();
+        Ok(compiled)
+    }
+}
+
+/// Links `object` into the shared library `out` with the system C compiler driver.
+fn link_shared_library(object: &[u8], out: &Path) -> Result<(), Error> {
+    let scratch = std::env::temp_dir().join(format!(
+        "kiln-link-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&scratch).map_err(|e| artifact_error(&scratch, format!("cannot create: {e}")))?;
+    let result = (|| {
+        let obj = scratch.join("kernels.o");
+        std::fs::write(&obj, object).map_err(|e| artifact_error(&obj, format!("cannot write: {e}")))?;
+        let output =
+            std::process::Command::new("cc").arg("-shared").arg("-o").arg(out).arg(&obj).output().map_err(|e| {
+                artifact_error(
+                    out,
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        "cannot link the kernel library: the C compiler driver `cc` is not on PATH (install gcc or \
+                         clang)"
+                            .to_string()
+                    } else {
+                        format!("cannot run `cc`: {e}")
+                    },
+                )
+            })?;
+        if !output.status.success() {
+            return Err(artifact_error(
+                out,
+                format!("`cc -shared` failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
+            ));
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}

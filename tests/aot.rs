@@ -1,0 +1,305 @@
+//! Ahead-of-time artifacts end to end: `Artifact::write` then `Artifact::load` (no code generation) runs every
+//! fixture and every reference model exactly as the JIT does; `kiln compile` + `kiln run DIR` round-trip through
+//! the CLI; manifests of another format version, target triple or CPU features are refused by name; damaged
+//! weights, a damaged manifest and a missing kernel library are errors, not panics.
+//!
+//! Linking needs the system `cc`; without one each test prints `SKIPPED: no cc`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln::{Artifact, CompileOptions, Model};
+use kiln_ir::{Graph, Op, Tensor};
+
+mod common;
+
+fn have_cc() -> bool {
+    let ok = Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        println!("SKIPPED: no cc");
+    }
+    ok
+}
+
+fn fixtures() -> Vec<(String, Graph)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut out: Vec<(String, Graph)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let g = kiln_ir::parse(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, g)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(out.len() >= 12, "the fixture set");
+    out
+}
+
+/// Binds deterministic random weights to every param without one (as tests/cpu_backend.rs does).
+fn bind_weights(g: &mut Graph) {
+    let params: Vec<(String, kiln_ir::TensorType)> = g
+        .params()
+        .filter_map(|id| match &g.node(id).op {
+            Op::Parameter(p) => Some((p.name.clone(), g.node(id).outputs[0].clone())),
+            _ => None,
+        })
+        .collect();
+    for (i, (name, ty)) in params.into_iter().enumerate() {
+        if g.weights.get(&name).is_none() {
+            let dims = ty.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect();
+            g.weights.insert(name, Tensor::random(ty.dtype, dims, 100 + i as u64));
+        }
+    }
+}
+
+/// The same numbers up to rounding noise (rtol 1e-6, atol 1e-7; NaN matches NaN): the artifact's code is the
+/// JIT's, compiled from the same kernel IR.
+fn assert_same(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)]) {
+    assert_eq!(got.len(), want.len(), "{what}: output count");
+    for ((gn, g), (wn, w)) in got.iter().zip(want) {
+        assert_eq!(gn, wn, "{what}: output names");
+        if let Err(e) = kiln::conformance::compare(g, w, 1e-6, 1e-7) {
+            panic!("{what}: output `{gn}`: {e}");
+        }
+    }
+}
+
+/// Writes `model`'s artifact into `dir` with the default CPU pipeline.
+fn write_artifact(model: &Model, dir: &Path) -> Artifact {
+    let lowered = model.lower(&CompileOptions::default()).unwrap_or_else(|e| panic!("lower: {e}"));
+    Artifact::write(&lowered, dir).unwrap_or_else(|e| panic!("write: {e}"))
+}
+
+#[test]
+fn every_fixture_runs_from_its_artifact_as_under_the_jit() {
+    if !have_cc() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    for (name, mut g) in fixtures() {
+        bind_weights(&mut g);
+        let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let shapes: BTreeMap<String, Vec<usize>> = model
+            .inputs()
+            .into_iter()
+            .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect()))
+            .collect();
+        let inputs = model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = model.compile(&CompileOptions { threads: 2, ..Default::default() }).unwrap().run(&inputs).unwrap();
+        let dir = root.path().join(&name);
+        write_artifact(&model, &dir);
+        let loaded = Artifact::load(&dir, 2).unwrap_or_else(|e| panic!("{name}: load: {e}"));
+        assert_eq!(loaded.inputs(), model.inputs().as_slice(), "{name}: inputs");
+        let got = loaded.run(&inputs).unwrap_or_else(|e| panic!("{name}: run: {e}"));
+        assert_same(&name, &got, &want);
+    }
+}
+
+#[test]
+fn reference_models_run_from_artifacts_as_under_the_jit_and_match_onnx_runtime() {
+    if !have_cc() {
+        return;
+    }
+    let Some(dirs) = common::model_dirs() else { return };
+    let root = tempfile::tempdir().unwrap();
+    for dir in &dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let t0 = std::time::Instant::now();
+        let inputs = common::read_manifest(&dir.join("inputs"));
+        let expected = common::read_manifest(&dir.join("expected"));
+        let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
+        let model = Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
+        let jit = model.compile(&CompileOptions { threads: 2, ..Default::default() }).unwrap().run(&given).unwrap();
+        let out = root.path().join(&name);
+        write_artifact(&model, &out);
+        let got = Artifact::load(&out, 2).unwrap_or_else(|e| panic!("{name}: load: {e}")).run(&given).unwrap();
+        assert_same(&name, &got, &jit);
+        let got: BTreeMap<String, Tensor> = got.into_iter().collect();
+        for (output, want) in &expected {
+            let t = got.get(output).unwrap_or_else(|| panic!("{name}: output `{output}` is missing"));
+            if let Err(e) = kiln::conformance::compare(t, want, 1e-3, 1e-4) {
+                panic!("{name}: output `{output}` vs ONNX Runtime: {e}");
+            }
+        }
+        eprintln!("{name}: ok in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+}
+
+const SMALL: &str = r#"graph "small" {
+  %0 = input {name="x"} : f32[2,5]
+  %1 = param {name="w"} : f32[5]
+  %2 = relu %0 : f32[2,5]
+  %3 = broadcast %1 {shape=[2,5]} : f32[2,5]
+  %4 = mul %2, %3 : f32[2,5]
+  %5 = exp %0 : f32[2,5]
+  %6 = add %4, %5 : f32[2,5]
+  output "y" = %6
+}
+"#;
+
+/// `y = relu(x) * w + exp(x)` with its weight bound.
+fn small_model() -> Model {
+    let mut g = kiln_ir::parse(SMALL).expect("parses");
+    bind_weights(&mut g);
+    Model::from_graph(g).expect("verifies")
+}
+
+/// A fresh artifact of the small model in a temporary directory.
+fn small_artifact() -> (tempfile::TempDir, PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("small");
+    write_artifact(&small_model(), &dir);
+    (root, dir)
+}
+
+fn load_error(dir: &Path) -> String {
+    match Artifact::load(dir, 1) {
+        Ok(_) => panic!("{} should not load", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Rewrites the manifest with `edit` applied to its JSON.
+fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("manifest.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn manifests_for_another_format_target_or_cpu_are_refused_by_name() {
+    if !have_cc() {
+        return;
+    }
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 3] = [
+        ("format", |v| v["format_version"] = 2.into(), "format version 2 is not supported"),
+        (
+            "triple",
+            |v| v["target"]["triple"] = "riscv64gc-unknown-fakeos".into(),
+            "compiled for target `riscv64gc-unknown-fakeos`",
+        ),
+        (
+            "feature",
+            |v| v["target"]["cpu_features"].as_array_mut().unwrap().push("avx9000".into()),
+            "CPU features this host lacks: avx9000",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let (_root, dir) = small_artifact();
+        edit_manifest(&dir, edit);
+        let e = load_error(&dir);
+        assert!(e.contains(want), "{what}: `{e}` should say `{want}`");
+    }
+}
+
+#[test]
+fn damaged_artifacts_are_errors_not_panics() {
+    if !have_cc() {
+        return;
+    }
+    // A truncated weight file.
+    let (_root, dir) = small_artifact();
+    let w = dir.join("weights.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() - 3]).unwrap();
+    let e = load_error(&dir);
+    assert!(e.contains("weights.safetensors"), "{e}");
+
+    // A missing kernel library.
+    let (_root, dir) = small_artifact();
+    std::fs::remove_file(dir.join("kernels.so")).unwrap();
+    let e = load_error(&dir);
+    assert!(e.contains("kernels.so") && e.contains("missing"), "{e}");
+
+    // A truncated manifest.
+    let (_root, dir) = small_artifact();
+    let m = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(&m, &text[..text.len() / 2]).unwrap();
+    let e = load_error(&dir);
+    assert!(e.contains("corrupt manifest"), "{e}");
+
+    // Valid JSON describing an executable that points outside itself.
+    let (_root, dir) = small_artifact();
+    edit_manifest(&dir, |v| v["executable"]["outputs"][0][1] = 9999.into());
+    let e = load_error(&dir);
+    assert!(e.contains("inconsistent") && e.contains("9999"), "{e}");
+
+    // A kernel symbol the library lacks.
+    let (_root, dir) = small_artifact();
+    edit_manifest(&dir, |v| v["kernels"][0]["symbol"] = "kiln_no_such_kernel".into());
+    let e = load_error(&dir);
+    assert!(e.contains("kiln_no_such_kernel"), "{e}");
+
+    // A manifest naming a file outside the artifact.
+    let (_root, dir) = small_artifact();
+    edit_manifest(&dir, |v| v["library_file"] = "../elsewhere.so".into());
+    let e = load_error(&dir);
+    assert!(e.contains("not a file of the artifact"), "{e}");
+}
+
+fn kiln(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("the kiln binary runs")
+}
+
+fn ok(o: &std::process::Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "stdout:\n{out}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+#[test]
+fn cli_compile_then_run_matches_running_the_model() {
+    if !have_cc() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
+    let model = small_model();
+    std::fs::write(p("small.kir"), SMALL).unwrap();
+    kiln::weights::save(&root.path().join("small.safetensors"), &model.graph().weights).unwrap();
+
+    let out = ok(&kiln(&[
+        "compile",
+        &p("small.kir"),
+        "--target",
+        "cpu",
+        "-O",
+        "2",
+        "-o",
+        &p("art"),
+        "--emit",
+        "kir,asm,dot",
+    ]));
+    assert!(out.contains("compiled"), "{out}");
+    for f in ["manifest.json", "weights.safetensors", "kernels.so", "model.kir", "kernels.s", "graph.dot"] {
+        assert!(root.path().join("art").join(f).is_file(), "{f} is written");
+    }
+    assert!(
+        root.path().join("art/graph.svg").is_file() || out.contains("skipped rendering"),
+        "graph.svg is rendered or its skipping said: {out}"
+    );
+    kiln_ir::parse(&std::fs::read_to_string(root.path().join("art/model.kir")).unwrap()).expect("model.kir parses");
+
+    let out = ok(&kiln(&["run", &p("art"), "-o", &p("aot-out")]));
+    assert!(out.contains("loaded in") && out.contains("no code generation"), "{out}");
+    ok(&kiln(&["run", &p("small.kir"), "--backend", "cpu", "-o", &p("jit-out")]));
+    let aot = kiln::npy::read(&root.path().join("aot-out/y.npy")).unwrap();
+    let jit = kiln::npy::read(&root.path().join("jit-out/y.npy")).unwrap();
+    assert_eq!(aot, jit);
+
+    let out = ok(&kiln(&["bench", &p("art"), "--runs", "2", "--warmup", "1", "--json"]));
+    assert!(out.contains("loaded artifact") && out.contains("\"load_ms\""), "{out}");
+
+    // Options that make no sense for an artifact are refused.
+    let o = kiln(&["run", &p("art"), "--backend", "interp"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("compiled artifact"));
+}
