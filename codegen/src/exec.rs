@@ -281,7 +281,11 @@ impl<'g> Builder<'g> {
         let outputs: Vec<BufferId> =
             (0..node.outputs.len()).map(|i| self.result_buffer(Value::new(id, i as u32), prepared)).collect();
         let step = self.step(id, &inputs, &outputs);
-        if prepared { self.exe.prepare.push(step) } else { self.exe.steps.push(step) }
+        if prepared {
+            self.exe.prepare.push(step)
+        } else {
+            self.exe.steps.push(step)
+        }
         Ok(())
     }
 
@@ -291,12 +295,7 @@ impl<'g> Builder<'g> {
         let node = g.node(id);
         let f32_only = node.outputs.iter().all(|t| t.dtype == DType::F32)
             && node.inputs.iter().all(|&v| g.value_type(v).is_some_and(|t| t.dtype == DType::F32));
-        let library = |op: LibraryOp| Step::Library {
-            op,
-            inputs: inputs.to_vec(),
-            output: outputs[0],
-            epilogue: None,
-        };
+        let library = |op: LibraryOp| Step::Library { op, inputs: inputs.to_vec(), output: outputs[0], epilogue: None };
         match &node.op {
             Op::MatMul if f32_only => return library(LibraryOp::MatMul),
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
