@@ -201,7 +201,8 @@ impl Compiled {
 
     /// Runs once and returns each step's description and wall time, slowest first (`kiln bench --profile`).
     pub fn profile(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, std::time::Duration)>, Error> {
-        let (_, times) = self.program.run_profiled(inputs).map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
+        let (_, times) =
+            self.program.run_profiled(inputs).map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
         let exe = self.program.executable();
         let mut out: Vec<(String, std::time::Duration)> =
             exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect();
@@ -380,7 +381,8 @@ impl Model {
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
             Backend::Cpu => {
-                let compiled = self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
+                let compiled =
+                    self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
                 compiled.run(inputs)
             }
             b @ Backend::Cuda => Err(Error::Backend {

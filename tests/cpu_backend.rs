@@ -67,7 +67,9 @@ fn every_fixture_matches_the_interpreter() {
             .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect()))
             .collect();
         let inputs = model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = model
+            .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         for threads in [1, 2] {
             let compiled = model
                 .compile(&CompileOptions { threads, ..CompileOptions::default() })
@@ -121,8 +123,11 @@ fn bad_inputs_are_clear_errors() {
 #[test]
 fn nan_and_inf_propagate_as_in_the_interpreter() {
     let model = small_model();
-    let x = Tensor::from_vec(vec![2, 5], vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 2.0, f32::NAN, 88.0])
-        .unwrap();
+    let x = Tensor::from_vec(
+        vec![2, 5],
+        vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e30, -1e30, 2.0, f32::NAN, 88.0],
+    )
+    .unwrap();
     let inputs = BTreeMap::from([("x".to_string(), x)]);
     let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
     let got = model.compile(&CompileOptions::default()).unwrap().run(&inputs).unwrap();

@@ -419,7 +419,16 @@ impl CpuProgram {
             let (dd, id) = (dims(inputs[0])?, dims(inputs[1])?);
             let index_dtype = self.exe.buffers[inputs[1].0 as usize].ty.dtype;
             let elem = self.exe.buffers[inputs[0].0 as usize].ty.dtype.size_bytes();
-            return gather(g, ptrs.0[inputs[0].0 as usize], &dd, elem, ptrs.0[inputs[1].0 as usize], &id, index_dtype, ptrs.0[output.0 as usize]);
+            return gather(
+                g,
+                ptrs.0[inputs[0].0 as usize],
+                &dd,
+                elem,
+                ptrs.0[inputs[1].0 as usize],
+                &id,
+                index_dtype,
+                ptrs.0[output.0 as usize],
+            );
         }
         let f32s = |b: BufferId, dims: &[usize]| -> &[f32] {
             let n: usize = dims.iter().product();
@@ -450,7 +459,18 @@ impl CpuProgram {
                     Some(&b) => Some(f32s(b, &dims(b)?)),
                     None => None,
                 };
-                library::conv_f32(f32s(inputs[0], &xd), &xd, f32s(inputs[1], &wd), &wd, bias, attrs, out, &out_dims, None, par)
+                library::conv_f32(
+                    f32s(inputs[0], &xd),
+                    &xd,
+                    f32s(inputs[1], &wd),
+                    &wd,
+                    bias,
+                    attrs,
+                    out,
+                    &out_dims,
+                    None,
+                    par,
+                )
             }
             LibraryOp::Pool(attrs) => {
                 let xd = dims(inputs[0])?;

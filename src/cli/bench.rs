@@ -99,8 +99,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             (Box::new(move || m.run(&ins, &opts).map(drop).map_err(Into::into)), None)
         }
         backend => {
-            let compiled =
-                std::sync::Arc::new(model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?);
+            let compiled = std::sync::Arc::new(model.compile(&CompileOptions {
+                backend,
+                pipeline: a.pipeline.clone(),
+                threads,
+            })?);
             let report = compiled.report().clone();
             let (c, ins) = (std::sync::Arc::clone(&compiled), inputs.clone());
             profile = Some(Box::new(move || c.profile(&ins).map_err(Into::into)));
@@ -155,7 +158,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let total: f64 = steps.iter().map(|(_, t)| t.as_secs_f64()).sum();
         println!("profile of one run ({:.3} ms in {} steps), slowest first:", total * 1e3, steps.len());
         for (what, t) in steps.iter().take(25) {
-            println!("  {:>9.3} ms {:>5.1}%  {what}", t.as_secs_f64() * 1e3, 100.0 * t.as_secs_f64() / total.max(1e-12));
+            println!(
+                "  {:>9.3} ms {:>5.1}%  {what}",
+                t.as_secs_f64() * 1e3,
+                100.0 * t.as_secs_f64() / total.max(1e-12)
+            );
         }
     }
     let peak_rss_bytes = peak_rss_bytes();

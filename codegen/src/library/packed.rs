@@ -257,6 +257,9 @@ fn run_part(
     let mr = isa.rows_per_tile();
     for j in panels.clone() {
         let panel = b.panel(j);
+        // The weight is usually cold: while this panel is multiplied, the next one is fetched into L2, so memory
+        // transfers overlap the arithmetic instead of alternating with it.
+        let next = if j + 1 < panels.end { b.panel(j + 1).as_ptr() } else { std::ptr::null() };
         let cols = PANEL.min(n - j * PANEL);
         let mut i = row_range.start;
         while i < row_range.end {
@@ -266,7 +269,7 @@ fn run_part(
             // `j·PANEL .. j·PANEL + cols` of it, which no other worker touches.
             unsafe {
                 let c = out.0.add(i * n + j * PANEL);
-                tile(isa, tile_rows, a.as_ptr().add(i * k), k, panel.as_ptr(), c, n, cols);
+                tile(isa, tile_rows, a.as_ptr().add(i * k), k, panel.as_ptr(), next, c, n, cols);
             }
             i += tile_rows;
         }
@@ -292,7 +295,8 @@ fn run_part(
 ///
 /// # Safety
 /// `a` must hold `rows` rows of `k` floats, `panel` `k × PANEL` 64-byte aligned floats, and `c` `rows` rows of
-/// stride `ldc` with `cols ≤ PANEL` writable floats each.
+/// stride `ldc` with `cols ≤ PANEL` writable floats each; `next` is null or another such panel (a prefetch
+/// hint).
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     isa: Isa,
@@ -300,22 +304,23 @@ unsafe fn tile(
     a: *const f32,
     k: usize,
     panel: *const f32,
+    next: *const f32,
     c: *mut f32,
     ldc: usize,
     cols: usize,
 ) {
     macro_rules! by_rows {
-        ($kernel:ident($panel:expr, $c:expr, $cols:expr), $($mr:literal)*) => {
+        ($kernel:ident($panel:expr, $next:expr, $c:expr, $cols:expr), $($mr:literal)*) => {
             match rows {
                 // SAFETY: the caller's contract, and the kernel's features were detected by `Isa::detect`.
-                $($mr => unsafe { $kernel::<$mr>(a, k, $panel, $c, ldc, $cols) },)*
+                $($mr => unsafe { $kernel::<$mr>(a, k, $panel, $next, $c, ldc, $cols) },)*
                 _ => unreachable!("packed matmul: {rows} rows in one tile"),
             }
         };
     }
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => by_rows!(tile_avx512(panel, c, cols), 1 2 3 4 5 6 7 8 9 10 11 12),
+        Isa::Avx512 => by_rows!(tile_avx512(panel, next, c, cols), 1 2 3 4 5 6 7 8 9 10 11 12),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             for half in 0..2 {
@@ -323,11 +328,12 @@ unsafe fn tile(
                 if cols > 0 {
                     // SAFETY: the half panel starts 16 floats (64 bytes) in, so stays 32-byte aligned.
                     let (panel, c) = unsafe { (panel.add(half * 16), c.add(half * 16)) };
-                    by_rows!(tile_avx2(panel, c, cols), 1 2 3 4 5 6)
+                    let next = if next.is_null() { next } else { next.wrapping_add(half * 16) };
+                    by_rows!(tile_avx2(panel, next, c, cols), 1 2 3 4 5 6)
                 }
             }
         }
-        _ => by_rows!(tile_scalar(panel, c, cols), 1 2 3 4),
+        _ => by_rows!(tile_scalar(panel, next, c, cols), 1 2 3 4),
     }
 }
 
@@ -342,6 +348,7 @@ unsafe fn tile_avx512<const MR: usize>(
     a: *const f32,
     k: usize,
     panel: *const f32,
+    next: *const f32,
     c: *mut f32,
     ldc: usize,
     cols: usize,
@@ -355,6 +362,11 @@ unsafe fn tile_avx512<const MR: usize>(
             let row = panel.add(p * PANEL);
             let b0 = _mm512_load_ps(row);
             let b1 = _mm512_load_ps(row.add(16));
+            if !next.is_null() {
+                // Two 64-byte lines: the next panel's row p.
+                _mm_prefetch::<_MM_HINT_T1>(next.add(p * PANEL).cast());
+                _mm_prefetch::<_MM_HINT_T1>(next.add(p * PANEL + 16).cast());
+            }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let ai = _mm512_set1_ps(*a.add(i * k + p));
                 acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
@@ -382,7 +394,15 @@ unsafe fn tile_avx512<const MR: usize>(
 /// As [`tile`] with `cols ≤ 16`, `panel` 32-byte aligned, and the host supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const MR: usize>(a: *const f32, k: usize, panel: *const f32, c: *mut f32, ldc: usize, cols: usize) {
+unsafe fn tile_avx2<const MR: usize>(
+    a: *const f32,
+    k: usize,
+    panel: *const f32,
+    next: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     // SAFETY: reads at `a[i·k + p]` and `panel[p·PANEL .. p·PANEL + 16]` (32-byte aligned); writes at
@@ -392,6 +412,9 @@ unsafe fn tile_avx2<const MR: usize>(a: *const f32, k: usize, panel: *const f32,
             let row = panel.add(p * PANEL);
             let b0 = _mm256_load_ps(row);
             let b1 = _mm256_load_ps(row.add(8));
+            if !next.is_null() {
+                _mm_prefetch::<_MM_HINT_T1>(next.add(p * PANEL).cast());
+            }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let ai = _mm256_set1_ps(*a.add(i * k + p));
                 acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
@@ -421,10 +444,12 @@ unsafe fn tile_scalar<const MR: usize>(
     a: *const f32,
     k: usize,
     panel: *const f32,
+    next: *const f32,
     c: *mut f32,
     ldc: usize,
     cols: usize,
 ) {
+    let _ = next;
     let mut acc = [[0.0f32; PANEL]; MR];
     // SAFETY: the caller's contract bounds every read and write below.
     let (a, panel) = unsafe { (std::slice::from_raw_parts(a, MR * k), std::slice::from_raw_parts(panel, k * PANEL)) };
