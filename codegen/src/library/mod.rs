@@ -16,7 +16,7 @@ mod pool;
 
 pub use conv::conv_f32;
 pub use matmul::{matmul_f32, matmul_f64};
-pub use packed::{PANEL, PackedB, matmul_packed_f32, prefer_packed};
+pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
 
 use kiln_ir::DType;

@@ -25,6 +25,9 @@ pub const PANEL: usize = 32;
 /// Products below this many multiply-adds run on one thread: splitting them costs more than it saves.
 const PARALLEL_WORK: usize = 1 << 18;
 
+/// How many panels ahead a product of one row block prefetches the weight.
+const PREFETCH_AHEAD_ONE_TILE: usize = 4;
+
 /// One 64-byte line of packed storage; a `Vec` of these is 64-byte aligned.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -108,17 +111,24 @@ fn flat_mut(lines: &mut [Line]) -> &mut [f32] {
 }
 
 /// Whether [`matmul_packed_f32`] beats the `gemm` crate's [`super::matmul_f32`] for `[rows, k] · [k, n]` with
-/// the weight as it is in a model run (cold in cache), on this host.
+/// the weight as it is in a model run (cold in cache), on this host: up to [`PACKED_MAX_ROWS`] rows, whatever `k`
+/// and `n`, when an AVX-512F or AVX2+FMA kernel runs here.
 ///
-/// Measured on an AVX-512 Xeon (2 MiB L2 per core), one thread, `B` rotated over 32 matrices: the packed path
-/// wins for every shape with up to 256 rows: it reads `B` once where `gemm` reads it, writes a packed copy and
-/// reads that. Past that the packing pass is amortized over enough rows that `gemm`'s cache blocking (which
-/// the packed path lacks on `k`) matters more. Without AVX-512F or AVX2+FMA only the scalar kernel is left, which
-/// never wins.
+/// Measured on an AVX-512 Xeon (2 MiB L2 per core) against `gemm` in the same run, `B` cold (rotated over 64 MiB
+/// of weights) and hot, `(k, n)` in {(256, 768), (256, 1024), (1024, 256), (256, 4096), (784, 512)}: at 32 rows the
+/// packed path is 1.6–1.9× faster cold (2.0–2.3× on two threads) and 1.0–1.5× hot; at one row, where both stream
+/// `B` at memory bandwidth, 1.0–1.5× cold (to 2× on two threads, which `gemm` does not use for a vector) and
+/// 1.0–1.6× hot; at 128 rows the packing pass `gemm` pays is amortized and the two tie (0.94–1.1× cold,
+/// 1.0–1.2× hot). Past that `gemm`'s blocking over `k`, which the packed path lacks, is expected to win. The
+/// scalar fallback never wins.
 pub fn prefer_packed(rows: usize, k: usize, n: usize) -> bool {
+    // The measured crossover depends on rows only: both paths read `B` once per call either way.
     let _ = (k, n);
-    Isa::detect() != Isa::Scalar && rows <= 256
+    rows <= PACKED_MAX_ROWS && Isa::detect() != Isa::Scalar
 }
+
+/// The most rows for which [`prefer_packed`] picks the packed path.
+pub const PACKED_MAX_ROWS: usize = 128;
 
 /// `c[rows, n] = a[rows, k] · B`, then `epilogue` on each finished block (same contract as
 /// [`super::matmul_f32`]'s: `(flat offset, block)` pairs covering every element of `c` exactly once, in any order,
@@ -257,9 +267,11 @@ fn run_part(
     let mr = isa.rows_per_tile();
     for j in panels.clone() {
         let panel = b.panel(j);
-        // The weight is usually cold: while this panel is multiplied, the next one is fetched into L2, so memory
-        // transfers overlap the arithmetic instead of alternating with it.
-        let next = if j + 1 < panels.end { b.panel(j + 1).as_ptr() } else { std::ptr::null() };
+        // The weight is usually cold: while this panel is multiplied, a later one is fetched into L2, so memory
+        // transfers overlap the arithmetic instead of alternating with it. With one row block a panel goes by
+        // quickly, so the fetch runs further ahead.
+        let ahead = if row_range.len() <= mr { PREFETCH_AHEAD_ONE_TILE } else { 1 };
+        let next = if j + ahead < panels.end { b.panel(j + ahead).as_ptr() } else { std::ptr::null() };
         let cols = PANEL.min(n - j * PANEL);
         let mut i = row_range.start;
         while i < row_range.end {
