@@ -119,8 +119,8 @@ fn flat_mut(lines: &mut [Line]) -> &mut [f32] {
 /// packed path is 1.6–1.9× faster cold (2.0–2.3× on two threads) and 1.0–1.5× hot; at one row, where both stream
 /// `B` at memory bandwidth, 1.0–1.5× cold (to 2× on two threads, which `gemm` does not use for a vector) and
 /// 1.0–1.6× hot; at 128 rows the packing pass `gemm` pays is amortized and the two tie (0.94–1.1× cold,
-/// 1.0–1.2× hot). Past that `gemm`'s blocking over `k`, which the packed path lacks, is expected to win. The
-/// scalar fallback never wins.
+/// 1.0–1.2× hot). Past that the two tie at 200–256 rows and `gemm` wins at 512 (0.88–0.96× cold, its blocking
+/// over `k`, which the packed path lacks, paying off). The scalar fallback never wins.
 pub fn prefer_packed(rows: usize, k: usize, n: usize) -> bool {
     // The measured crossover depends on rows only: both paths read `B` once per call either way.
     let _ = (k, n);
