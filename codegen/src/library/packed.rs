@@ -229,7 +229,7 @@ fn matmul_packed_on(
     }
     let threads = par.threads;
     if b.panels >= 2 * threads || rows < 2 * mr * threads {
-        // Few rows: each worker streams its own share of the weight.
+        // Panels enough to share (or rows too few to split): each worker streams its own share of the weight.
         let parts = threads.min(b.panels);
         (0..parts).into_par_iter().for_each(|w| {
             let panels = b.panels * w / parts..b.panels * (w + 1) / parts;
