@@ -427,3 +427,60 @@ fn extreme_attributes_are_results_or_errors() {
         "exceeds",
     );
 }
+
+/// (rows, k, n) for the packed product: every row count with several contraction lengths and widths, covering
+/// row tails (rows not a multiple of the tile height), column tails (n not a multiple of the panel width) and
+/// both parallel splits (by panels when rows are few, by rows when panels are).
+const PACKED: &[(usize, usize, usize)] = &[
+    (1, 1, 1),
+    (3, 5, 15),
+    (7, 5, 16),
+    (32, 5, 17),
+    (33, 1, 33),
+    (128, 5, 768),
+    (200, 1, 1000),
+    (1, 256, 768),
+    (3, 1000, 17),
+    (7, 256, 1000),
+    (32, 256, 16),
+    (33, 1000, 33),
+    (128, 256, 15),
+    (200, 256, 33),
+    (1, 1000, 1000),
+    (33, 256, 768),
+    (128, 1000, 17),
+    (200, 5, 16),
+    (3, 256, 1),
+    (0, 5, 7),
+    (4, 0, 7),
+];
+
+#[test]
+fn matmul_packed_f32_matches_the_interpreter() {
+    for (i, &(rows, k, n)) in PACKED.iter().enumerate() {
+        let a = Tensor::random(DType::F32, vec![rows, k], 2 * i as u64);
+        let b = Tensor::random(DType::F32, vec![k, n], 2 * i as u64 + 1);
+        let want = interp(&Op::MatMul, &[&a, &b]);
+        let packed = library::PackedB::pack(f32s(&b), k, n).expect("packing succeeds");
+        assert_eq!((packed.k(), packed.n()), (k, n));
+        assert_eq!(packed.bytes(), n.div_ceil(library::PANEL) * library::PANEL * k * 4, "padded to whole panels");
+        check_f32(&format!("packed matmul [{rows}, {k}]·[{k}, {n}]"), &want, &mut |c, epilogue, par| {
+            library::matmul_packed_f32(f32s(&a), rows, &packed, c, epilogue, par).expect("packed matmul succeeds");
+        });
+    }
+}
+
+#[test]
+fn packed_calls_with_wrong_lengths_are_errors() {
+    let s = Par::SERIAL;
+    let pack = |len: usize| library::PackedB::pack(&vec![0.0; len], 4, 5).map(|_| ());
+    expect_err("short weight", pack(19), "matmul", "19");
+    expect_err("long weight", pack(21), "matmul", "21");
+    let b = library::PackedB::pack(&[0.0; 20], 4, 5).expect("packing succeeds");
+    let (a, mut c) = (vec![0.0f32; 12], vec![0.0f32; 15]);
+    expect_err("short a", library::matmul_packed_f32(&a[..11], 3, &b, &mut c, None, s), "matmul", "11");
+    expect_err("rows mismatch", library::matmul_packed_f32(&a, 2, &b, &mut c, None, s), "matmul", "12");
+    expect_err("short c", library::matmul_packed_f32(&a, 3, &b, &mut c[..14], None, s), "matmul", "14");
+    expect_err("long c", library::matmul_packed_f32(&a, 3, &b, &mut [0.0; 16], None, s), "matmul", "16");
+    expect_err("overflow", library::matmul_packed_f32(&a, usize::MAX, &b, &mut c, None, s), "matmul", "12");
+}

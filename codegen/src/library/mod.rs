@@ -1,4 +1,5 @@
-//! Native CPU implementations of the ops the fuse pass leaves to library calls: `matmul`, `conv` and `pool`.
+//! Native CPU implementations of the ops the fuse pass leaves to library calls: `matmul`, `conv` and `pool`,
+//! and `matmul` over weights prepacked at load time ([`PackedB`]).
 //!
 //! The CPU runtime calls these on raw row-major buffers. Every function checks its slice lengths and shapes
 //! against each other and against the op's shape rule up front and answers [`LibraryError`] on any mismatch, so
@@ -10,10 +11,12 @@
 
 mod conv;
 mod matmul;
+mod packed;
 mod pool;
 
 pub use conv::conv_f32;
 pub use matmul::{matmul_f32, matmul_f64};
+pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
 
 use kiln_ir::DType;
