@@ -230,13 +230,20 @@ impl Compiled {
         })
     }
 
-    /// Runs once and returns each step's description and wall time, slowest first (`kiln bench --profile`).
-    pub fn profile(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, std::time::Duration)>, Error> {
+    /// Runs once and returns each step's description and wall time, in execution order.
+    pub fn profile_in_order(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+    ) -> Result<Vec<(String, std::time::Duration)>, Error> {
         let (_, times) =
             self.program.run_profiled(inputs).map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
         let exe = self.program.executable();
-        let mut out: Vec<(String, std::time::Duration)> =
-            exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect();
+        Ok(exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect())
+    }
+
+    /// Runs once and returns each step's description and wall time, slowest first (`kiln bench --profile`).
+    pub fn profile(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, std::time::Duration)>, Error> {
+        let mut out = self.profile_in_order(inputs)?;
         out.sort_by_key(|(_, t)| std::cmp::Reverse(*t));
         Ok(out)
     }

@@ -90,6 +90,8 @@ pub struct CpuProgram {
     code: KernelCode,
     weights: HashMap<String, Arc<Tensor>>,
     prepared: Vec<Arc<Tensor>>,
+    /// Matmul weights packed once for `library::matmul_packed_f32`, by the weight's buffer.
+    packed: HashMap<BufferId, library::PackedB>,
     pool: rayon::ThreadPool,
     threads: usize,
     arenas: Mutex<Vec<AlignedBuf>>,
@@ -116,8 +118,18 @@ impl CpuProgram {
             .map_err(|e| RunError::Backend(format!("cannot start {threads} worker threads: {e}")))?;
         let weights = exe.weights.iter().map(|(n, t)| (n.to_string(), Arc::clone(t))).collect();
         let mut program =
-            CpuProgram { exe, code, weights, prepared: Vec::new(), pool, threads, arenas: Mutex::new(Vec::new()) };
+            CpuProgram {
+            exe,
+            code,
+            weights,
+            prepared: Vec::new(),
+            packed: HashMap::new(),
+            pool,
+            threads,
+            arenas: Mutex::new(Vec::new()),
+        };
         program.prepare()?;
+        program.pack_weights()?;
         Ok(program)
     }
 
@@ -155,6 +167,43 @@ impl CpuProgram {
                 .ok_or_else(|| RunError::Backend("a prepared weight has the wrong size".into()))?;
             self.prepared.push(Arc::new(t));
         }
+        Ok(())
+    }
+
+    /// The tensor behind a weight-like buffer (a weight, a constant or a prepared weight).
+    fn weight_tensor(&self, b: BufferId) -> Option<&Tensor> {
+        match &self.exe.buffers[b.0 as usize].home {
+            Home::Weight(name) => self.weights.get(name).map(|t| t.as_ref()),
+            Home::Constant(t) => Some(t.as_ref()),
+            Home::Prepared(k) => self.prepared.get(*k).map(|t| t.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// Packs the right operand of every f32 matmul whose right operand is a 2-D weight and whose left operand
+    /// may have few enough rows for `library::prefer_packed` (checked again at run time with the real rows).
+    fn pack_weights(&mut self) -> Result<(), RunError> {
+        let mut packed = HashMap::new();
+        for step in &self.exe.steps {
+            let Step::Library { op: LibraryOp::MatMul, inputs, .. } = step else { continue };
+            let (a, b) = (inputs[0], inputs[1]);
+            if packed.contains_key(&b) {
+                continue;
+            }
+            let a_ty = &self.exe.buffers[a.0 as usize].ty;
+            let Some(w) = self.weight_tensor(b) else { continue };
+            let (Some(data), [k, n]) = (w.as_slice::<f32>(), w.shape()) else { continue };
+            let rows: Option<u64> = a_ty.shape.0[..a_ty.shape.0.len().saturating_sub(1)]
+                .iter()
+                .map(|d| d.as_static())
+                .product();
+            if a_ty.shape.0.len() < 2 || rows.is_some_and(|r| !library::prefer_packed(r as usize, *k, *n)) {
+                continue;
+            }
+            let p = library::PackedB::pack(data, *k, *n).map_err(|e| RunError::Weights(e.to_string()))?;
+            packed.insert(b, p);
+        }
+        self.packed = packed;
         Ok(())
     }
 
@@ -453,7 +502,13 @@ impl CpuProgram {
         let r = match op {
             LibraryOp::MatMul => {
                 let (ad, bd) = (dims(inputs[0])?, dims(inputs[1])?);
-                library::matmul_f32(f32s(inputs[0], &ad), &ad, f32s(inputs[1], &bd), &bd, out, None, par)
+                let rows: usize = ad[..ad.len().saturating_sub(1)].iter().product();
+                match self.packed.get(&inputs[1]) {
+                    Some(p) if ad.len() >= 2 && library::prefer_packed(rows, p.k(), p.n()) => {
+                        library::matmul_packed_f32(f32s(inputs[0], &ad), rows, p, out, None, par)
+                    }
+                    _ => library::matmul_f32(f32s(inputs[0], &ad), &ad, f32s(inputs[1], &bd), &bd, out, None, par),
+                }
             }
             LibraryOp::Conv(attrs) => {
                 let (xd, wd) = (dims(inputs[0])?, dims(inputs[1])?);
