@@ -191,7 +191,9 @@ impl Artifact {
                 Err(artifact_error(&self.dir.join(MANIFEST_FILE), format!("`{name}` is not a file of the artifact")))
             }
         };
+        let tw = Instant::now();
         exe.weights = crate::weights::load(&file(&weights_file)?)?;
+        let weights_load = tw.elapsed();
         let library = file(&library_file)?;
         if !library.is_file() {
             return Err(artifact_error(&library, "the kernel library is missing"));
@@ -210,6 +212,7 @@ impl Artifact {
         };
         let mut compiled = Compiled::new(exe, code, threads, report, inputs)?;
         compiled.report.load = t0.elapsed();
+        compiled.report.weights_load = weights_load;
         Ok(compiled)
     }
 }

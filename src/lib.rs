@@ -199,6 +199,8 @@ pub struct CompileReport {
     pub arena_bytes: u64,
     /// Wall time of loading a compiled artifact ([`Artifact::load`]); zero when compiled in this process.
     pub load: std::time::Duration,
+    /// The part of [`CompileReport::load`] spent reading the weights file.
+    pub weights_load: std::time::Duration,
 }
 
 /// A compiled model: run it as often as you like, from several threads at once.

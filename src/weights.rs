@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use kiln_ir::{DType, Data, Tensor, Weights};
+use kiln_ir::{DType, Tensor, Weights};
 use safetensors::Dtype as St;
 
 use crate::Error;
@@ -49,9 +49,10 @@ pub fn load(path: &Path) -> Result<Weights, Error> {
     for (name, view) in st.iter() {
         let dtype = from_st(view.dtype())
             .ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", view.dtype())))?;
-        let data = Data::from_le_bytes(dtype, view.data())
-            .ok_or_else(|| bad(format!("tensor `{name}` has a ragged byte length")))?;
-        let t = Tensor::new(view.shape().to_vec(), data).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        // One copy per tensor (safetensors is little-endian, as every host kiln runs on).
+        let t = Tensor::from_bytes(dtype, view.shape().to_vec(), view.data()).ok_or_else(|| {
+            bad(format!("tensor `{name}`: {} bytes do not fit {:?}", view.data().len(), view.shape()))
+        })?;
         w.insert(name, t);
     }
     Ok(w)

@@ -117,8 +117,7 @@ impl CpuProgram {
             .build()
             .map_err(|e| RunError::Backend(format!("cannot start {threads} worker threads: {e}")))?;
         let weights = exe.weights.iter().map(|(n, t)| (n.to_string(), Arc::clone(t))).collect();
-        let mut program =
-            CpuProgram {
+        let mut program = CpuProgram {
             exe,
             code,
             weights,
@@ -193,10 +192,8 @@ impl CpuProgram {
             let a_ty = &self.exe.buffers[a.0 as usize].ty;
             let Some(w) = self.weight_tensor(b) else { continue };
             let (Some(data), [k, n]) = (w.as_slice::<f32>(), w.shape()) else { continue };
-            let rows: Option<u64> = a_ty.shape.0[..a_ty.shape.0.len().saturating_sub(1)]
-                .iter()
-                .map(|d| d.as_static())
-                .product();
+            let rows: Option<u64> =
+                a_ty.shape.0[..a_ty.shape.0.len().saturating_sub(1)].iter().map(|d| d.as_static()).product();
             if a_ty.shape.0.len() < 2 || rows.is_some_and(|r| !library::prefer_packed(r as usize, *k, *n)) {
                 continue;
             }

@@ -59,6 +59,7 @@ struct Report<'a> {
     threads: usize,
     compile_ms: f64,
     load_ms: f64,
+    weights_load_ms: f64,
     passes_ms: f64,
     lowering_ms: f64,
     codegen_ms: f64,
@@ -135,7 +136,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         r.arena_bytes / 1024
     );
     if is_artifact {
-        println!("loaded artifact {} in {:.1} ms (no code generation): {steps}", a.model.model.display(), ms(r.load));
+        println!(
+            "loaded artifact {} in {:.1} ms ({:.1} ms of it reading weights; no code generation): {steps}",
+            a.model.model.display(),
+            ms(r.load),
+            ms(r.weights_load)
+        );
     } else {
         println!(
             "compiled {} for {} in {compile_ms:.1} ms (passes {:.1} ms, lowering {:.1} ms, codegen {:.1} ms): {steps}",
@@ -192,6 +198,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             threads,
             compile_ms,
             load_ms: ms(r.load),
+            weights_load_ms: ms(r.weights_load),
             passes_ms: ms(r.passes),
             lowering_ms: ms(r.lowering),
             codegen_ms: ms(r.codegen),
