@@ -226,25 +226,53 @@ fn conv_image(g: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, yi: &mut
         let wg = &w[grp * g.mg * wk..][..g.mg * wk];
         let yg = &mut yi[grp * group_out..][..group_out];
         if g.pointwise {
-            gemm_rowmajor(g.mg, out, g.cg, wg, g.cg, xg, g.in_size, yg, out, accumulate, par);
+            split_output_channels(g.mg, out, g.cg, wg, xg, g.in_size, yg, 0, out, accumulate, par);
             continue;
         }
-        // Serially, the column matrix is built a band of output rows at a time, so that it is still in cache
-        // when the gemm reads it; bands stay wide enough for an efficient gemm. With more threads it is built
-        // whole (in parallel) for one parallel gemm.
+        // The column matrix is built a band of output rows at a time, so that it is still in cache when the gemm
+        // reads it; bands stay wide enough for an efficient gemm. With more threads, each band's gemm is split
+        // by output channels among them (every worker reads the same band, writes its own channel planes).
         let row = g.output[g.output.len() - 1];
         let rows = out / row;
-        let band = if par.parallel() { rows } else { band_rows(wk, row, rows) };
+        let band = band_rows(wk, row, rows);
         for first in (0..rows).step_by(band) {
             let count = band.min(rows - first);
             let cols = count * row;
             with_scratch(wk * cols, |col| {
-                im2col(g, xg, col, first, count, par);
-                let yb = &mut yg[first * row..];
-                gemm_rowmajor(g.mg, cols, wk, wg, wk, col, cols, yb, out, accumulate, par);
+                im2col(g, xg, col, first, count, Par::SERIAL);
+                split_output_channels(g.mg, cols, wk, wg, col, cols, yg, first * row, out, accumulate, par);
             });
         }
     }
+}
+
+/// `y[m, offset..offset+cols] (+)= w[m, k] · b[k, cols]` for every output channel `m < mg` (`y` rows of `ldy`,
+/// `b` rows of `ldb`), the channels split into contiguous blocks among `par.threads` workers when the product is
+/// large enough, each block a serial gemm: no nested parallelism, and each worker writes only its own planes.
+#[allow(clippy::too_many_arguments)]
+fn split_output_channels(
+    mg: usize,
+    cols: usize,
+    k: usize,
+    w: &[f32],
+    b: &[f32],
+    ldb: usize,
+    y: &mut [f32],
+    offset: usize,
+    ldy: usize,
+    accumulate: bool,
+    par: Par,
+) {
+    let work = mg.saturating_mul(cols).saturating_mul(k);
+    if !par.parallel() || work < PARALLEL_WORK || mg < 2 * par.threads {
+        gemm_rowmajor(mg, cols, k, w, k, b, ldb, &mut y[offset..], ldy, accumulate, Par::SERIAL);
+        return;
+    }
+    let block = mg.div_ceil(par.threads);
+    y[..mg * ldy].par_chunks_mut(block * ldy).enumerate().for_each(|(i, yc)| {
+        let m = yc.len() / ldy;
+        gemm_rowmajor(m, cols, k, &w[i * block * k..], k, b, ldb, &mut yc[offset..], ldy, accumulate, Par::SERIAL);
+    });
 }
 
 /// Output rows per serial im2col band: about `COLUMN_BLOCK` elements of column matrix, at least `MIN_COLUMNS`
