@@ -689,3 +689,117 @@ fn chunks_of_a_parallel_part_run_concurrently() {
         assert!((g - w).abs() <= 1e-6 * w.abs(), "{g} vs {w}");
     }
 }
+
+/// `n` rows of `w` values for reductions over the last axis: sweeps of mixed sign and magnitude, with a NaN,
+/// a +inf, a -inf or nothing but -inf in some rows.
+fn rows_with_specials(n: usize, w: usize) -> Tensor {
+    let mut v: Vec<f32> = sweep(-30.0, 30.0, n * w).iter().enumerate().map(|(i, x)| x * (1 + i % 7) as f32).collect();
+    for (r, row) in v.chunks_mut(w).enumerate() {
+        match r % 5 {
+            1 => row[r % w] = f32::NAN,
+            2 => row[(7 * r) % w] = f32::INFINITY,
+            3 => row[w - 1] = f32::NEG_INFINITY,
+            4 => row.fill(f32::NEG_INFINITY),
+            _ => {}
+        }
+    }
+    Tensor::from_vec(vec![n, w], v).unwrap()
+}
+
+/// Runs `k` through the JIT and the evaluator on `args` and asserts equal bits (any NaN equal to any NaN).
+fn assert_bit_exact(case: &str, k: &Kernel, args: &[Tensor], symbols: &[i64]) {
+    let mut want = args.to_vec();
+    kernel::eval(k, &mut want, symbols).unwrap();
+    let jit = JitModule::compile(std::slice::from_ref(k), &CpuOptions::default()).unwrap();
+    let mut bufs = Buffers::new(k, args);
+    launch(jit.entry(0), jit.info(0), &mut bufs, symbols, Chunking::Whole);
+    let got = bufs.tensors(args);
+    for (((_, a), g), w) in k.launch_args().zip(&got).zip(&want) {
+        if a.role == ArgRole::Output {
+            for (i, (g, w)) in g.to_f64_vec().into_iter().zip(w.to_f64_vec()).enumerate() {
+                let same = g.is_nan() && w.is_nan() || g.to_bits() == w.to_bits();
+                assert!(same, "{case}: {} element {i} is {g}, the evaluator gives {w}\n{}", a.name, kernel::print(k));
+            }
+        }
+    }
+}
+
+#[test]
+fn vector_reductions_fold_in_order() {
+    // Exact kinds only (no exp): the f32x4 values folded lane by lane must give the evaluator's bits.
+    let exact = r#"graph "g" {
+      %0 = input {name="x"} : f32[n,W]
+      %1 = input {name="s"} : f32[n,W]
+      %2 = mul %0, %1 : f32[n,W]
+      %3 = reduce %2 {kind=sum, axes=[1], keep_dims=false} : f32[n]
+      %4 = reduce %0 {kind=max, axes=[1], keep_dims=false} : f32[n]
+      %5 = reduce %0 {kind=min, axes=[1], keep_dims=false} : f32[n]
+      %6 = reduce %1 {kind=prod, axes=[1], keep_dims=false} : f32[n]
+      %7 = reduce %0 {kind=sum, axes=[0], keep_dims=false} : f32[W]
+      %8 = reduce %0 {kind=max, axes=[0], keep_dims=false} : f32[W]
+      output "sum" = %3
+      output "max" = %4
+      output "min" = %5
+      output "prod" = %6
+      output "colsum" = %7
+      output "colmax" = %8
+    }"#;
+    // With exp: softmax and a sum of exps, within the approximation's bound of the evaluator.
+    let approx = r#"graph "g" {
+      %0 = input {name="x"} : f32[n,W]
+      %1 = softmax %0 {axis=1} : f32[n,W]
+      %2 = exp %0 : f32[n,W]
+      %3 = reduce %2 {kind=sum, axes=[1], keep_dims=false} : f32[n]
+      output "softmax" = %1
+      output "sumexp" = %3
+    }"#;
+    let n = 11;
+    for w in [1usize, 3, 4, 5, 128, 131] {
+        let x = rows_with_specials(n, w);
+        let s = Tensor::from_vec(vec![n, w], sweep(0.8, 1.25, n * w)).unwrap();
+        for (case, text) in [("exact", exact), ("approx", approx)] {
+            let g = kiln_ir::parse(&text.replace('W', &w.to_string())).unwrap();
+            let k = lower_whole(&g, case).unwrap();
+            let mut args = vec![x.clone()];
+            if case == "exact" {
+                args.push(s.clone());
+            }
+            args.extend(k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).map(|(_, a)| {
+                let shape = a.shape.iter().map(|e| if let Extent::Const(c) = e { *c as usize } else { n }).collect();
+                Tensor::zeros(a.dtype, shape)
+            }));
+            let case = format!("{case} reductions [w={w}]");
+            check_jit(&case, &k, &args, &[n as i64]);
+            if case.starts_with("exact") {
+                assert_bit_exact(&case, &k, &args, &[n as i64]);
+            }
+        }
+    }
+}
+
+/// The code for `reduce %0 {kind}` over the rows of an `n x 128` input of `dtype` (or `arg_reduce` when `arg`).
+fn row_reduction_code(dtype: &str, kind: &str, arg: bool) -> (Kernel, String) {
+    let op = if arg {
+        format!("arg_reduce %0 {{kind={kind}, axis=1, keep_dims=false, select_last_index=false}} : i64[n]")
+    } else {
+        format!("reduce %0 {{kind={kind}, axes=[1], keep_dims=false}} : {dtype}[n]")
+    };
+    let text =
+        format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {dtype}[n,128]\n  %1 = {op}\n  output \"r\" = %1\n}}");
+    let k = lower_whole(&kiln_ir::parse(&text).unwrap(), kind).unwrap();
+    let code = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    (k, code)
+}
+
+#[test]
+fn only_f32_value_reductions_take_the_vector_form() {
+    let (_, code) = row_reduction_code("f32", "sum", false);
+    assert!(code.contains("f32x4") && code.contains("extractlane"), "{code}");
+    for (dtype, kind, arg) in [("i32", "sum", false), ("f32", "max", true), ("f64", "sum", false)] {
+        let (k, code) = row_reduction_code(dtype, kind, arg);
+        assert!(!code.contains("f32x4") && !code.contains("extractlane"), "{dtype} {kind}: {code}");
+        let x = edge_tensor(DType::from_name(dtype).unwrap(), vec![7, 128], 3);
+        let out_dtype = if arg { DType::I64 } else { x.dtype() };
+        check_jit(&format!("scalar {dtype} {kind}"), &k, &[x, Tensor::zeros(out_dtype, vec![7])], &[7]);
+    }
+}

@@ -236,7 +236,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
         }
     }
 
-    /// `for var in lo..hi`, vectorized when it is a vectorizable loop the SIMD emitter accepts.
+    /// `for var in lo..hi`, vectorized when it is a vectorizable or reduction loop the SIMD emitter accepts.
     pub(crate) fn for_range(
         &mut self,
         var: LoopVar,
@@ -248,7 +248,13 @@ impl<'k, 'f> Emitter<'k, 'f> {
         let v = self.b.declare_var(types::I64);
         self.loops.insert(var, v);
         let mut lo = lo;
-        if kind == LoopKind::Vectorizable && self.target.simd && self.can_vectorize(body) {
+        let vector = self.target.simd
+            && match kind {
+                LoopKind::Vectorizable => self.can_vectorize(body),
+                LoopKind::Reduction => self.can_vectorize_reduction(body),
+                LoopKind::Parallel | LoopKind::Serial => false,
+            };
+        if vector {
             // Lanes in groups of four up to the last full group, then the scalar tail.
             let hi_c = self.b.ins().smax(hi, lo);
             let n = self.b.ins().isub(hi_c, lo);

@@ -421,12 +421,6 @@ impl Emitter<'_, '_> {
         }
         let cur = self.b.use_var(slot.value);
         let folded = match slot.op {
-            AccOp::Sum => self.binary(BinaryOp::Add, cur, v, d)?.0,
-            AccOp::Prod => self.binary(BinaryOp::Mul, cur, v, d)?.0,
-            AccOp::Max if d == DType::Bool => self.b.ins().bor(cur, v),
-            AccOp::Min if d == DType::Bool => self.b.ins().band(cur, v),
-            AccOp::Max => self.binary(BinaryOp::Max, cur, v, d)?.0,
-            AccOp::Min => self.binary(BinaryOp::Min, cur, v, d)?.0,
             AccOp::ArgMax { select_last } | AccOp::ArgMin { select_last } => {
                 let max = matches!(slot.op, AccOp::ArgMax { .. });
                 let pos =
@@ -438,9 +432,26 @@ impl Emitter<'_, '_> {
                 self.b.def_var(slot.position, new_pos);
                 self.b.ins().select(replace, v, cur)
             }
+            op => self.fold(op, cur, v, d)?,
         };
         self.b.def_var(slot.value, folded);
         Ok(())
+    }
+
+    /// `cur` combined with the candidate `v` by a value-only op (not an arg op), both of dtype `d`: the one
+    /// step both the scalar update and the vector form's lane-by-lane fold use, so they agree bit for bit.
+    pub(crate) fn fold(&mut self, op: AccOp, cur: Value, v: Value, d: DType) -> EResult<Value> {
+        Ok(match op {
+            AccOp::Sum => self.binary(BinaryOp::Add, cur, v, d)?.0,
+            AccOp::Prod => self.binary(BinaryOp::Mul, cur, v, d)?.0,
+            AccOp::Max if d == DType::Bool => self.b.ins().bor(cur, v),
+            AccOp::Min if d == DType::Bool => self.b.ins().band(cur, v),
+            AccOp::Max => self.binary(BinaryOp::Max, cur, v, d)?.0,
+            AccOp::Min => self.binary(BinaryOp::Min, cur, v, d)?.0,
+            AccOp::ArgMax { .. } | AccOp::ArgMin { .. } => {
+                return Err(self.malformed(format!("{op:?} folded without a position")));
+            }
+        })
     }
 
     /// Whether candidate `c` displaces `best` (NaN is the extreme value; ties go to the later position when

@@ -1,10 +1,18 @@
-//! The f32x4 form of a vectorizable innermost loop.
+//! The f32x4 form of an innermost vectorizable or reduction loop.
 //!
-//! A loop qualifies when every statement is an f32 `Let` or a store into an f32 buffer, and every value is
-//! built from f32 constants, f32 loads, f32 variables and accumulators, float unary and arithmetic binary
-//! kinds, and selects whose condition is an f32 comparison; anything else (other dtypes, casts, index values,
-//! bool variables) keeps the whole loop scalar. Four consecutive iterations run as four lanes; the iterations
-//! left over run through the scalar loop.
+//! A vectorizable loop qualifies when every statement is an f32 `Let` or a store into an f32 buffer, and every
+//! value is built from f32 constants, f32 loads, f32 variables and accumulators, float unary and arithmetic
+//! binary kinds, and selects whose condition is an f32 comparison; anything else (other dtypes, casts, index
+//! values, bool variables) keeps the whole loop scalar. Four consecutive iterations run as four lanes; the
+//! iterations left over run through the scalar loop.
+//!
+//! A reduction loop qualifies the same way when every statement is an f32 `Let` or an `Update` of an f32
+//! `Sum`, `Prod`, `Max` or `Min` accumulator, and no value reads an accumulator the loop folds into (that value
+//! would depend on the previous lane's fold). Only the values are vector code: the four lanes are then folded
+//! into each accumulator one at a time, lane 0 to 3, by the same scalar step the scalar loop uses, so the
+//! folding order — and every rounding in it — is the interpreter's, and results differ from the scalar loop
+//! only where an inline approximation below replaces a runtime call. Arg accumulators, other dtypes and
+//! bodies with stores keep the loop scalar.
 //!
 //! Memory: an index affine in the loop variable with coefficient 1 is one vector load or store, coefficient 0
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
@@ -24,7 +32,7 @@ use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, UnaryOp};
 
 use super::emit::{EResult, Emitter, mem};
-use crate::kernel::{Block, Expr, IExpr, LoopVar, Stmt, Var};
+use crate::kernel::{AccOp, AccVar, Block, Expr, IExpr, LoopVar, Stmt, Var};
 
 /// Lanes per vector.
 pub(crate) const LANES: i64 = 4;
@@ -79,6 +87,17 @@ fn float_cc(k: BinaryOp) -> Option<FloatCC> {
     })
 }
 
+/// Whether `e` reads any of `accs`.
+fn reads_acc(e: &Expr, accs: &HashSet<AccVar>) -> bool {
+    match e {
+        Expr::Acc(a) => accs.contains(a),
+        Expr::Const(_) | Expr::Load { .. } | Expr::Var(_) | Expr::Index { .. } | Expr::Cond(_) => false,
+        Expr::Unary(_, x) | Expr::Cast(x, _) => reads_acc(x, accs),
+        Expr::Binary(_, a, b) => reads_acc(a, accs) || reads_acc(b, accs),
+        Expr::Select(c, a, b) => reads_acc(c, accs) || reads_acc(a, accs) || reads_acc(b, accs),
+    }
+}
+
 impl Emitter<'_, '_> {
     /// Whether the loop body qualifies for the f32x4 form (see the module docs).
     pub(crate) fn can_vectorize(&self, body: &Block) -> bool {
@@ -95,6 +114,33 @@ impl Emitter<'_, '_> {
             }
         }
         true
+    }
+
+    /// Whether a reduction loop's body qualifies for the f32x4 form with an in-order fold (see the module docs).
+    pub(crate) fn can_vectorize_reduction(&self, body: &Block) -> bool {
+        let folded: HashSet<AccVar> = body
+            .0
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::Update { acc, .. } => Some(*acc),
+                _ => None,
+            })
+            .collect();
+        let value_ok = |e: &Expr, inner: &HashSet<Var>| self.vector_ok(e, inner) && !reads_acc(e, &folded);
+        let mut inner: HashSet<Var> = HashSet::new();
+        for s in &body.0 {
+            match s {
+                Stmt::Let { var, dtype: DType::F32, value } if value_ok(value, &inner) => {
+                    inner.insert(*var);
+                }
+                Stmt::Update { acc, value, position: None }
+                    if self.accs.get(acc).is_some_and(|a| {
+                        a.dtype == DType::F32 && matches!(a.op, AccOp::Sum | AccOp::Prod | AccOp::Max | AccOp::Min)
+                    }) && value_ok(value, &inner) => {}
+                _ => return false,
+            }
+        }
+        !folded.is_empty()
     }
 
     fn vector_ok(&self, e: &Expr, inner: &HashSet<Var>) -> bool {
@@ -115,7 +161,7 @@ impl Emitter<'_, '_> {
         }
     }
 
-    /// One group of four iterations starting at `i`.
+    /// One group of four iterations starting at `i`; updates fold their four lanes in order.
     pub(crate) fn vector_body(&mut self, var: LoopVar, i: Value, body: &Block) -> EResult<()> {
         let mut vlets: HashMap<Var, Value> = HashMap::new();
         for s in &body.0 {
@@ -139,6 +185,20 @@ impl Emitter<'_, '_> {
                             let x = self.b.ins().extractlane(x, lane as u8);
                             self.b.ins().store(mem(), x, addr, 0);
                         }
+                    }
+                }
+                Stmt::Update { acc, value, .. } => {
+                    let x = self.vexpr(value, var, i, &vlets)?;
+                    let slot = *self
+                        .accs
+                        .get(acc)
+                        .ok_or_else(|| self.malformed(format!("accumulator a{} is not declared", acc.0)))?;
+                    // Lane by lane in iteration order: the scalar loop's fold, rounding for rounding.
+                    for lane in 0..LANES as u8 {
+                        let v = self.b.ins().extractlane(x, lane);
+                        let cur = self.b.use_var(slot.value);
+                        let folded = self.fold(slot.op, cur, v, DType::F32)?;
+                        self.b.def_var(slot.value, folded);
                     }
                 }
                 _ => return Err(self.malformed("a statement the vector form does not take".into())),
