@@ -224,15 +224,41 @@ pub(super) fn gemm_rowmajor<T: GemmScalar>(
     accumulate: bool,
     par: Par,
 ) {
+    // SAFETY: `c` is a live, exclusively borrowed slice of `c.len()` elements.
+    unsafe { gemm_rowmajor_raw(m, n, k, a, lda, b, ldb, c.as_mut_ptr(), c.len(), ldc, accumulate, par) }
+}
+
+/// [`gemm_rowmajor`] writing through a raw pointer: `c` points at `c_len` elements of which this call writes only
+/// the `m × n` block (rows of `ldc`), so workers may fill disjoint blocks of one matrix (column bands) at once.
+///
+/// # Safety
+/// `c` must be valid for reads and writes of `c_len` elements, and no other thread may access the `m × n` block
+/// this call writes while it runs.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_rowmajor_raw<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: *mut T,
+    c_len: usize,
+    ldc: usize,
+    accumulate: bool,
+    par: Par,
+) {
     if m == 0 || n == 0 {
         return;
     }
     let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
-    assert!(c.len() >= span(m, ldc, n), "library gemm: result block out of bounds");
+    assert!(c_len >= span(m, ldc, n), "library gemm: result block out of bounds");
     if k == 0 {
         if !accumulate {
-            for row in c.chunks_mut(ldc).take(m) {
-                row[..n].fill(T::ZERO);
+            for r in 0..m {
+                // SAFETY: row `r` of the block lies inside the `c_len` elements (asserted above).
+                unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) }.fill(T::ZERO);
             }
         }
         return;
@@ -240,13 +266,14 @@ pub(super) fn gemm_rowmajor<T: GemmScalar>(
     assert!(a.len() >= span(m, lda, k) && b.len() >= span(k, ldb, n), "library gemm: operand block out of bounds");
     let parallelism = if par.parallel() { gemm::Parallelism::Rayon(par.threads) } else { gemm::Parallelism::None };
     // SAFETY: the asserts above keep every element `gemm` touches (row stride `ld*`, column stride 1) inside the
-    // slices; `c` is borrowed mutably, so the result aliases neither operand.
+    // operands and inside `c`'s `c_len` elements; the caller guarantees nobody else touches the written block,
+    // and the operands are shared borrows that cannot alias it.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             ldc as isize,
             accumulate,
