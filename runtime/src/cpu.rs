@@ -238,7 +238,7 @@ impl CpuProgram {
             let ptrs = self.pointers(&given, &symbols, Some(&arena), &[], &mut dynamic)?;
             let sym_values = self.symbol_values(&symbols);
             let shared = Ptrs(&ptrs);
-            self.pool.install(|| -> Result<(), RunError> {
+            let mut steps = || -> Result<(), RunError> {
                 for step in &self.exe.steps {
                     let t = std::time::Instant::now();
                     self.step(step, shared, &symbols, &sym_values)?;
@@ -247,7 +247,14 @@ impl CpuProgram {
                     }
                 }
                 Ok(())
-            })?;
+            };
+            // One worker: run on the caller's thread (nothing below spawns work), saving the hand-off to the
+            // pool's thread; more: inside the pool, so library calls and chunked kernels use its workers.
+            if self.threads == 1 {
+                steps()?
+            } else {
+                self.pool.install(steps)?
+            }
             let mut out = Vec::with_capacity(self.exe.outputs.len());
             for (name, b) in &self.exe.outputs {
                 let dims = self.exe.dims(*b, &symbols).map_err(RunError::Backend)?;
