@@ -68,6 +68,45 @@ def ort_bench(python, model_dir, threads, runs, warmup):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def fused_elementwise_model(path):
+    """y = gelu(x * a + b) + r over [4096, 4096] f32 (a, b per column): the fused-elementwise case of
+    docs/performance.md (`cargo bench --bench fused_elementwise` runs the same graph from .kir)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    n = 4096
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "a"], ["xa"]),
+            helper.make_node("Add", ["xa", "b"], ["z"]),
+            helper.make_node("Gelu", ["z"], ["g"]),
+            helper.make_node("Add", ["g", "r"], ["y"]),
+        ],
+        "fused_gelu",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n]),
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [n]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [n]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, n]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    inputs = path.parent / "inputs"
+    inputs.mkdir(exist_ok=True)
+    manifest = []
+    for name, shape in [("x", [n, n]), ("a", [n]), ("b", [n]), ("r", [n, n])]:
+        np.save(inputs / f"{name}.npy", rng.uniform(-1, 1, shape).astype(np.float32))
+        manifest.append({"name": name, "file": f"{name}.npy"})
+    (inputs / "manifest.json").write_text(json.dumps(manifest))
+    return path.parent
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="mlp,resnet18,bert_small,gpt2_small")
@@ -77,6 +116,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models-dir", default=os.environ.get("KILN_MODELS_DIR", str(ROOT.parent / "shared" / "models")))
     ap.add_argument("--kiln", default=str(ROOT / "target" / "release" / "kiln"))
+    ap.add_argument("--elementwise", action="store_true",
+                    help="also time the fused elementwise graph y = gelu(x*a + b) + r over 16M f32")
     args = ap.parse_args()
 
     kiln = Path(args.kiln)
@@ -87,8 +128,10 @@ def main():
         sys.exit(f"reference models not found at {models_dir} (set KILN_MODELS_DIR)")
     python = sys.executable
     rows = []
-    for name in args.models.split(","):
-        model_dir = models_dir / name
+    cases = [(name, models_dir / name) for name in args.models.split(",")]
+    if args.elementwise:
+        cases.append(("fused_gelu_16M", fused_elementwise_model(ROOT / ".cache" / "bench" / "fused_gelu" / "model.onnx")))
+    for name, model_dir in cases:
         for threads in [int(t) for t in args.threads.split(",")]:
             k_med, o_med, k_all = [], [], []
             o_rss = 0
@@ -116,7 +159,7 @@ def main():
         print(f"| {r['model']} | {r['threads']} | {r['kiln_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} | "
               f"{r['compile_ms']:.1f} | {r['kiln_rss_mib']:.0f} / {r['ort_rss_mib']:.0f} |")
     by = {(r["model"], r["threads"]): r for r in rows}
-    for name in args.models.split(","):
+    for name, _ in cases:
         if (name, 1) in by and (name, 2) in by:
             print(f"{name}: 2 threads are {by[(name, 1)]['kiln_ms'] / by[(name, 2)]['kiln_ms']:.2f}x faster than 1 "
                   f"(kiln)")

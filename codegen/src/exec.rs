@@ -43,7 +43,8 @@ pub enum Home {
     Prepared(usize),
     /// A slot of the run's arena, at this byte offset (planned by `plan-memory`).
     Arena(u64),
-    /// Allocated for each run (symbolic shape, or not planned).
+    /// Allocated for each run (a graph output — the tensor returned to the caller —, a symbolic shape, or a
+    /// value not planned).
     Dynamic,
 }
 
@@ -245,6 +246,9 @@ impl<'g> Builder<'g> {
         let home = if prepared {
             let k = self.exe.prepared.len();
             Home::Prepared(k)
+        } else if self.g.outputs().iter().any(|(_, o)| *o == v) {
+            // A graph output is written straight into the tensor the run returns.
+            Home::Dynamic
         } else {
             match self.g.memory_plan().and_then(|p| p.assignments.get(&v)) {
                 Some(buf) => Home::Arena(buf.offset),

@@ -421,6 +421,18 @@ impl Tensor {
         dispatch_data!(&self.data, v => go(v))
     }
 
+    /// The elements' bytes, writable (host byte order), for compiled code to write a result in place.
+    ///
+    /// # Safety
+    /// For a `bool` tensor, every byte written must be 0 or 1; any byte pattern is fine for the other dtypes.
+    pub unsafe fn as_bytes_mut(&mut self) -> &mut [u8] {
+        fn go<T: Element>(v: &mut [T]) -> &mut [u8] {
+            // SAFETY: as in `as_bytes`, plus exclusivity from `&mut`; the caller keeps bool bytes valid.
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+        }
+        dispatch_data!(&mut self.data, v => go(v))
+    }
+
     /// A tensor of `dtype` and `shape` from its elements' bytes in host order (a copy); `None` when the byte
     /// count does not match.
     pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Option<Tensor> {

@@ -151,7 +151,7 @@ impl CpuProgram {
             storage.push(AlignedBuf::zeroed(self.bytes(b, &dims))?);
         }
         if !self.exe.prepare.is_empty() {
-            let ptrs = self.pointers(&[], &symbols, None, &storage, &mut Vec::new())?;
+            let ptrs = self.pointers(&[], &symbols, None, &storage, &mut Vec::new(), None)?;
             let sym_values = self.symbol_values(&symbols);
             for step in &self.exe.prepare {
                 self.step(step, Ptrs(&ptrs), &symbols, &sym_values)?;
@@ -235,7 +235,8 @@ impl CpuProgram {
         let arena = self.take_arena()?;
         let mut dynamic = Vec::new();
         let result = (|| {
-            let ptrs = self.pointers(&given, &symbols, Some(&arena), &[], &mut dynamic)?;
+            let mut results = HashMap::new();
+            let ptrs = self.pointers(&given, &symbols, Some(&arena), &[], &mut dynamic, Some(&mut results))?;
             let sym_values = self.symbol_values(&symbols);
             let shared = Ptrs(&ptrs);
             let mut steps = || -> Result<(), RunError> {
@@ -256,7 +257,13 @@ impl CpuProgram {
                 self.pool.install(steps)?
             }
             let mut out = Vec::with_capacity(self.exe.outputs.len());
-            for (name, b) in &self.exe.outputs {
+            for (i, (name, b)) in self.exe.outputs.iter().enumerate() {
+                let used_again = self.exe.outputs[i + 1..].iter().any(|(_, o)| o == b);
+                let direct = if used_again { results.get(b).cloned() } else { results.remove(b) };
+                if let Some(t) = direct {
+                    out.push((name.clone(), t));
+                    continue;
+                }
                 let dims = self.exe.dims(*b, &symbols).map_err(RunError::Backend)?;
                 let n = self.bytes(*b, &dims);
                 // SAFETY: the buffer holds `n` bytes, written by the steps.
@@ -357,6 +364,7 @@ impl CpuProgram {
         arena: Option<&AlignedBuf>,
         prepared: &[AlignedBuf],
         dynamic: &mut Vec<AlignedBuf>,
+        mut results: Option<&mut HashMap<BufferId, Tensor>>,
     ) -> Result<Vec<*mut u8>, RunError> {
         let mut out = Vec::with_capacity(self.exe.buffers.len());
         for (i, info) in self.exe.buffers.iter().enumerate() {
@@ -381,15 +389,26 @@ impl CpuProgram {
                     _ => std::ptr::null_mut(),
                 },
                 Home::Dynamic => {
-                    let dims = self.exe.dims(BufferId(i as u32), symbols);
-                    match dims {
-                        Ok(dims) => {
+                    let id = BufferId(i as u32);
+                    let dims = self.exe.dims(id, symbols);
+                    let is_result = self.exe.outputs.iter().any(|(_, b)| *b == id);
+                    match (dims, results.as_deref_mut()) {
+                        (Ok(dims), Some(results)) if is_result => {
+                            // The returned tensor itself: no copy at the end of the run.
+                            let mut t = Tensor::zeros(info.ty.dtype, dims);
+                            // SAFETY: steps write this buffer only with values of its dtype (bools as 0 or 1);
+                            // the tensor's heap storage does not move when the tensor moves into the map.
+                            let p = unsafe { t.as_bytes_mut() }.as_mut_ptr();
+                            results.insert(id, t);
+                            p
+                        }
+                        (Ok(dims), _) => {
                             let buf = AlignedBuf::zeroed(self.bytes(BufferId(i as u32), &dims))?;
                             let p = buf.as_ptr();
                             dynamic.push(buf);
                             p
                         }
-                        Err(_) => std::ptr::null_mut(),
+                        (Err(_), _) => std::ptr::null_mut(),
                     }
                 }
             };
