@@ -26,6 +26,9 @@ pub(crate) struct Target {
     pub simd: bool,
     /// `floor`/`ceil`/`nearest` are native instructions (SSE4.1 on x86-64); otherwise they are runtime calls.
     pub native_rounding: bool,
+    /// A fused multiply-add instruction exists (FMA3 on x86-64); used inside the vector approximations only,
+    /// never for the graph's own `mul` then `add`, which the interpreter rounds twice.
+    pub fused_multiply_add: bool,
     /// The calling convention of runtime functions.
     pub call_conv: CallConv,
     /// Pointer width and the like, for the function builder.

@@ -306,12 +306,18 @@ fn target_of(isa: &OwnedTargetIsa) -> Target {
     use target_lexicon::Architecture;
     let arch = isa.triple().architecture;
     let flag = |name: &str| isa.isa_flags().iter().any(|v| v.name == name && v.as_bool() == Some(true));
-    let (simd, native_rounding) = match arch {
-        Architecture::X86_64 => (true, flag("has_sse41")),
-        Architecture::Aarch64(_) => (true, true),
-        _ => (false, false),
+    let (simd, native_rounding, fused_multiply_add) = match arch {
+        Architecture::X86_64 => (true, flag("has_sse41"), flag("has_fma")),
+        Architecture::Aarch64(_) => (true, true, true),
+        _ => (false, false, false),
     };
-    Target { simd, native_rounding, call_conv: isa.default_call_conv(), frontend: isa.frontend_config() }
+    Target {
+        simd,
+        native_rounding,
+        fused_multiply_add,
+        call_conv: isa.default_call_conv(),
+        frontend: isa.frontend_config(),
+    }
 }
 
 /// Declares (and defines) the runtime table: in the JIT filled with the shims' addresses, in object code zeroed

@@ -14,6 +14,7 @@
 //! - `erf` on [-3.9, 3.9]: below 3e-7 relative (2.2e-7 measured): `x P(x^2)` below 1 in magnitude, Abramowitz
 //!   and Stegun's 7.1.26 (`1 - Q(t) e^-x^2`) above.
 //!
+//! Where the target has fused multiply-add (FMA3), the polynomials' Horner steps use it (one rounding per step).
 //! These bounds are checked on dense sweeps by the emitter's tests. Results may therefore differ from the scalar
 //! tail (and the interpreter) in the last bit or two; everything else the vector form computes is exact.
 
@@ -120,9 +121,14 @@ impl Emitter<'_, '_> {
     fn horner(&mut self, x: Value, coeffs: &[f32]) -> Value {
         let mut acc = self.vconst(coeffs[0]);
         for &c in &coeffs[1..] {
-            let m = self.b.ins().fmul(acc, x);
             let c = self.vconst(c);
-            acc = self.b.ins().fadd(m, c);
+            acc = if self.target.fused_multiply_add {
+                // One rounding per step instead of two: as accurate or better, and half the instructions.
+                self.b.ins().fma(acc, x, c)
+            } else {
+                let m = self.b.ins().fmul(acc, x);
+                self.b.ins().fadd(m, c)
+            };
         }
         acc
     }
