@@ -556,7 +556,10 @@ impl CpuProgram {
                 let xd = dims(inputs[0])?;
                 library::pool_f32(f32s(inputs[0], &xd), &xd, attrs, out, &out_dims, par)
             }
-            LibraryOp::Gather(_) => unreachable!("handled above"),
+            // Gathers return before the f32 views are made (their data may have any dtype).
+            LibraryOp::Gather(_) => {
+                Err(library::LibraryError::Unsupported { op: "gather", what: "an f32 view of its operands".into() })
+            }
         };
         r.map_err(|e| RunError::Op(e.to_string()))
     }
