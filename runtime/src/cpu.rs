@@ -28,6 +28,10 @@ use crate::RunError;
 /// Every arena and per-run buffer starts at a multiple of this many bytes.
 const ALIGN: usize = 64;
 
+/// Programs with less work than this (multiply-adds plus element computations, static shapes) run on the calling
+/// thread whatever `--threads` says: handing a run of a few microseconds to a pool costs more than it gains.
+const SMALL_PROGRAM: u64 = 1 << 21;
+
 /// Below this many element computations a parallel part runs on the calling thread.
 const MIN_PARALLEL_WORK: u64 = 1 << 15;
 
@@ -94,6 +98,8 @@ pub struct CpuProgram {
     packed: HashMap<BufferId, library::PackedB>,
     pool: rayon::ThreadPool,
     threads: usize,
+    /// The workers a run actually uses: 1 for programs too small to gain from the pool (see `SMALL_PROGRAM`).
+    workers: usize,
     arenas: Mutex<Vec<AlignedBuf>>,
 }
 
@@ -125,9 +131,13 @@ impl CpuProgram {
             packed: HashMap::new(),
             pool,
             threads,
+            workers: threads,
             arenas: Mutex::new(Vec::new()),
         };
         program.prepare()?;
+        if program.static_work().is_some_and(|w| w < SMALL_PROGRAM) {
+            program.workers = 1;
+        }
         program.pack_weights()?;
         Ok(program)
     }
@@ -140,6 +150,38 @@ impl CpuProgram {
     /// Worker threads.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// An estimate of one run's work (multiply-adds of library calls, element computations of kernels), or
+    /// `None` when a shape is symbolic.
+    fn static_work(&self) -> Option<u64> {
+        let elems = |b: &BufferId| self.exe.buffers[b.0 as usize].ty.shape.num_elements();
+        let last = |b: &BufferId| self.exe.buffers[b.0 as usize].ty.shape.0.last().and_then(|d| d.as_static());
+        let mut total: u64 = 0;
+        for step in &self.exe.steps {
+            let w = match step {
+                Step::Library { op: LibraryOp::MatMul, inputs, output, .. } => elems(output)? * last(&inputs[0])?,
+                Step::Library { op: LibraryOp::Conv(_), inputs, output, .. } => {
+                    let w = elems(&inputs[1])?;
+                    let m = self.exe.buffers[inputs[1].0 as usize].ty.shape.0.first()?.as_static()?.max(1);
+                    elems(output)? * (w / m)
+                }
+                Step::Library { output, .. } => elems(output)?,
+                Step::Kernel { kernel, .. } => match &self.code {
+                    KernelCode::Native { entries, .. } => entries[*kernel]
+                        .1
+                        .parts
+                        .iter()
+                        .map(|p| p.trip_count(&[]).map(|n| n.max(0) as u64 * p.cost_per_iteration))
+                        .sum::<Option<u64>>()?,
+                    KernelCode::Reference(_) => return None,
+                },
+                Step::Interp { outputs, .. } => outputs.iter().map(elems).sum::<Option<u64>>()?,
+                Step::Copy { dst, .. } => elems(dst)?,
+            };
+            total = total.saturating_add(w);
+        }
+        Some(total)
     }
 
     /// Runs the prepare steps, filling the prepared weights.
@@ -251,7 +293,7 @@ impl CpuProgram {
             };
             // One worker: run on the caller's thread (nothing below spawns work), saving the hand-off to the
             // pool's thread; more: inside the pool, so library calls and chunked kernels use its workers.
-            if self.threads == 1 {
+            if self.workers == 1 {
                 steps()?
             } else {
                 self.pool.install(steps)?
@@ -521,7 +563,7 @@ impl CpuProgram {
             // library result over a live operand).
             unsafe { std::slice::from_raw_parts_mut(ptrs.0[output.0 as usize].cast::<f32>(), n) }
         };
-        let par = Par { threads: self.threads };
+        let par = Par { threads: self.workers };
         let r = match op {
             LibraryOp::MatMul => {
                 let (ad, bd) = (dims(inputs[0])?, dims(inputs[1])?);
@@ -584,8 +626,8 @@ impl CpuProgram {
                         continue;
                     }
                     let work = (extent as u64).saturating_mul(p.cost_per_iteration.max(1));
-                    let chunks = if p.parallel && self.threads > 1 && work >= MIN_PARALLEL_WORK {
-                        (self.threads as i64 * 4).min(extent)
+                    let chunks = if p.parallel && self.workers > 1 && work >= MIN_PARALLEL_WORK {
+                        (self.workers as i64 * 4).min(extent)
                     } else {
                         1
                     };
