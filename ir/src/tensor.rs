@@ -200,7 +200,9 @@ impl Data {
 
     /// `n` zeros (false for bool) of `dtype`.
     pub fn zeros(dtype: DType, n: usize) -> Data {
-        Data::from_f64_iter(dtype, std::iter::repeat_n(0.0, n))
+        // `vec![0; n]` of a primitive asks the allocator for zeroed memory (fresh pages, untouched until written)
+        // instead of writing every element.
+        with_dtype!(dtype, T => T::wrap(vec![T::default(); n]))
     }
 
     /// Storage of `dtype` from f64 values, converted as `cast` does.

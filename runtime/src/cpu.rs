@@ -35,6 +35,27 @@ const SMALL_PROGRAM: u64 = 1 << 21;
 /// Below this many element computations a parallel part runs on the calling thread.
 const MIN_PARALLEL_WORK: u64 = 1 << 15;
 
+/// Asks the kernel to back the 2 MiB-aligned part of a large, fresh, untouched buffer with transparent huge
+/// pages, so that writing it takes a few faults instead of one per 4 KiB page (a 64 MiB output otherwise costs
+/// ~16k faults per run). Advisory: ignored where unsupported.
+fn advise_huge_pages(bytes: &mut [u8]) {
+    const HUGE: usize = 2 << 20;
+    if bytes.len() < 2 * HUGE {
+        return;
+    }
+    let start = bytes.as_mut_ptr() as usize;
+    let aligned = start.next_multiple_of(HUGE);
+    let len = (start + bytes.len() - aligned) / HUGE * HUGE;
+    #[cfg(target_os = "linux")]
+    // SAFETY: the range lies inside `bytes` (aligned up, length rounded down); MADV_HUGEPAGE changes no contents
+    // and no mapping the program relies on.
+    unsafe {
+        libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = len;
+}
+
 /// Zeroed, 64-byte aligned bytes.
 struct AlignedBuf {
     ptr: NonNull<u8>,
@@ -440,7 +461,9 @@ impl CpuProgram {
                             let mut t = Tensor::zeros(info.ty.dtype, dims);
                             // SAFETY: steps write this buffer only with values of its dtype (bools as 0 or 1);
                             // the tensor's heap storage does not move when the tensor moves into the map.
-                            let p = unsafe { t.as_bytes_mut() }.as_mut_ptr();
+                            let bytes = unsafe { t.as_bytes_mut() };
+                            advise_huge_pages(bytes);
+                            let p = bytes.as_mut_ptr();
                             results.insert(id, t);
                             p
                         }
