@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kiln::{Artifact, CompileOptions, Model};
-use kiln_ir::{Graph, Op, Tensor};
+use kiln_ir::Tensor;
 
 mod common;
 
@@ -20,40 +20,6 @@ fn have_cc() -> bool {
         println!("SKIPPED: no cc");
     }
     ok
-}
-
-fn fixtures() -> Vec<(String, Graph)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut out: Vec<(String, Graph)> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
-        .map(|p| {
-            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
-            let g = kiln_ir::parse(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            (name, g)
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(out.len() >= 12, "the fixture set");
-    out
-}
-
-/// Binds deterministic random weights to every param without one (as tests/cpu_backend.rs does).
-fn bind_weights(g: &mut Graph) {
-    let params: Vec<(String, kiln_ir::TensorType)> = g
-        .params()
-        .filter_map(|id| match &g.node(id).op {
-            Op::Parameter(p) => Some((p.name.clone(), g.node(id).outputs[0].clone())),
-            _ => None,
-        })
-        .collect();
-    for (i, (name, ty)) in params.into_iter().enumerate() {
-        if g.weights.get(&name).is_none() {
-            let dims = ty.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect();
-            g.weights.insert(name, Tensor::random(ty.dtype, dims, 100 + i as u64));
-        }
-    }
 }
 
 /// The same numbers up to rounding noise (rtol 1e-6, atol 1e-7; NaN matches NaN): the artifact's code is the
@@ -80,8 +46,8 @@ fn every_fixture_runs_from_its_artifact_as_under_the_jit() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
-    for (name, mut g) in fixtures() {
-        bind_weights(&mut g);
+    for (name, mut g) in common::fixtures() {
+        common::bind_weights(&mut g);
         let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
         let shapes: BTreeMap<String, Vec<usize>> = model
             .inputs()
@@ -146,7 +112,7 @@ const SMALL: &str = r#"graph "small" {
 /// `y = relu(x) * w + exp(x)` with its weight bound.
 fn small_model() -> Model {
     let mut g = kiln_ir::parse(SMALL).expect("parses");
-    bind_weights(&mut g);
+    common::bind_weights(&mut g);
     Model::from_graph(g).expect("verifies")
 }
 

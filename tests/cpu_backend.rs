@@ -3,46 +3,11 @@
 //! propagate as in the interpreter; one compiled model runs from several threads at once.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use kiln::{Backend, CompileOptions, Model};
-use kiln_ir::{DType, Graph, Op, Tensor};
+use kiln_ir::{DType, Tensor};
 
 mod common;
-
-fn fixtures() -> Vec<(String, Graph)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut out: Vec<(String, Graph)> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
-        .map(|p| {
-            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
-            let g = kiln_ir::parse(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            (name, g)
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(out.len() >= 12, "the fixture set");
-    out
-}
-
-/// Binds deterministic random weights to every param without one.
-fn bind_weights(g: &mut Graph) {
-    let params: Vec<(String, kiln_ir::TensorType)> = g
-        .params()
-        .filter_map(|id| match &g.node(id).op {
-            Op::Parameter(p) => Some((p.name.clone(), g.node(id).outputs[0].clone())),
-            _ => None,
-        })
-        .collect();
-    for (i, (name, ty)) in params.into_iter().enumerate() {
-        if g.weights.get(&name).is_none() {
-            let dims = ty.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect();
-            g.weights.insert(name, Tensor::random(ty.dtype, dims, 100 + i as u64));
-        }
-    }
-}
 
 /// Equal for integers and bools; within rtol 1e-4 (atol 1e-5) for floats; NaN matches NaN.
 fn assert_close(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)]) {
@@ -57,8 +22,8 @@ fn assert_close(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)])
 
 #[test]
 fn every_fixture_matches_the_interpreter() {
-    for (name, mut g) in fixtures() {
-        bind_weights(&mut g);
+    for (name, mut g) in common::fixtures() {
+        common::bind_weights(&mut g);
         let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Symbolic dims take the value 2.
         let shapes: BTreeMap<String, Vec<usize>> = model

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kiln_ir::Tensor;
+use kiln_ir::{Graph, Op, Tensor};
 
 /// `../shared/models`, or `KILN_MODELS_DIR`.
 pub fn models_dir() -> PathBuf {
@@ -95,4 +95,39 @@ pub fn check_reference_models(backend: kiln::Backend) {
         backend.name(),
         failures.join("\n")
     );
+}
+
+/// Every `.kir` fixture in `tests/fixtures/`, parsed, by name.
+pub fn fixtures() -> Vec<(String, Graph)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut out: Vec<(String, Graph)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "kir"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let g = kiln_ir::parse(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, g)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(out.len() >= 12, "the fixture set");
+    out
+}
+
+/// Binds deterministic random weights to every param without one.
+pub fn bind_weights(g: &mut Graph) {
+    let params: Vec<(String, kiln_ir::TensorType)> = g
+        .params()
+        .filter_map(|id| match &g.node(id).op {
+            Op::Parameter(p) => Some((p.name.clone(), g.node(id).outputs[0].clone())),
+            _ => None,
+        })
+        .collect();
+    for (i, (name, ty)) in params.into_iter().enumerate() {
+        if g.weights.get(&name).is_none() {
+            let dims = ty.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect();
+            g.weights.insert(name, Tensor::random(ty.dtype, dims, 100 + i as u64));
+        }
+    }
 }
