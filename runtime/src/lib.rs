@@ -8,6 +8,7 @@
 
 pub mod artifact;
 pub mod cpu;
+pub mod prefix_cache;
 
 use std::collections::BTreeMap;
 
