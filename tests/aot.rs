@@ -22,16 +22,9 @@ fn have_cc() -> bool {
     ok
 }
 
-/// The same numbers up to rounding noise (rtol 1e-6, atol 1e-7; NaN matches NaN): the artifact's code is the
-/// JIT's, compiled from the same kernel IR.
+/// The same numbers up to rounding noise: the artifact's code is the JIT's, compiled from the same kernel IR.
 fn assert_same(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)]) {
-    assert_eq!(got.len(), want.len(), "{what}: output count");
-    for ((gn, g), (wn, w)) in got.iter().zip(want) {
-        assert_eq!(gn, wn, "{what}: output names");
-        if let Err(e) = kiln::conformance::compare(g, w, 1e-6, 1e-7) {
-            panic!("{what}: output `{gn}`: {e}");
-        }
-    }
+    common::assert_outputs(what, got, want, 1e-6, 1e-7);
 }
 
 /// Writes `model`'s artifact into `dir` with the default CPU pipeline.
@@ -49,12 +42,7 @@ fn every_fixture_runs_from_its_artifact_as_under_the_jit() {
     for (name, mut g) in common::fixtures() {
         common::bind_weights(&mut g);
         let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let shapes: BTreeMap<String, Vec<usize>> = model
-            .inputs()
-            .into_iter()
-            .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect()))
-            .collect();
-        let inputs = model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs = common::fixture_inputs(&model);
         let want = model.compile(&CompileOptions { threads: 2, ..Default::default() }).unwrap().run(&inputs).unwrap();
         let dir = root.path().join(&name);
         write_artifact(&model, &dir);

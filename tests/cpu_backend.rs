@@ -11,13 +11,7 @@ mod common;
 
 /// Equal for integers and bools; within rtol 1e-4 (atol 1e-5) for floats; NaN matches NaN.
 fn assert_close(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)]) {
-    assert_eq!(got.len(), want.len(), "{what}: output count");
-    for ((gn, g), (wn, w)) in got.iter().zip(want) {
-        assert_eq!(gn, wn, "{what}: output names");
-        if let Err(e) = kiln::conformance::compare(g, w, 1e-4, 1e-5) {
-            panic!("{what}: output `{gn}`: {e}");
-        }
-    }
+    common::assert_outputs(what, got, want, 1e-4, 1e-5);
 }
 
 #[test]
@@ -25,13 +19,7 @@ fn every_fixture_matches_the_interpreter() {
     for (name, mut g) in common::fixtures() {
         common::bind_weights(&mut g);
         let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
-        // Symbolic dims take the value 2.
-        let shapes: BTreeMap<String, Vec<usize>> = model
-            .inputs()
-            .into_iter()
-            .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect()))
-            .collect();
-        let inputs = model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs = common::fixture_inputs(&model);
         let want = model
             .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 })
             .unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -131,3 +131,24 @@ pub fn bind_weights(g: &mut Graph) {
         }
     }
 }
+
+/// Deterministic random inputs for `model`, symbolic dims taking the value 2.
+pub fn fixture_inputs(model: &kiln::Model) -> BTreeMap<String, Tensor> {
+    let shapes: BTreeMap<String, Vec<usize>> = model
+        .inputs()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(2) as usize).collect()))
+        .collect();
+    model.random_inputs(&shapes, 3).unwrap_or_else(|e| panic!("inputs: {e}"))
+}
+
+/// Same output names in the same order, each within `rtol`/`atol` (NaN matches NaN; integers exactly).
+pub fn assert_outputs(what: &str, got: &[(String, Tensor)], want: &[(String, Tensor)], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: output count");
+    for ((gn, g), (wn, w)) in got.iter().zip(want) {
+        assert_eq!(gn, wn, "{what}: output names");
+        if let Err(e) = kiln::conformance::compare(g, w, rtol, atol) {
+            panic!("{what}: output `{gn}`: {e}");
+        }
+    }
+}

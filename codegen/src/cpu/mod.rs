@@ -446,34 +446,6 @@ fn define_kernel<M: Module>(
 impl PartInfo {
     /// The part's trip count for these symbol values (`None` if the extent names a symbol not given).
     pub fn trip_count(&self, symbols: &[i64]) -> Option<i64> {
-        extent_value(&self.extent, symbols)
+        self.extent.eval(&|_| None, symbols).ok()
     }
-}
-
-/// Evaluates an extent over symbols only, with the kernel IR's wrapping and floor semantics.
-fn extent_value(e: &kernel::IExpr, syms: &[i64]) -> Option<i64> {
-    use crate::kernel::simplify::{floor_div, floor_rem};
-    use kernel::IExpr;
-    let bin = |a: &IExpr, b: &IExpr| Some((extent_value(a, syms)?, extent_value(b, syms)?));
-    Some(match e {
-        IExpr::Const(c) => *c,
-        IExpr::Sym(s) => *syms.get(*s)?,
-        IExpr::Var(_) => return None,
-        IExpr::Add(a, b) => bin(a, b).map(|(x, y)| x.wrapping_add(y))?,
-        IExpr::Sub(a, b) => bin(a, b).map(|(x, y)| x.wrapping_sub(y))?,
-        IExpr::Mul(a, b) => bin(a, b).map(|(x, y)| x.wrapping_mul(y))?,
-        IExpr::FloorDiv(a, b) => bin(a, b).map(|(x, y)| if y == 0 { 0 } else { floor_div(x, y) })?,
-        IExpr::Rem(a, b) => bin(a, b).map(|(x, y)| if y == 0 { 0 } else { floor_rem(x, y) })?,
-        IExpr::Min(a, b) => bin(a, b).map(|(x, y)| x.min(y))?,
-        IExpr::Max(a, b) => bin(a, b).map(|(x, y)| x.max(y))?,
-        IExpr::Select(c, a, b) => {
-            let (l, r) = bin(&c.lhs, &c.rhs)?;
-            let take = match c.op {
-                kernel::CmpOp::Lt => l < r,
-                kernel::CmpOp::Le => l <= r,
-                kernel::CmpOp::Eq => l == r,
-            };
-            extent_value(if take { a } else { b }, syms)?
-        }
-    })
 }
