@@ -7,6 +7,7 @@
 //! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
 
 pub mod artifact;
+pub mod contract;
 pub mod cpu;
 pub mod prefix_cache;
 
@@ -41,6 +42,52 @@ pub enum RunError {
     /// The backend itself failed (a thread pool, an inconsistent executable).
     #[error("backend: {0}")]
     Backend(String),
+    /// A backend cannot run this node.
+    #[error("node `{node}`: {reason}")]
+    Unsupported {
+        /// The node's name.
+        node: String,
+        /// What is missing (the op, a capability, a dtype).
+        reason: String,
+    },
+    /// No registered backend covers a node; `considered` says why each one did not.
+    #[error("no backend can run node `{node}` ({kind}); considered: {}", if considered.is_empty() { "none registered".to_string() } else { considered.join("; ") })]
+    NoBackend {
+        /// The node's name.
+        node: String,
+        /// Its kind (op mnemonic or `token`).
+        kind: String,
+        /// One `name: reason` line per registered backend.
+        considered: Vec<String>,
+    },
+    /// A registry operation failed (a duplicate name, a bad plugin spec).
+    #[error("backend registry: {0}")]
+    Registry(String),
+    /// A plugin could not be loaded or failed.
+    #[error("plugin `{name}`: {message}")]
+    Plugin {
+        /// The plugin's registered name (or its path, before it has one).
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A checkpoint could not be read or bound.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The checkpoint file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A state could not be exported or imported.
+    #[error("state: {0}")]
+    State(String),
+    /// A collective operation failed.
+    #[error("collective: {0}")]
+    Collective(String),
+    /// Submitted work failed or could not be submitted.
+    #[error("submission: {0}")]
+    Submission(String),
 }
 
 /// A loaded program on some backend: run it on named inputs, get its named outputs in order. Implementations
