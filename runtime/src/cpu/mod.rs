@@ -25,6 +25,9 @@ use kiln_ir::{Dim, Tensor};
 
 use crate::RunError;
 
+pub mod submission;
+pub use submission::{CpuBackend, CpuCompletion, CpuExecutor, CpuWork, Pending};
+
 /// Every arena and per-run buffer starts at a multiple of this many bytes.
 const ALIGN: usize = 64;
 
