@@ -13,9 +13,11 @@
 //! `docs/runtime.md` maps every item of the seed contracts to its place here.
 
 pub mod backend;
+pub mod collective;
 pub mod completion;
 pub mod submission;
 
 pub use backend::{Backend, BackendState, Capabilities, Counters, Node, NodeKind, OpSupport, RunResult, StateHandle};
+pub use collective::{CollectiveBackend, CollectiveGroup, ReduceOp};
 pub use completion::Completion;
 pub use submission::SubmissionBackend;
