@@ -26,6 +26,8 @@ use kiln_ir::{Dim, Tensor};
 use crate::RunError;
 
 pub mod collective;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod submission;
 pub use collective::LocalGroup;
 pub use submission::{CpuBackend, CpuCompletion, CpuExecutor, CpuWork, Pending};
