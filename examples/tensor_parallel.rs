@@ -59,7 +59,7 @@ fn mlp(w1: Tensor, b1: Tensor, w2: Tensor, b2: Option<Tensor>) -> Result<Model, 
 
 /// Runs the MLP unsplit and split across `ranks`; returns the largest absolute difference.
 pub fn run(ranks: usize) -> Result<f32, Box<dyn std::error::Error>> {
-    if ranks == 0 || HIDDEN % ranks != 0 {
+    if ranks == 0 || !HIDDEN.is_multiple_of(ranks) {
         return Err(format!("the hidden width {HIDDEN} does not split into {ranks} ranks").into());
     }
     let (w1, b1) = (weight(&[D_IN, HIDDEN], 1, 0.3), weight(&[HIDDEN], 2, 0.1));
