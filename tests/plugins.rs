@@ -183,11 +183,11 @@ fn c_plugin_matches_the_interpreter() {
 }
 
 /// How many token states the C plugin holds, from its own exported counter (same library, same globals).
-fn live_states() -> i64 {
+fn live_states() -> std::ffi::c_long {
     // SAFETY: loading the test's own plugin, already loaded by the registry.
     let lib = unsafe { libloading::Library::new(reduce_plugin()) }.unwrap();
     // SAFETY: the C plugin defines `long reduce_plugin_live_states(void)`.
-    unsafe { lib.get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"reduce_plugin_live_states\0").unwrap()() as i64 }
+    unsafe { lib.get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"reduce_plugin_live_states\0").unwrap()() }
 }
 
 #[test]
@@ -209,7 +209,7 @@ fn plugin_states_flow_through_prefix_counters_export_and_import() {
 
     // Resume: the prompt extends the state's tokens, so 5 are reused.
     let prompt = Tensor::from_vec(vec![6], vec![5i64, 6, 7, 8, 9, 42]).unwrap();
-    let second = backend.run_with_cache(&node, &[prompt.clone()], Some(&state), 1).unwrap();
+    let second = backend.run_with_cache(&node, std::slice::from_ref(&prompt), Some(&state), 1).unwrap();
     assert_eq!(second.outputs, vec![Tensor::from_vec(vec![1], vec![43i64]).unwrap()]);
     let c = second.counters;
     assert_eq!((c.reused_prefix_len, c.tokens_saved, c.tokens_sent, c.compute_steps), (5, 5, 2, 2));
@@ -256,7 +256,8 @@ fn broken_plugins_are_refused_with_clear_errors() {
         // The host keeps working.
         let sel = r.select(&Node::op("after", Op::Binary(BinaryOp::Add))).unwrap();
         let one = Tensor::from_vec(vec![1], vec![1.0f32]).unwrap();
-        let out = sel.backend.run_with_cache(&Node::op("after", Op::Binary(BinaryOp::Add)), &[one.clone(), one], None, 0);
+        let out =
+            sel.backend.run_with_cache(&Node::op("after", Op::Binary(BinaryOp::Add)), &[one.clone(), one], None, 0);
         assert_eq!(out.unwrap().outputs, vec![Tensor::from_vec(vec![1], vec![2.0f32]).unwrap()]);
     }
     let err = r.load_plugins_from_spec("missing=/nonexistent/libmissing.so:2").unwrap_err();
@@ -270,14 +271,27 @@ fn failing_runs_become_errors_and_the_host_keeps_running() {
     let x = random(&[2, 3], 1, 1.0);
     let good = || {
         let c = r.get("reduce").unwrap();
-        check_against_interpreter(c.as_ref(), Op::MatMul, &[random(&[2, 3], 1, 1.0), random(&[3, 2], 2, 1.0)], 1e-5, 1e-6);
+        check_against_interpreter(
+            c.as_ref(),
+            Op::MatMul,
+            &[random(&[2, 3], 1, 1.0), random(&[3, 2], 2, 1.0)],
+            1e-5,
+            1e-6,
+        );
         let ew = r.get("ew").unwrap();
-        check_against_interpreter(ew.as_ref(), Op::Binary(BinaryOp::Add), &[random(&[2, 3], 3, 1.0), random(&[3], 4, 1.0)], 1e-6, 0.0);
+        check_against_interpreter(
+            ew.as_ref(),
+            Op::Binary(BinaryOp::Add),
+            &[random(&[2, 3], 3, 1.0), random(&[3], 4, 1.0)],
+            1e-6,
+            0.0,
+        );
     };
 
     // A plugin's error status is RunError::Plugin with its message.
     let fails = r.get("always-fails").unwrap();
-    let err = fails.run_with_cache(&Node::op("n7", Op::Unary(UnaryOp::Exp)), &[x.clone()], None, 0).unwrap_err();
+    let err =
+        fails.run_with_cache(&Node::op("n7", Op::Unary(UnaryOp::Exp)), std::slice::from_ref(&x), None, 0).unwrap_err();
     assert_eq!(
         err,
         RunError::Plugin {
@@ -290,12 +304,18 @@ fn failing_runs_become_errors_and_the_host_keeps_running() {
     // The C plugin's own checks: rank, inner dims.
     let c = r.get("reduce").unwrap();
     let err = c.run_with_cache(&Node::op("mm", Op::MatMul), &[random(&[2, 2, 2], 1, 1.0), x.clone()], None, 0);
-    assert!(matches!(&err, Err(RunError::Plugin { message, .. }) if message.contains("rank-2 operands only")), "{err:?}");
+    assert!(
+        matches!(&err, Err(RunError::Plugin { message, .. }) if message.contains("rank-2 operands only")),
+        "{err:?}"
+    );
     let err = c.run_with_cache(&Node::op("mm", Op::MatMul), &[x.clone(), x.clone()], None, 0);
     assert!(matches!(&err, Err(RunError::Plugin { message, .. }) if message.contains("inner dims differ")), "{err:?}");
     // Unsupported status: an attribute value or dtype the plugin does not handle.
-    let err = c.run_with_cache(&Node::op("sm", Op::Softmax(Softmax { axis: 0 })), &[x.clone()], None, 0);
-    assert!(matches!(&err, Err(RunError::Unsupported { node, reason }) if node == "sm" && reason.contains("only the last axis")), "{err:?}");
+    let err = c.run_with_cache(&Node::op("sm", Op::Softmax(Softmax { axis: 0 })), std::slice::from_ref(&x), None, 0);
+    assert!(
+        matches!(&err, Err(RunError::Unsupported { node, reason }) if node == "sm" && reason.contains("only the last axis")),
+        "{err:?}"
+    );
     good();
 
     // The Rust plugin: other dtypes, undeclared ops, token nodes.
@@ -303,13 +323,17 @@ fn failing_runs_become_errors_and_the_host_keeps_running() {
     let ints = Tensor::from_vec(vec![2], vec![1i32, 2]).unwrap();
     let err = ew.run_with_cache(&Node::op("i", Op::Binary(BinaryOp::Add)), &[ints.clone(), ints], None, 0).unwrap_err();
     assert!(matches!(&err, RunError::Unsupported { reason, .. } if reason.contains("not f32")), "{err:?}");
-    let err = ew.run_with_cache(&Node::op("g", Op::Unary(UnaryOp::Sin)), &[x.clone()], None, 0).unwrap_err();
+    let err =
+        ew.run_with_cache(&Node::op("g", Op::Unary(UnaryOp::Sin)), std::slice::from_ref(&x), None, 0).unwrap_err();
     assert!(err.to_string().contains("op `sin` is not one of this plugin's"), "{err}");
     let err = ew.run_with_cache(&Node::token("t", "m", false), &[], None, 3).unwrap_err();
     assert!(err.to_string().contains("token nodes are not supported"), "{err}");
     let bad = random(&[2, 2], 5, 1.0);
     let err = ew.run_with_cache(&Node::op("b", Op::Binary(BinaryOp::Mul)), &[x.clone(), bad], None, 0).unwrap_err();
-    assert!(matches!(&err, RunError::Plugin { name, message } if name == "ew" && message.contains("do not broadcast")), "{err:?}");
+    assert!(
+        matches!(&err, RunError::Plugin { name, message } if name == "ew" && message.contains("do not broadcast")),
+        "{err:?}"
+    );
     good();
 }
 
@@ -319,12 +343,13 @@ fn a_panic_inside_the_rust_plugin_is_contained() {
     let ew: Arc<dyn Backend> = r.get("ew").unwrap();
     let x = random(&[4], 9, 1.0);
     for _ in 0..3 {
-        let err = ew.run_with_cache(&Node::op(PANIC_HOOK_NODE, Op::Unary(UnaryOp::Relu)), &[x.clone()], None, 0);
+        let err =
+            ew.run_with_cache(&Node::op(PANIC_HOOK_NODE, Op::Unary(UnaryOp::Relu)), std::slice::from_ref(&x), None, 0);
         let Err(RunError::Plugin { name, message }) = &err else { panic!("{err:?}") };
         assert_eq!(name, "ew");
         assert!(message.contains("panicked: deliberate panic"), "{message}");
         // Same plugin, next node: fine.
-        check_against_interpreter(ew.as_ref(), Op::Unary(UnaryOp::Relu), &[x.clone()], 0.0, 0.0);
+        check_against_interpreter(ew.as_ref(), Op::Unary(UnaryOp::Relu), std::slice::from_ref(&x), 0.0, 0.0);
     }
 }
 
@@ -361,7 +386,10 @@ fn kiln_backends_reads_the_plugin_env_var() {
         ("=x.so".to_string(), "empty name".to_string()),
         (format!("{list},ew=/x.so"), "the name `ew` is used twice".to_string()),
         ("cpu-reference=/x.so".to_string(), "`cpu-reference` is already registered".to_string()),
-        (spec("old", &bad_version, 0), "plugin `old`".to_string() + ": " + &bad_version.display().to_string() + ": ABI version 99"),
+        (
+            spec("old", &bad_version, 0),
+            "plugin `old`".to_string() + ": " + &bad_version.display().to_string() + ": ABI version 99",
+        ),
     ];
     for (value, needle) in failures {
         let out = kiln_backends(Some(&value));

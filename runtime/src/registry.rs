@@ -163,11 +163,9 @@ impl BackendRegistry {
                 capabilities,
                 priority: entry.priority,
             }),
-            None => Err(RunError::NoBackend {
-                node: node.name.clone(),
-                kind: node.kind_name().to_string(),
-                considered,
-            }),
+            None => {
+                Err(RunError::NoBackend { node: node.name.clone(), kind: node.kind_name().to_string(), considered })
+            }
         }
     }
 
@@ -289,7 +287,8 @@ pub fn parse_plugin_specs(spec: &str) -> Result<Vec<PluginSpec>, RunError> {
         let (path, priority) = match rest.rsplit_once(':').map(|(p, s)| (p, s.trim())) {
             Some((_, "")) => return Err(bad("empty priority after `:`".into())),
             Some((path, suffix))
-                if suffix.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-') && !suffix.contains('/') =>
+                if suffix.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-')
+                    && !suffix.contains('/') =>
             {
                 let p = suffix
                     .parse::<i32>()
@@ -336,7 +335,11 @@ mod tests {
     }
 
     fn ops(names: &[&str]) -> Arc<dyn Backend> {
-        Arc::new(Fake(Capabilities { tensor: true, ops: OpSupport::only(names.iter().copied()), ..Capabilities::none() }))
+        Arc::new(Fake(Capabilities {
+            tensor: true,
+            ops: OpSupport::only(names.iter().copied()),
+            ..Capabilities::none()
+        }))
     }
 
     fn tokens(cache: bool) -> Arc<dyn Backend> {

@@ -68,8 +68,20 @@ static VTABLE: StaticVtable = StaticVtable(KilnBackendVtable {
 });
 
 /// The plugin's entry point: kiln looks this symbol up and checks the vtable's version and size.
+///
+/// It also installs a one-line panic hook. A cdylib carries its own copy of `std`, so the hook covers panics in
+/// this plugin only (they are caught and reported as errors anyway); the host's hook is untouched.
 #[unsafe(no_mangle)]
 pub extern "C" fn kiln_backend_entry() -> *const KilnBackendVtable {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            eprintln!(
+                "kiln-plugin-elementwise: {} (contained, reported to kiln as an error)",
+                info.to_string().replace('\n', " ")
+            )
+        }))
+    });
     &VTABLE.0
 }
 
@@ -121,13 +133,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, Failure>
 /// The strides with which `v` is read at each index of `out_shape` (0 along broadcast dims).
 fn broadcast_strides(v: &View, out_shape: &[usize]) -> Vec<isize> {
     let shift = out_shape.len() - v.shape.len();
-    (0..out_shape.len())
-        .map(|k| if k < shift || v.shape[k - shift] == 1 { 0 } else { v.strides[k - shift] })
-        .collect()
+    (0..out_shape.len()).map(|k| if k < shift || v.shape[k - shift] == 1 { 0 } else { v.strides[k - shift] }).collect()
 }
 
 /// Applies `f` elementwise to `views` broadcast to `out_shape`, writing row-major into `out`.
-fn map_broadcast(views: &[&View], out_shape: &[usize], out: &mut [f32], f: impl Fn(&[f32]) -> f32) -> Result<(), Failure> {
+fn map_broadcast(
+    views: &[&View],
+    out_shape: &[usize],
+    out: &mut [f32],
+    f: impl Fn(&[f32]) -> f32,
+) -> Result<(), Failure> {
     let strides: Vec<Vec<isize>> = views.iter().map(|v| broadcast_strides(v, out_shape)).collect();
     let mut index = vec![0usize; out_shape.len()];
     let mut offsets = vec![0isize; views.len()];
@@ -205,7 +220,9 @@ pub fn compute<'o>(
         let out = alloc(&shape)?;
         map_broadcast(&[&inputs[0]], &shape, out, |a| f(a[0]))
     } else {
-        Err(unsupported(format!("op `{kind}` is not one of this plugin's (add, sub, mul, div, relu, neg, exp, tanh, sigmoid)")))
+        Err(unsupported(format!(
+            "op `{kind}` is not one of this plugin's (add, sub, mul, div, relu, neg, exp, tanh, sigmoid)"
+        )))
     }
 }
 
@@ -392,7 +409,7 @@ mod tests {
         let a = View { shape: vec![2], strides: vec![1], data: &[1.0, 2.0] };
         let b = View { shape: vec![3], strides: vec![1], data: &[1.0, 2.0, 3.0] };
         assert!(run_kind("add", &[a.clone(), b]).unwrap_err().message.contains("do not broadcast"));
-        assert_eq!(run_kind("matmul", &[a.clone()]).unwrap_err().status, KILN_STATUS_UNSUPPORTED);
+        assert_eq!(run_kind("matmul", std::slice::from_ref(&a)).unwrap_err().status, KILN_STATUS_UNSUPPORTED);
         assert!(run_kind("relu", &[a.clone(), a.clone()]).unwrap_err().message.contains("takes 1 operand"));
         let short = View { shape: vec![4], strides: vec![1], data: &[1.0, 2.0] };
         assert!(run_kind("exp", &[short]).unwrap_err().message.contains("outside its data"));

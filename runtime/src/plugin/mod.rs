@@ -20,7 +20,9 @@ use std::sync::Arc;
 use kiln_ir::{DType, Tensor};
 
 use crate::RunError;
-use crate::contract::{Backend, BackendState, Capabilities, Counters, Node, NodeKind, OpSupport, RunResult, StateHandle};
+use crate::contract::{
+    Backend, BackendState, Capabilities, Counters, Node, NodeKind, OpSupport, RunResult, StateHandle,
+};
 use abi::*;
 
 /// Capacity of the error buffers the host hands to plugins.
@@ -141,7 +143,8 @@ impl PluginBackend {
         }
         // SAFETY: loading a library runs its initializers; that is what loading a plugin means, and the user
         // named the file. Nothing else is assumed about it yet.
-        let library = unsafe { libloading::Library::new(path) }.map_err(|e| early(format!("cannot load {shown}: {e}")))?;
+        let library =
+            unsafe { libloading::Library::new(path) }.map_err(|e| early(format!("cannot load {shown}: {e}")))?;
         // SAFETY: the symbol's type is the ABI's entry type; a plugin exporting something else under that name
         // breaks the ABI it claims.
         let entry: KilnEntryFn = unsafe {
@@ -348,7 +351,13 @@ impl OutputCollector {
 }
 
 /// The [`KilnAllocOutputFn`] the host hands to plugins.
-unsafe extern "C" fn alloc_output(ctx: *mut c_void, index: u32, dtype: u32, rank: u32, shape: *const i64) -> *mut c_void {
+unsafe extern "C" fn alloc_output(
+    ctx: *mut c_void,
+    index: u32,
+    dtype: u32,
+    rank: u32,
+    shape: *const i64,
+) -> *mut c_void {
     if ctx.is_null() {
         return std::ptr::null_mut();
     }
@@ -356,8 +365,9 @@ unsafe extern "C" fn alloc_output(ctx: *mut c_void, index: u32, dtype: u32, rank
     // made from, and the plugin calls back from that call only.
     let collector = unsafe { &mut *ctx.cast::<OutputCollector>() };
     // Never unwind into the plugin: a host bug here becomes a refused allocation.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.allocate(index, dtype, rank, shape)))
-        .unwrap_or_else(|_| Err("the host's output allocator failed".to_string()));
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| collector.allocate(index, dtype, rank, shape)))
+            .unwrap_or_else(|_| Err("the host's output allocator failed".to_string()));
     match result {
         Ok(p) => p,
         Err(m) => {
@@ -414,7 +424,8 @@ fn attrs_json(node: &Node) -> Result<String, RunError> {
 
 /// A C string for the plugin; interior NULs (possible only in user-chosen names) are an error.
 fn c_string(s: &str, what: &str, node: &Node) -> Result<CString, RunError> {
-    CString::new(s).map_err(|_| RunError::Unsupported { node: node.name.clone(), reason: format!("{what} contains a NUL byte") })
+    CString::new(s)
+        .map_err(|_| RunError::Unsupported { node: node.name.clone(), reason: format!("{what} contains a NUL byte") })
 }
 
 impl Backend for PluginBackend {
