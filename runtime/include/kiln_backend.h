@@ -98,8 +98,8 @@ typedef struct kiln_run_args {
     kiln_counters counters;    /* (out) */
     const char *node_name;     /* for messages; NUL-terminated UTF-8 */
     const char *kind;          /* op mnemonic ("add", "matmul", "softmax", ...) or "token" */
-    const char *attrs_json;    /* ops: serde JSON of kiln's ir::Op, e.g. {"op":"softmax","attrs":{"axis":-1}};
-                                  token nodes: {"model":"NAME"} */
+    const char *attrs_json;    /* ops: serde JSON of kiln's ir::Op, e.g. {"op":"softmax","attrs":{"axis":-1}},
+                                  {"op":"binary","attrs":"Add"}; token nodes: {"model":"NAME"} */
     const kiln_tensor_desc *inputs;
     const kiln_output_sink *outputs;
     void *prefix_state;    /* a state this plugin returned before, or NULL; BORROWED: do not release */

@@ -142,7 +142,7 @@ pub struct KilnRunArgs {
     /// The node's kind: an op mnemonic (`add`, `matmul`, `softmax`, …) or `token`.
     pub kind: *const c_char,
     /// The node's attributes as JSON: for an op, kiln's serde form of `ir::Op` (`{"op":"softmax","attrs":
-    /// {"axis":-1}}`, `{"op":"binary","attrs":"add"}`); for a token node, `{"model":"NAME"}`.
+    /// {"axis":-1}}`, `{"op":"binary","attrs":"Add"}`, `{"op":"mat_mul"}`); for a token node, `{"model":"NAME"}`.
     pub attrs_json: *const c_char,
     /// `input_count` input descriptors, borrowed for the call.
     pub inputs: *const KilnTensorDesc,

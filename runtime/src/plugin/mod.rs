@@ -607,6 +607,23 @@ mod tests {
     }
 
     #[test]
+    fn attrs_json_is_the_documented_serde_form() {
+        use kiln_ir::Op;
+        use kiln_ir::op::{BinaryOp, Reduce, ReduceKind, Softmax};
+        let sum = Reduce { kind: ReduceKind::Sum, axes: vec![1], keep_dims: false };
+        let cases = [
+            (Node::op("r", Op::Reduce(sum)), r#"{"op":"reduce","attrs":{"kind":"Sum","axes":[1],"keep_dims":false}}"#),
+            (Node::op("s", Op::Softmax(Softmax { axis: -1 })), r#"{"op":"softmax","attrs":{"axis":-1}}"#),
+            (Node::op("a", Op::Binary(BinaryOp::Add)), r#"{"op":"binary","attrs":"Add"}"#),
+            (Node::op("m", Op::MatMul), r#"{"op":"mat_mul"}"#),
+            (Node::token("t", "count", true), r#"{"model":"count"}"#),
+        ];
+        for (node, want) in cases {
+            assert_eq!(attrs_json(&node).unwrap(), want);
+        }
+    }
+
+    #[test]
     fn output_collector_checks_order_dtype_and_size() {
         let mut c = OutputCollector::default();
         let shape = [2i64, 3];
