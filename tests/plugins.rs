@@ -401,3 +401,23 @@ fn kiln_backends_reads_the_plugin_env_var() {
         assert!(out.stdout.is_empty(), "{value}: nothing listed on failure");
     }
 }
+
+#[test]
+fn plugins_run_from_several_threads_at_once() {
+    let r = registry_with_plugins();
+    let (ew, c) = (r.get("ew").unwrap(), r.get("reduce").unwrap());
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (ew, c) = (Arc::clone(&ew), Arc::clone(&c));
+            s.spawn(move || {
+                for i in 0..25u64 {
+                    let seed = t * 100 + i;
+                    let (a, b) = (random(&[3, 4], seed, 2.0), random(&[4], seed + 1, 2.0));
+                    check_against_interpreter(ew.as_ref(), Op::Binary(BinaryOp::Mul), &[a.clone(), b], 1e-6, 0.0);
+                    let w = random(&[4, 2], seed + 2, 2.0);
+                    check_against_interpreter(c.as_ref(), Op::MatMul, &[a, w], 1e-5, 1e-6);
+                }
+            });
+        }
+    });
+}

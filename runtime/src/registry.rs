@@ -183,13 +183,11 @@ impl BackendRegistry {
     }
 
     /// Loads the plugins listed in the environment variable `var` (unset or blank: none). Returns how many were
-    /// loaded; see [`Self::load_plugins_from_spec`] for what happens on an error.
+    /// loaded; see [`Self::load_plugins_from_spec`] for what happens on an error. Errors are those of the spec
+    /// (they quote the offending entry, not the variable: callers name the variable in their context).
     pub fn load_plugins_from_var(&mut self, var: &str) -> Result<usize, RunError> {
         match std::env::var(var) {
-            Ok(spec) => self.load_plugins_from_spec(&spec).map_err(|e| match e {
-                RunError::Registry(m) => RunError::Registry(format!("{var}: {m}")),
-                other => other,
-            }),
+            Ok(spec) => self.load_plugins_from_spec(&spec),
             Err(std::env::VarError::NotPresent) => Ok(0),
             Err(std::env::VarError::NotUnicode(_)) => Err(RunError::Registry(format!("{var} is not valid UTF-8"))),
         }
