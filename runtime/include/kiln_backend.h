@@ -70,7 +70,7 @@ typedef struct kiln_counters {
 
 /*
  * Host allocator for outputs. Call it once per output, in order (index 0, 1, ...). Returns a zero-filled,
- * host-owned buffer for the row-major contiguous elements, valid until run returns (never free it), or NULL when
+ * dtype-aligned, host-owned buffer for the row-major contiguous elements, valid until run returns (never free it), or NULL when
  * the request is refused (out of order, bad dtype or shape, too large) — then return an error. For a
  * zero-element output the pointer is non-NULL but must not be written through.
  */

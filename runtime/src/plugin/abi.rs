@@ -93,7 +93,7 @@ pub struct KilnCounters {
 }
 
 /// Host callback that allocates output `index` (outputs are allocated in order 0, 1, 2, … exactly once each) of
-/// `dtype` with `rank` extents at `shape`, zero-filled. Returns the buffer to write the row-major contiguous
+/// `dtype` with `rank` extents at `shape`, zero-filled and aligned for `dtype`. Returns the buffer to write the row-major contiguous
 /// elements into — owned by the host, valid until `run` returns, never to be freed by the plugin — or null when
 /// the request is refused (out of order, a bad dtype or shape, too large); the plugin then returns an error.
 /// For a zero-element output the pointer is non-null but points at nothing: write nothing through it.

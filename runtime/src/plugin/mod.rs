@@ -300,12 +300,41 @@ impl StateHandle for PluginState {
     }
 }
 
-/// Host memory for one output, 8-byte aligned for every dtype.
+/// Host memory for one output: the tensor the plugin writes into. `bool` outputs are held as `u8` (a plugin may
+/// write any byte) and converted with `byte != 0` afterwards.
 struct OutputBuffer {
-    dtype: DType,
-    shape: Vec<usize>,
-    bytes: usize,
-    words: Vec<u64>,
+    tensor: Tensor,
+    is_bool: bool,
+}
+
+impl OutputBuffer {
+    /// The output as the tensor it declared (`bool` from its bytes: non-zero is true).
+    fn finish(self) -> Tensor {
+        if !self.is_bool {
+            return self.tensor;
+        }
+        let (shape, data) = self.tensor.into_parts();
+        let bools: Vec<bool> = (0..data.len()).map(|i| data.get_i64(i) != 0).collect();
+        Tensor::from_vec(shape, bools).expect("the same element count as the u8 storage")
+    }
+}
+
+/// `n` zeroed elements, or `None` when the allocator refuses. Zeroed memory from the allocator is typically
+/// mapped lazily, so a large output costs nothing until the plugin writes it, and a refusal is an error rather than
+/// the abort of `vec![0; n]`.
+fn try_zeroed<T: kiln_ir::Element>(n: usize) -> Option<Vec<T>> {
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: the layout has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: allocated by the global allocator with exactly this layout (`n` elements of `T`); every `Element`
+    // type (floats, integers, `bool`) is valid as all-zero bytes, so all `n` elements are initialized.
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// The host side of a [`KilnOutputSink`]: the outputs allocated so far and the first refused request.
@@ -340,12 +369,15 @@ impl OutputCollector {
             .checked_mul(dtype.size_bytes() as u64)
             .filter(|&b| b <= MAX_ALLOC_BYTES)
             .ok_or_else(|| format!("output {index}: {elements} elements of {} is too large", dtype.name()))?;
-        let mut words: Vec<u64> = Vec::new();
-        let n_words = bytes.div_ceil(8).max(1) as usize;
-        words.try_reserve_exact(n_words).map_err(|_| format!("output {index}: cannot allocate {bytes} bytes"))?;
-        words.resize(n_words, 0);
-        let ptr = words.as_mut_ptr().cast::<c_void>();
-        self.outputs.push(OutputBuffer { dtype, shape: dims, bytes: bytes as usize, words });
+        let is_bool = dtype == DType::Bool;
+        let storage = if is_bool { DType::U8 } else { dtype };
+        let data =
+            kiln_ir::with_dtype!(storage, T => try_zeroed::<T>(elements as usize).map(<T as kiln_ir::Element>::wrap))
+                .ok_or_else(|| format!("output {index}: cannot allocate {bytes} bytes"))?;
+        let mut tensor = Tensor::new(dims, data).map_err(|e| format!("output {index}: {e}"))?;
+        // SAFETY: `storage` is never `bool`, so any bytes the plugin writes are valid elements.
+        let ptr = unsafe { tensor.as_bytes_mut() }.as_mut_ptr().cast::<c_void>();
+        self.outputs.push(OutputBuffer { tensor, is_bool });
         Ok(ptr)
     }
 }
@@ -565,12 +597,8 @@ impl Backend for PluginBackend {
             return Err(node_err("reported success but produced no outputs".into()));
         }
         let mut outputs = Vec::with_capacity(collector.outputs.len());
-        for (i, out) in collector.outputs.into_iter().enumerate() {
-            // SAFETY: viewing initialized u64 words as bytes; `out.bytes` is within the allocation.
-            let bytes = unsafe { std::slice::from_raw_parts(out.words.as_ptr().cast::<u8>(), out.bytes) };
-            let t = Tensor::from_bytes(out.dtype, out.shape, bytes)
-                .ok_or_else(|| node_err(format!("output {i}: byte count does not match its shape")))?;
-            outputs.push(t);
+        for out in collector.outputs {
+            outputs.push(out.finish());
         }
         let c = args.counters;
         Ok(RunResult {
@@ -636,7 +664,16 @@ mod tests {
         assert!(c.allocate(0, KILN_DTYPE_F32, 2, std::ptr::null()).unwrap_err().contains("null shape"));
         let p = c.allocate(0, KILN_DTYPE_F32, 2, shape.as_ptr()).unwrap();
         assert!(!p.is_null());
-        assert_eq!(c.outputs[0].bytes, 24);
-        assert_eq!(c.outputs[0].shape, vec![2, 3]);
+        assert_eq!(c.outputs[0].tensor, Tensor::zeros(DType::F32, vec![2, 3]));
+        let p = c.allocate(1, KILN_DTYPE_BOOL, 0, std::ptr::null()).unwrap();
+        assert!(!p.is_null() && c.outputs[1].is_bool && c.outputs[1].tensor.dtype() == DType::U8);
+        // SAFETY: the buffer holds the one u8 element just allocated; a plugin may write any byte there.
+        unsafe { *p.cast::<u8>() = 7 };
+        let empty = [0i64, 5];
+        assert!(!c.allocate(2, KILN_DTYPE_I64, 2, empty.as_ptr()).unwrap().is_null());
+        assert!(c.outputs[2].tensor.is_empty());
+        let finished: Vec<Tensor> = c.outputs.into_iter().map(OutputBuffer::finish).collect();
+        assert_eq!(finished[1], Tensor::scalar(true), "any non-zero byte is true");
+        assert_eq!(finished[2].shape(), &[0, 5]);
     }
 }
