@@ -421,3 +421,103 @@ fn plugins_run_from_several_threads_at_once() {
         }
     });
 }
+
+/// Outputs collected by [`collect_output`] in the raw-ABI test.
+#[derive(Default)]
+struct RawOutputs(Vec<(Vec<usize>, Vec<f32>)>);
+
+/// A minimal host allocator: f32 outputs only.
+unsafe extern "C" fn collect_output(
+    ctx: *mut std::ffi::c_void,
+    _index: u32,
+    dtype: u32,
+    rank: u32,
+    shape: *const i64,
+) -> *mut std::ffi::c_void {
+    // SAFETY: `ctx` is the test's `RawOutputs`; `shape` holds `rank` extents.
+    let (outs, dims) = unsafe { (&mut *ctx.cast::<RawOutputs>(), std::slice::from_raw_parts(shape, rank as usize)) };
+    if dtype != kiln_runtime::plugin::abi::KILN_DTYPE_F32 {
+        return std::ptr::null_mut();
+    }
+    let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+    let n = dims.iter().product();
+    outs.0.push((dims, vec![0.0; n]));
+    outs.0.last_mut().unwrap().1.as_mut_ptr().cast()
+}
+
+#[test]
+fn c_plugin_honours_strides_and_checks_the_run_args_size() {
+    use kiln_runtime::plugin::abi::*;
+    // SAFETY: the test's own C plugin, whose entry point has the ABI's type.
+    let lib = unsafe { libloading::Library::new(reduce_plugin()) }.unwrap();
+    // SAFETY: as above.
+    let entry = unsafe { *lib.get::<KilnEntryFn>(KILN_BACKEND_ENTRY_SYMBOL).unwrap() };
+    // SAFETY: the plugin returns its static vtable, built against this ABI version.
+    let vtable = unsafe { *entry() };
+    let run = vtable.run.unwrap();
+
+    // a = [[0,1,2],[3,4,5]] stored column-major (strides [1, 2]); b = [[1],[10],[100]] row-major.
+    let a_col_major = [0.0f32, 3.0, 1.0, 4.0, 2.0, 5.0];
+    let b = [1.0f32, 10.0, 100.0];
+    let (a_shape, a_strides, b_shape, b_strides) = ([2i64, 3], [1i64, 2], [3i64, 1], [1i64, 1]);
+    let descs = [
+        KilnTensorDesc {
+            dtype: KILN_DTYPE_F32,
+            rank: 2,
+            shape: a_shape.as_ptr(),
+            strides: a_strides.as_ptr(),
+            data: a_col_major.as_ptr().cast(),
+            byte_len: 24,
+        },
+        KilnTensorDesc {
+            dtype: KILN_DTYPE_F32,
+            rank: 2,
+            shape: b_shape.as_ptr(),
+            strides: b_strides.as_ptr(),
+            data: b.as_ptr().cast(),
+            byte_len: 12,
+        },
+    ];
+    let mut outs = RawOutputs::default();
+    let sink = KilnOutputSink { ctx: (&raw mut outs).cast(), alloc: Some(collect_output) };
+    let mut error = [0u8; 256];
+    let mut args = KilnRunArgs {
+        struct_size: std::mem::size_of::<KilnRunArgs>() as u32,
+        input_count: 2,
+        remaining_tokens: 0,
+        counters: KilnCounters::default(),
+        node_name: c"raw".as_ptr(),
+        kind: c"matmul".as_ptr(),
+        attrs_json: c"{\"op\":\"mat_mul\"}".as_ptr(),
+        inputs: descs.as_ptr(),
+        outputs: &sink,
+        prefix_state: std::ptr::null_mut(),
+        state_out: std::ptr::null_mut(),
+        state_bytes: 0,
+        state_tokens: 0,
+        error: error.as_mut_ptr().cast(),
+        error_cap: error.len() as u64,
+    };
+    // SAFETY: every pointer in `args` is alive for the call.
+    let status = unsafe { run(vtable.instance, &mut args) };
+    assert_eq!(status, KILN_STATUS_OK, "{}", String::from_utf8_lossy(&error));
+    assert_eq!(outs.0, vec![(vec![2, 1], vec![210.0, 543.0])]);
+
+    // A byte_len too short for the strides is caught by the plugin, not read past.
+    let mut short = descs;
+    short[0].byte_len = 20;
+    args.inputs = short.as_ptr();
+    // SAFETY: as above.
+    let status = unsafe { run(vtable.instance, &mut args) };
+    assert_eq!(status, KILN_STATUS_ERROR);
+    assert!(String::from_utf8_lossy(&error).contains("out of bounds"));
+
+    // A host with a different kiln_run_args layout is refused by the plugin.
+    args.inputs = descs.as_ptr();
+    args.struct_size += 8;
+    // SAFETY: as above; the plugin reads only `struct_size` before refusing.
+    let status = unsafe { run(vtable.instance, &mut args) };
+    assert_eq!(status, KILN_STATUS_ERROR);
+    let msg = String::from_utf8_lossy(&error);
+    assert!(msg.contains("run args are") && msg.contains("built for"), "{msg}");
+}
