@@ -244,6 +244,7 @@ fn broken_plugins_are_refused_with_clear_errors() {
         ("BAD_VERSION", "ABI version 99 is not supported (this kiln speaks version 1)"),
         ("BAD_SIZE", "vtable struct_size is"),
         ("BAD_NO_RUN", "has no `run` function"),
+        ("BAD_UNKNOWN_OP", "declares op `matmull`, which is not a kiln op mnemonic"),
     ];
     let mut r = BackendRegistry::with_defaults();
     for (define, needle) in cases {

@@ -5,6 +5,7 @@
  *   BAD_VERSION      claims ABI version 99
  *   BAD_SIZE         claims a struct_size smaller than the vtable
  *   BAD_NO_RUN       has no run function
+ *   BAD_UNKNOWN_OP   lists an op mnemonic kiln does not have
  *   BAD_ALWAYS_FAILS (or no define) well-formed, but every run returns an error status with a message
  */
 #include <stdio.h>
@@ -18,6 +19,8 @@ int32_t bad_plugin_run(void *instance, kiln_run_args *args) {
     return KILN_STATUS_ERROR;
 }
 
+const char *const bad_plugin_ops[] = {"matmul", "matmull"};
+
 const kiln_backend_vtable bad_plugin_vtable = {
 #ifdef BAD_VERSION
     .abi_version = 99,
@@ -30,7 +33,13 @@ const kiln_backend_vtable bad_plugin_vtable = {
     .struct_size = sizeof(kiln_backend_vtable),
 #endif
     .name = "bad",
+#ifdef BAD_UNKNOWN_OP
+    .capabilities = KILN_CAP_TENSOR,
+    .op_count = 2,
+    .ops = bad_plugin_ops,
+#else
     .capabilities = KILN_CAP_TENSOR | KILN_CAP_ALL_OPS,
+#endif
 #ifdef BAD_NO_RUN
     .run = NULL,
 #else

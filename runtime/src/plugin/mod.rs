@@ -212,6 +212,10 @@ impl PluginBackend {
                 let name = unsafe { plugin_str(*vtable.ops.add(i), "an op name") }
                     .map_err(|m| lib.error(m))?
                     .ok_or_else(|| lib.error(format!("op name {i} is null")))?;
+                // A misspelt mnemonic would silently never be selected: refuse it now.
+                if !kiln_ir::Op::mnemonics().contains(&name.as_str()) {
+                    return Err(lib.error(format!("declares op `{name}`, which is not a kiln op mnemonic")));
+                }
                 names.push(name);
             }
             OpSupport::only(names)
