@@ -9,7 +9,9 @@
 pub mod artifact;
 pub mod contract;
 pub mod cpu;
+pub mod plugin;
 pub mod prefix_cache;
+pub mod registry;
 
 use std::collections::BTreeMap;
 

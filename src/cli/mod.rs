@@ -1,5 +1,6 @@
 //! Command-line parsing (clap) and dispatch to one module per subcommand.
 
+mod backends;
 mod bench;
 mod check;
 mod compile;
@@ -39,6 +40,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run ONNX backend node tests (case folders of model.onnx + test_data_set_*) and compare outputs.
     Conformance(conformance::ConformanceArgs),
+    /// List the node backends (built-in and plugins from KILN_BACKEND_PLUGINS=name=path[:priority],...), best
+    /// first: name, priority, tensor backend type, capabilities.
+    Backends(backends::BackendsArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -93,6 +97,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Check(a) => check::run(a),
         Command::Conformance(a) => conformance::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Backends(a) => backends::run(a),
     }
 }
 

@@ -14,6 +14,8 @@
 //! A program is `Send + Sync`: several threads may run it at once. Nothing here panics on a bad input — a wrong
 //! name, dtype or shape is a [`RunError`] naming the input.
 
+pub mod node;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
