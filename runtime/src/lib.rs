@@ -10,6 +10,7 @@ pub mod artifact;
 pub mod contract;
 pub mod cpu;
 pub mod prefix_cache;
+pub mod state;
 
 use std::collections::BTreeMap;
 
