@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod compile;
 mod conformance;
+mod generate;
 mod inspect;
 mod opt;
 mod run;
@@ -39,6 +40,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run ONNX backend node tests (case folders of model.onnx + test_data_set_*) and compare outputs.
     Conformance(conformance::ConformanceArgs),
+    /// Greedy generation with a decoder step model (a key/value cache model such as gpt2_small_step): prints the
+    /// generated ids and the prefix-cache counters; states can be saved and resumed across processes.
+    Generate(generate::GenerateArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -93,6 +97,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Check(a) => check::run(a),
         Command::Conformance(a) => conformance::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Generate(a) => generate::run(a),
     }
 }
 

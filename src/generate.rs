@@ -1,0 +1,311 @@
+//! Greedy text generation with an ONNX decoder step model (`gpt2_small_step` and its kind), on the CPU.
+//!
+//! kiln cannot yet compile such a model with its past and new lengths symbolic (the importer needs `Range`
+//! bounds and `Concat` extents at import time), so every step shape `(past P, new S)` is imported and compiled
+//! on its own, from one parsed copy of the model, and kept in an LRU cache of compiled programs
+//! ([`StepPrograms`]). That is a real cost — a prefill and `N` decode steps need `N + 1` programs — reported in
+//! [`StepStats`].
+//!
+//! [`Generator`] ties it together: a [`kiln_runtime::state::Decoder`] over those programs, behind a
+//! [`kiln_runtime::state::TokenSession`] that reuses the longest cached prefix across requests, and state
+//! export/import for reuse across processes. `docs/generate.md` has the whole story.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kiln_ir::Tensor;
+use kiln_runtime::RunError;
+use kiln_runtime::contract::{Backend as _, BackendState, Counters};
+use kiln_runtime::prefix_cache::{CacheStats, Token};
+use kiln_runtime::state::{Decoder, DecoderSpec, StepRunner, StepShape, TokenSession, format};
+
+use crate::{CompileOptions, Compiled, Error, Model};
+
+/// How to set up generation.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// How each step program is compiled (pipeline, threads).
+    pub compile: CompileOptions,
+    /// Compiled step programs kept (least recently used go first); at least 1.
+    pub max_programs: usize,
+    /// Bytes of key/value states the prefix cache keeps.
+    pub cache_budget: u64,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> GenerateOptions {
+        GenerateOptions { compile: CompileOptions::default(), max_programs: 8, cache_budget: 64 << 20 }
+    }
+}
+
+/// What the step programs cost so far.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct StepStats {
+    /// Step shapes imported and compiled.
+    pub compiles: u64,
+    /// Steps that found their program already compiled.
+    pub reuses: u64,
+    /// Programs dropped to stay within [`GenerateOptions::max_programs`].
+    pub evicted: u64,
+    /// Wall time importing and compiling.
+    pub compile_time: Duration,
+    /// Wall time running steps.
+    pub run_time: Duration,
+}
+
+/// A decoder step model compiled per step shape on demand, with an LRU cache of programs: the
+/// [`StepRunner`] behind [`Generator`].
+pub struct StepPrograms {
+    proto: onnx_protobuf::ModelProto,
+    base_dir: PathBuf,
+    shown: String,
+    compile: CompileOptions,
+    max_programs: usize,
+    cache: Mutex<ProgramCache>,
+}
+
+#[derive(Default)]
+struct ProgramCache {
+    programs: HashMap<StepShape, (Arc<Compiled>, u64)>,
+    clock: u64,
+    stats: StepStats,
+}
+
+impl StepPrograms {
+    /// Parses the ONNX file at `path`; each step shape is compiled when first run.
+    pub fn open(path: &Path, options: &GenerateOptions) -> Result<(StepPrograms, u64), Error> {
+        use protobuf::Message;
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::Io { path: shown.clone(), message: e.to_string() })?;
+        let fingerprint = format::fingerprint(&bytes);
+        let proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes)
+            .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a valid ONNX model: {e}") })?;
+        let base_dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        let programs = StepPrograms {
+            proto,
+            base_dir,
+            shown,
+            compile: options.compile.clone(),
+            max_programs: options.max_programs.max(1),
+            cache: Mutex::new(ProgramCache::default()),
+        };
+        Ok((programs, fingerprint))
+    }
+
+    /// What compiling and running steps cost so far.
+    pub fn stats(&self) -> StepStats {
+        self.lock().stats
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProgramCache> {
+        // A panic while holding the lock leaves a consistent cache (entries are inserted whole), so a poisoned
+        // lock is still usable.
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Static extents for every graph input at `shape`, by the GPT-2 step model's input names.
+    fn shapes_for(&self, shape: StepShape) -> Result<BTreeMap<String, Vec<usize>>, Error> {
+        let graph = self.proto.graph.as_ref().ok_or_else(|| self.format("the model has no graph".into()))?;
+        let initializers: std::collections::HashSet<&str> =
+            graph.initializer.iter().map(|t| t.name.as_str()).collect();
+        let (p, s) = (shape.past, shape.new);
+        let mut out = BTreeMap::new();
+        for vi in graph.input.iter().filter(|i| !initializers.contains(i.name.as_str())) {
+            let dims = match vi.name.as_str() {
+                "input_ids" | "position_ids" => vec![1, s],
+                "attention_mask" => vec![1, p + s],
+                n if n.starts_with("past_key_values.") => {
+                    let declared = declared_dims(vi);
+                    match declared.as_slice() {
+                        [_, Some(h), _, Some(d)] => vec![1, *h, p, *d],
+                        _ => {
+                            return Err(self.format(format!(
+                                "input `{n}` must be declared [batch,heads,past,head_dim] with static heads and head_dim"
+                            )));
+                        }
+                    }
+                }
+                n => return Err(self.format(format!("input `{n}` is not one a decoder step model takes"))),
+            };
+            out.insert(vi.name.clone(), dims);
+        }
+        Ok(out)
+    }
+
+    fn format(&self, message: String) -> Error {
+        Error::Format { path: self.shown.clone(), message }
+    }
+
+    /// The model specialized to `shape`.
+    fn specialize(&self, shape: StepShape) -> Result<Model, Error> {
+        let options = kiln_onnx::ImportOptions { shapes: self.shapes_for(shape)?, ..Default::default() };
+        let graph = kiln_onnx::import_model(&self.proto, Some(&self.base_dir), &options)
+            .map_err(|e| Error::OnnxAt(e, self.shown.clone()))?;
+        Model::from_graph(graph)
+    }
+
+    /// The compiled program for `shape`, compiling it on first use.
+    fn program(&self, shape: StepShape) -> Result<Arc<Compiled>, Error> {
+        let mut cache = self.lock();
+        cache.clock += 1;
+        let now = cache.clock;
+        if let Some((program, used)) = cache.programs.get_mut(&shape) {
+            *used = now;
+            let program = Arc::clone(program);
+            cache.stats.reuses += 1;
+            return Ok(program);
+        }
+        let t0 = Instant::now();
+        let program = Arc::new(self.specialize(shape)?.compile(&self.compile)?);
+        cache.stats.compile_time += t0.elapsed();
+        cache.stats.compiles += 1;
+        while cache.programs.len() >= self.max_programs {
+            let Some(oldest) = cache.programs.iter().min_by_key(|(k, (_, used))| (*used, **k)).map(|(k, _)| *k) else {
+                break;
+            };
+            cache.programs.remove(&oldest);
+            cache.stats.evicted += 1;
+        }
+        cache.programs.insert(shape, (Arc::clone(&program), now));
+        Ok(program)
+    }
+}
+
+/// The declared extents of an ONNX graph input (`None` for a symbolic or unknown one).
+fn declared_dims(vi: &onnx_protobuf::ValueInfoProto) -> Vec<Option<usize>> {
+    use onnx_protobuf::tensor_shape_proto::dimension::Value as Dv;
+    use onnx_protobuf::type_proto::Value as Tv;
+    let Some(Tv::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else { return Vec::new() };
+    let Some(shape) = tt.shape.as_ref() else { return Vec::new() };
+    shape
+        .dim
+        .iter()
+        .map(|d| match d.value {
+            Some(Dv::DimValue(n)) if n >= 0 => Some(n as usize),
+            _ => None,
+        })
+        .collect()
+}
+
+impl StepRunner for StepPrograms {
+    fn run_step(&self, shape: StepShape, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        let program = self.program(shape).map_err(|e| {
+            RunError::Backend(format!("compiling the step for past {}, new {}: {e}", shape.past, shape.new))
+        })?;
+        let t0 = Instant::now();
+        let out = program.run(inputs).map_err(|e| match e {
+            Error::Input(m) => RunError::Input(m),
+            e => RunError::Backend(e.to_string()),
+        });
+        self.lock().stats.run_time += t0.elapsed();
+        out
+    }
+
+    fn tensor_backend_type(&self) -> &str {
+        "cpu"
+    }
+}
+
+/// The outcome of one [`Generator::generate`] request.
+#[derive(Debug)]
+pub struct Generated {
+    /// The generated token ids.
+    pub ids: Vec<Token>,
+    /// Row `i`: the logits `ids[i]` was picked from, f32 `[ids.len(), vocab]`.
+    pub logits: Tensor,
+    /// What the request cost and saved.
+    pub counters: Counters,
+    /// The resulting state: the prompt and every generated token but the last.
+    pub state: BackendState,
+}
+
+/// Greedy generation with a decoder step model, reusing cached prefixes (see the module docs).
+pub struct Generator {
+    decoder: Arc<Decoder>,
+    programs: Arc<StepPrograms>,
+    session: TokenSession,
+}
+
+impl Generator {
+    /// Opens the model at `path`: a model folder holding `model.onnx`, or the `.onnx` file itself.
+    pub fn open(path: &Path, options: &GenerateOptions) -> Result<Generator, Error> {
+        let file = if path.is_dir() { path.join("model.onnx") } else { path.to_path_buf() };
+        let (programs, fingerprint) = StepPrograms::open(&file, options)?;
+        let programs = Arc::new(programs);
+        // The spec comes from the smallest real step (one past position, one new token), which the first
+        // decode step of a one-token prompt would compile anyway.
+        let probe = programs.specialize(StepShape { past: 1, new: 1 })?;
+        let outputs: Vec<(String, kiln_ir::TensorType)> = probe
+            .graph()
+            .outputs()
+            .iter()
+            .filter_map(|(n, v)| probe.graph().value_type(*v).map(|t| (n.clone(), t.clone())))
+            .collect();
+        let mut spec = DecoderSpec::from_signature(&probe.inputs(), &outputs)
+            .map_err(|e| Error::Format { path: file.display().to_string(), message: e.to_string() })?;
+        // GPT-2 names its position-embedding table `…wpe.weight`: its rows bound the positions a step may use.
+        spec.max_positions = probe
+            .graph()
+            .weights
+            .iter()
+            .find(|(n, t)| n.ends_with("wpe.weight") && t.shape().len() == 2)
+            .map(|(_, t)| t.shape()[0]);
+        let name = path.file_name().map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
+        let decoder = Arc::new(Decoder::new(name.clone(), fingerprint, spec, programs.clone()));
+        let session = TokenSession::new(decoder.clone(), name, options.cache_budget)?;
+        Ok(Generator { decoder, programs, session })
+    }
+
+    /// The token backend.
+    pub fn decoder(&self) -> &Arc<Decoder> {
+        &self.decoder
+    }
+
+    /// What compiling and running steps cost so far.
+    pub fn step_stats(&self) -> StepStats {
+        self.programs.stats()
+    }
+
+    /// The prefix cache's counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.session.cache_stats()
+    }
+
+    /// Generates `max_new_tokens` tokens after `prompt`, resuming from the longest cached prefix.
+    pub fn generate(&mut self, prompt: &[Token], max_new_tokens: u32) -> Result<Generated, Error> {
+        let g = self.session.generate(prompt, max_new_tokens)?;
+        Self::generated(g)
+    }
+
+    /// As [`Generator::generate`], resuming from `state` (an imported one) instead of the cache.
+    pub fn generate_from(
+        &mut self,
+        prompt: &[Token],
+        max_new_tokens: u32,
+        state: &BackendState,
+    ) -> Result<Generated, Error> {
+        let g = self.session.generate_from(prompt, max_new_tokens, Some(state))?;
+        Self::generated(g)
+    }
+
+    fn generated(g: kiln_runtime::state::Generation) -> Result<Generated, Error> {
+        let missing = |what: &str| Error::Run(RunError::Backend(format!("the decoder returned no {what}")));
+        let logits = g.extra.into_iter().next().ok_or_else(|| missing("logits"))?;
+        let state = g.state.ok_or_else(|| missing("state"))?;
+        Ok(Generated { ids: g.ids, logits, counters: g.counters, state })
+    }
+
+    /// A state's bytes in the state format (`docs/generate.md`).
+    pub fn export_state(&self, state: &BackendState) -> Result<Vec<u8>, Error> {
+        self.decoder
+            .export_state(state)
+            .ok_or_else(|| Error::Run(RunError::State("the state is not one of this decoder's".into())))
+    }
+
+    /// A state from exported bytes; corrupt, truncated or foreign bytes are an [`Error::Run`] saying why.
+    pub fn import_state(&self, bytes: &[u8]) -> Result<BackendState, Error> {
+        Ok(self.decoder.import_state(bytes)?)
+    }
+}
