@@ -108,8 +108,7 @@ impl StepPrograms {
     /// Static extents for every graph input at `shape`, by the GPT-2 step model's input names.
     fn shapes_for(&self, shape: StepShape) -> Result<BTreeMap<String, Vec<usize>>, Error> {
         let graph = self.proto.graph.as_ref().ok_or_else(|| self.format("the model has no graph".into()))?;
-        let initializers: std::collections::HashSet<&str> =
-            graph.initializer.iter().map(|t| t.name.as_str()).collect();
+        let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
         let (p, s) = (shape.past, shape.new);
         let mut out = BTreeMap::new();
         for vi in graph.input.iter().filter(|i| !initializers.contains(i.name.as_str())) {

@@ -143,11 +143,8 @@ fn generate(dir: &Path, prompt: &[u32], extra: &[&str]) -> (Vec<u32>, BTreeMap<S
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "kiln {args:?} failed:\n{stderr}");
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let fields: BTreeMap<String, String> = stdout
-        .lines()
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let fields: BTreeMap<String, String> =
+        stdout.lines().filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let generated = fields["ids"].split(',').map(|t| t.parse().unwrap()).collect();
     (generated, fields, stderr)
 }
@@ -211,7 +208,10 @@ fn a_bad_state_file_warns_and_starts_cold() {
         let path = tmp.path().join(format!("{name}.kilnstate"));
         std::fs::write(&path, content).unwrap();
         let (ids, fields, stderr) = generate(&dir, &prompt, &["--state-in", path.to_str().unwrap()]);
-        assert!(stderr.contains("warning") && stderr.contains(why) && stderr.contains("starting cold"), "{name}: {stderr}");
+        assert!(
+            stderr.contains("warning") && stderr.contains(why) && stderr.contains("starting cold"),
+            "{name}: {stderr}"
+        );
         assert_eq!(fields["reused_prefix_len"], "0", "{name}");
         assert_eq!(fields["used_cached_state"], "false", "{name}");
         assert_eq!(ids, cold_ids, "{name}");

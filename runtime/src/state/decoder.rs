@@ -208,10 +208,15 @@ impl Decoder {
             NodeKind::Token { model } => {
                 return Err(unsupported(format!("this decoder runs model `{}`, not `{model}`", self.model)));
             }
-            NodeKind::Op(op) => return Err(unsupported(format!("op `{}`: the decoder runs token nodes only", op.mnemonic()))),
+            NodeKind::Op(op) => {
+                return Err(unsupported(format!("op `{}`: the decoder runs token nodes only", op.mnemonic())));
+            }
         }
         let [prompt] = inputs else {
-            return Err(RunError::Input(format!("a token node takes one input (the prompt ids), got {}", inputs.len())));
+            return Err(RunError::Input(format!(
+                "a token node takes one input (the prompt ids), got {}",
+                inputs.len()
+            )));
         };
         let flat = matches!(prompt.shape(), [_]) || matches!(prompt.shape(), [1, _]);
         if prompt.dtype() != DType::I64 || !flat {
@@ -245,7 +250,13 @@ pub fn argmax(row: &[f32]) -> Option<Token> {
 
 impl Backend for Decoder {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { token: true, cache: true, state_export: true, ops: OpSupport::Only(vec![]), ..Capabilities::none() }
+        Capabilities {
+            token: true,
+            cache: true,
+            state_export: true,
+            ops: OpSupport::Only(vec![]),
+            ..Capabilities::none()
+        }
     }
 
     fn tensor_backend_type(&self) -> &str {
@@ -270,7 +281,10 @@ impl Backend for Decoder {
         let prompt = self.token_prompt(node, inputs)?;
         let prefix = match prefix_state {
             Some(s) => Some(s.downcast::<KvState>().ok_or_else(|| {
-                RunError::State(format!("node `{}`: the prefix state is not a key/value state of this decoder", node.name))
+                RunError::State(format!(
+                    "node `{}`: the prefix state is not a key/value state of this decoder",
+                    node.name
+                ))
             })?),
             None => None,
         };

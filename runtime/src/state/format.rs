@@ -78,7 +78,9 @@ pub fn decode(bytes: &[u8], spec: &DecoderSpec, fingerprint: u64) -> Result<KvSt
     let stored = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
     let computed = crc32(body);
     if stored != computed {
-        return Err(err(format!("checksum mismatch (stored {stored:08x}, computed {computed:08x}): the state is corrupt")));
+        return Err(err(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x}): the state is corrupt"
+        )));
     }
     let mut r = Reader { bytes: body, at: 0 };
     let fp = r.u64()?;
@@ -88,7 +90,8 @@ pub fn decode(bytes: &[u8], spec: &DecoderSpec, fingerprint: u64) -> Result<KvSt
         )));
     }
     let dtype = dtype_from_code(r.u8()?)?;
-    let (layers, heads, head_dim, tokens) = (r.u32()? as usize, r.u32()? as usize, r.u32()? as usize, r.u32()? as usize);
+    let (layers, heads, head_dim, tokens) =
+        (r.u32()? as usize, r.u32()? as usize, r.u32()? as usize, r.u32()? as usize);
     if (layers, heads, head_dim, dtype) != (spec.layers(), spec.heads, spec.head_dim, spec.dtype) {
         return Err(err(format!(
             "the state is {layers} layers x {heads} heads x {head_dim} head_dim of {dtype}, the model {} x {} x {} of {}",
@@ -112,7 +115,10 @@ pub fn decode(bytes: &[u8], spec: &DecoderSpec, fingerprint: u64) -> Result<KvSt
         .and_then(|t| tensor_bytes.checked_mul(2 * layers).and_then(|b| b.checked_add(t)))
         .ok_or_else(|| err("the state's sizes overflow".into()))?;
     if needed != r.left() {
-        return Err(err(format!("the state announces {needed} bytes of tokens and tensors, the body holds {}", r.left())));
+        return Err(err(format!(
+            "the state announces {needed} bytes of tokens and tensors, the body holds {}",
+            r.left()
+        )));
     }
     let ids = (0..tokens).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
     let mut pairs = Vec::with_capacity(layers);

@@ -122,7 +122,10 @@ impl DecoderSpec {
             max_positions: None,
         };
         let known = |n: &str| {
-            n == spec.input_ids || n == spec.position_ids || n == spec.attention_mask || spec.past.iter().flatten().any(|p| p == n)
+            n == spec.input_ids
+                || n == spec.position_ids
+                || n == spec.attention_mask
+                || spec.past.iter().flatten().any(|p| p == n)
         };
         if let Some((extra, _)) = inputs.iter().find(|(n, _)| !known(n)) {
             return Err(bad(format!("the model has an input `{extra}` a decoder step does not feed")));
@@ -146,7 +149,9 @@ impl KvState {
         let Some(first) = layers.first() else { return Err(RunError::State("a key/value state needs a layer".into())) };
         let (h, d, dtype) = match first[0].shape() {
             &[1, h, _, d] => (h, d, first[0].dtype()),
-            s => return Err(RunError::State(format!("key/value tensors must be [1,heads,tokens,head_dim], got {s:?}"))),
+            s => {
+                return Err(RunError::State(format!("key/value tensors must be [1,heads,tokens,head_dim], got {s:?}")));
+            }
         };
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64) {
             return Err(RunError::State(format!("key/value tensors must be floats, got {dtype}")));

@@ -83,7 +83,10 @@ impl StepRunner for Toy {
                 if l == LAYERS - 1 && kind == 0 {
                     last_keys = present.clone();
                 }
-                out.push((format!("present.{l}.{what}"), Tensor::from_vec(vec![1, HEADS, p + s, DIM], present).unwrap()));
+                out.push((
+                    format!("present.{l}.{what}"),
+                    Tensor::from_vec(vec![1, HEADS, p + s, DIM], present).unwrap(),
+                ));
             }
         }
         // Logits of new position i see positions 0..=p+i of head 0, element 0.
@@ -136,10 +139,8 @@ fn cold_decoding_matches_the_reference_and_counts_steps() {
     covered.extend_from_slice(&d.ids[..4]);
     assert_eq!(d.state.tokens(), covered.as_slice());
     let shapes = toy.calls.lock().unwrap().clone();
-    let want: Vec<StepShape> = [(0, 10), (10, 1), (11, 1), (12, 1), (13, 1)]
-        .iter()
-        .map(|&(past, new)| StepShape { past, new })
-        .collect();
+    let want: Vec<StepShape> =
+        [(0, 10), (10, 1), (11, 1), (12, 1), (13, 1)].iter().map(|&(past, new)| StepShape { past, new }).collect();
     assert_eq!(shapes, want);
 }
 
@@ -195,7 +196,10 @@ fn bad_requests_are_errors_not_panics() {
     assert!(dec.decode(&prompt(3), Some(&state), 1).unwrap_err().to_string().contains("different model"));
     let node = Node::token("n", "toy", true);
     let ids = |v: Vec<i64>| Tensor::from_vec(vec![v.len()], v).unwrap();
-    assert!(matches!(dec.run_with_cache(&Node::token("n", "other", false), &[ids(vec![1])], None, 1), Err(RunError::Unsupported { .. })));
+    assert!(matches!(
+        dec.run_with_cache(&Node::token("n", "other", false), &[ids(vec![1])], None, 1),
+        Err(RunError::Unsupported { .. })
+    ));
     assert!(dec.run_with_cache(&node, &[], None, 1).is_err());
     assert!(dec.run_with_cache(&node, &[ids(vec![-1])], None, 1).unwrap_err().to_string().contains("not a valid id"));
     let floats = Tensor::from_vec(vec![2], vec![1.0f32, 2.0]).unwrap();
