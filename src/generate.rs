@@ -32,13 +32,36 @@ pub struct GenerateOptions {
     pub max_programs: usize,
     /// Bytes of key/value states the prefix cache keeps.
     pub cache_budget: u64,
+    /// Which past lengths get a program of their own.
+    pub past_shapes: PastShapes,
 }
 
 impl Default for GenerateOptions {
     fn default() -> GenerateOptions {
-        GenerateOptions { compile: CompileOptions::default(), max_programs: 8, cache_budget: 64 << 20 }
+        GenerateOptions {
+            compile: CompileOptions::default(),
+            max_programs: 8,
+            cache_budget: 64 << 20,
+            past_shapes: PastShapes::PowerOfTwo,
+        }
     }
 }
+
+/// Which past lengths P get a compiled program of their own.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum PastShapes {
+    /// Every P: one compile per decode step (each step's past is one longer than the last).
+    Exact,
+    /// P rounded up to a power of two (at least [`MIN_PAST_BUCKET`]); the step model sees the past padded with
+    /// zero keys and values that the attention mask hides, and the padding is cut out of its outputs. A decode
+    /// of N tokens then compiles O(log N) programs instead of N. Falls back to the exact P where the padded
+    /// length would pass the model's positions. The prefill (P = 0) is always exact.
+    #[default]
+    PowerOfTwo,
+}
+
+/// The smallest padded past length of [`PastShapes::PowerOfTwo`].
+pub const MIN_PAST_BUCKET: usize = 16;
 
 /// What the step programs cost so far.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -51,6 +74,8 @@ pub struct StepStats {
     pub evicted: u64,
     /// Wall time importing and compiling.
     pub compile_time: Duration,
+    /// The part of `compile_time` spent importing (specializing the ONNX model to the step's shape).
+    pub import_time: Duration,
     /// Wall time running steps.
     pub run_time: Duration,
 }
@@ -58,12 +83,20 @@ pub struct StepStats {
 /// A decoder step model compiled per step shape on demand, with an LRU cache of programs: the
 /// [`StepRunner`] behind [`Generator`].
 pub struct StepPrograms {
+    source: Source,
+    fingerprint: u64,
+    spec: DecoderSpec,
+    compile: CompileOptions,
+    max_programs: usize,
+    past_shapes: PastShapes,
+    cache: Mutex<ProgramCache>,
+}
+
+/// The parsed ONNX model, specialized per step shape.
+struct Source {
     proto: onnx_protobuf::ModelProto,
     base_dir: PathBuf,
     shown: String,
-    compile: CompileOptions,
-    max_programs: usize,
-    cache: Mutex<ProgramCache>,
 }
 
 #[derive(Default)]
@@ -74,24 +107,76 @@ struct ProgramCache {
 }
 
 impl StepPrograms {
-    /// Parses the ONNX file at `path`; each step shape is compiled when first run.
-    pub fn open(path: &Path, options: &GenerateOptions) -> Result<(StepPrograms, u64), Error> {
+    /// Parses the ONNX file at `path` and derives its [`DecoderSpec`] from the smallest real step (one past
+    /// position, one new token; that program is kept); other step shapes are compiled when first run.
+    pub fn open(path: &Path, options: &GenerateOptions) -> Result<StepPrograms, Error> {
         use protobuf::Message;
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| Error::Io { path: shown.clone(), message: e.to_string() })?;
         let fingerprint = format::fingerprint(&bytes);
         let proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes)
             .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a valid ONNX model: {e}") })?;
+        drop(bytes);
         let base_dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-        let programs = StepPrograms {
-            proto,
-            base_dir,
-            shown,
+        let source = Source { proto, base_dir, shown };
+        let t0 = Instant::now();
+        let probe_shape = StepShape { past: 1, new: 1 };
+        let probe = source.specialize(probe_shape)?;
+        let import_time = t0.elapsed();
+        let outputs: Vec<(String, kiln_ir::TensorType)> = probe
+            .graph()
+            .outputs()
+            .iter()
+            .filter_map(|(n, v)| probe.graph().value_type(*v).map(|t| (n.clone(), t.clone())))
+            .collect();
+        let mut spec =
+            DecoderSpec::from_signature(&probe.inputs(), &outputs).map_err(|e| source.format(e.to_string()))?;
+        // GPT-2 names its position-embedding table `…wpe.weight`: its rows bound the positions a step may use.
+        spec.max_positions = probe
+            .graph()
+            .weights
+            .iter()
+            .find(|(n, t)| n.ends_with("wpe.weight") && t.shape().len() == 2)
+            .map(|(_, t)| t.shape()[0]);
+        let program = Arc::new(probe.compile(&options.compile)?);
+        let cache = ProgramCache {
+            programs: HashMap::from([(probe_shape, (program, 1))]),
+            clock: 1,
+            stats: StepStats { compiles: 1, compile_time: t0.elapsed(), import_time, ..StepStats::default() },
+        };
+        Ok(StepPrograms {
+            source,
+            fingerprint,
+            spec,
             compile: options.compile.clone(),
             max_programs: options.max_programs.max(1),
-            cache: Mutex::new(ProgramCache::default()),
-        };
-        Ok((programs, fingerprint))
+            past_shapes: options.past_shapes,
+            cache: Mutex::new(cache),
+        })
+    }
+
+    /// The fingerprint of the model file's bytes ([`format::fingerprint`]).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// The step model's names and sizes.
+    pub fn spec(&self) -> &DecoderSpec {
+        &self.spec
+    }
+
+    /// The past length the program for `shape` is compiled for: `shape.past`, or its bucket (see
+    /// [`PastShapes`]).
+    pub fn compiled_past(&self, shape: StepShape) -> usize {
+        match self.past_shapes {
+            PastShapes::Exact => shape.past,
+            PastShapes::PowerOfTwo if shape.past == 0 => 0,
+            PastShapes::PowerOfTwo => {
+                let bucket = shape.past.next_power_of_two().max(MIN_PAST_BUCKET);
+                let fits = self.spec.max_positions.is_none_or(|max| bucket + shape.new <= max);
+                if fits { bucket } else { shape.past }
+            }
+        }
     }
 
     /// What compiling and running steps cost so far.
@@ -105,6 +190,36 @@ impl StepPrograms {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The compiled program for `shape`, compiling it on first use.
+    fn program(&self, shape: StepShape) -> Result<Arc<Compiled>, Error> {
+        let mut cache = self.lock();
+        cache.clock += 1;
+        let now = cache.clock;
+        if let Some((program, used)) = cache.programs.get_mut(&shape) {
+            *used = now;
+            let program = Arc::clone(program);
+            cache.stats.reuses += 1;
+            return Ok(program);
+        }
+        let t0 = Instant::now();
+        let model = self.source.specialize(shape)?;
+        cache.stats.import_time += t0.elapsed();
+        let program = Arc::new(model.compile(&self.compile)?);
+        cache.stats.compile_time += t0.elapsed();
+        cache.stats.compiles += 1;
+        while cache.programs.len() >= self.max_programs {
+            let Some(oldest) = cache.programs.iter().min_by_key(|(k, (_, used))| (*used, **k)).map(|(k, _)| *k) else {
+                break;
+            };
+            cache.programs.remove(&oldest);
+            cache.stats.evicted += 1;
+        }
+        cache.programs.insert(shape, (Arc::clone(&program), now));
+        Ok(program)
+    }
+}
+
+impl Source {
     /// Static extents for every graph input at `shape`, by the GPT-2 step model's input names.
     fn shapes_for(&self, shape: StepShape) -> Result<BTreeMap<String, Vec<usize>>, Error> {
         let graph = self.proto.graph.as_ref().ok_or_else(|| self.format("the model has no graph".into()))?;
@@ -144,32 +259,6 @@ impl StepPrograms {
             .map_err(|e| Error::OnnxAt(e, self.shown.clone()))?;
         Model::from_graph(graph)
     }
-
-    /// The compiled program for `shape`, compiling it on first use.
-    fn program(&self, shape: StepShape) -> Result<Arc<Compiled>, Error> {
-        let mut cache = self.lock();
-        cache.clock += 1;
-        let now = cache.clock;
-        if let Some((program, used)) = cache.programs.get_mut(&shape) {
-            *used = now;
-            let program = Arc::clone(program);
-            cache.stats.reuses += 1;
-            return Ok(program);
-        }
-        let t0 = Instant::now();
-        let program = Arc::new(self.specialize(shape)?.compile(&self.compile)?);
-        cache.stats.compile_time += t0.elapsed();
-        cache.stats.compiles += 1;
-        while cache.programs.len() >= self.max_programs {
-            let Some(oldest) = cache.programs.iter().min_by_key(|(k, (_, used))| (*used, **k)).map(|(k, _)| *k) else {
-                break;
-            };
-            cache.programs.remove(&oldest);
-            cache.stats.evicted += 1;
-        }
-        cache.programs.insert(shape, (Arc::clone(&program), now));
-        Ok(program)
-    }
 }
 
 /// The declared extents of an ONNX graph input (`None` for a symbolic or unknown one).
@@ -188,8 +277,38 @@ fn declared_dims(vi: &onnx_protobuf::ValueInfoProto) -> Vec<Option<usize>> {
         .collect()
 }
 
-impl StepRunner for StepPrograms {
-    fn run_step(&self, shape: StepShape, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+/// `[1, heads, from, head_dim]` → `[1, heads, to, head_dim]` per head: the first `keep_front` positions, zeros,
+/// then the last `keep_back` positions (`keep_front + keep_back` positions of `from` are kept, the rest of `to` is
+/// zeros in between).
+fn regroup_positions(
+    t: &Tensor,
+    from: usize,
+    to: usize,
+    keep_front: usize,
+    keep_back: usize,
+) -> Result<Tensor, RunError> {
+    let bad = || RunError::Backend(format!("key/value tensor {:?} is not [1,heads,{from},head_dim]", t.shape()));
+    let &[1, heads, n, d] = t.shape() else { return Err(bad()) };
+    if n != from || keep_front + keep_back > from.min(to) {
+        return Err(bad());
+    }
+    let row = d * t.dtype().size_bytes();
+    let bytes = t.as_bytes();
+    let mut out = vec![0u8; heads * to * row];
+    for h in 0..heads {
+        let (src, dst) = (&bytes[h * from * row..(h + 1) * from * row], &mut out[h * to * row..(h + 1) * to * row]);
+        dst[..keep_front * row].copy_from_slice(&src[..keep_front * row]);
+        dst[(to - keep_back) * row..].copy_from_slice(&src[(from - keep_back) * row..]);
+    }
+    Tensor::from_bytes(t.dtype(), vec![1, heads, to, d], &out).ok_or_else(bad)
+}
+
+impl StepPrograms {
+    fn run_program(
+        &self,
+        shape: StepShape,
+        inputs: &BTreeMap<String, Tensor>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
         let program = self.program(shape).map_err(|e| {
             RunError::Backend(format!("compiling the step for past {}, new {}: {e}", shape.past, shape.new))
         })?;
@@ -200,6 +319,33 @@ impl StepRunner for StepPrograms {
         });
         self.lock().stats.run_time += t0.elapsed();
         out
+    }
+}
+
+impl StepRunner for StepPrograms {
+    fn run_step(&self, shape: StepShape, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        let (p, s) = (shape.past, shape.new);
+        let padded = self.compiled_past(shape);
+        if padded == p {
+            return self.run_program(shape, inputs);
+        }
+        // Past positions p..padded are zeros the mask hides; the new tokens keep their positions (position_ids).
+        let spec = &self.spec;
+        let mut feed = inputs.clone();
+        for name in spec.past.iter().flatten() {
+            let t = feed.get_mut(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
+            *t = regroup_positions(t, p, padded, p, 0)?;
+        }
+        let mut mask = vec![1i64; padded + s];
+        mask[p..padded].fill(0);
+        feed.insert(spec.attention_mask.clone(), Tensor::from_vec(vec![1, padded + s], mask).expect("[1,n] mask"));
+        let mut out = self.run_program(StepShape { past: padded, new: s }, &feed)?;
+        for (name, t) in &mut out {
+            if spec.present.iter().flatten().any(|n| n == name) {
+                *t = regroup_positions(t, padded + s, p + s, p, s)?;
+            }
+        }
+        Ok(out)
     }
 
     fn tensor_backend_type(&self) -> &str {
@@ -231,26 +377,8 @@ impl Generator {
     /// Opens the model at `path`: a model folder holding `model.onnx`, or the `.onnx` file itself.
     pub fn open(path: &Path, options: &GenerateOptions) -> Result<Generator, Error> {
         let file = if path.is_dir() { path.join("model.onnx") } else { path.to_path_buf() };
-        let (programs, fingerprint) = StepPrograms::open(&file, options)?;
-        let programs = Arc::new(programs);
-        // The spec comes from the smallest real step (one past position, one new token), which the first
-        // decode step of a one-token prompt would compile anyway.
-        let probe = programs.specialize(StepShape { past: 1, new: 1 })?;
-        let outputs: Vec<(String, kiln_ir::TensorType)> = probe
-            .graph()
-            .outputs()
-            .iter()
-            .filter_map(|(n, v)| probe.graph().value_type(*v).map(|t| (n.clone(), t.clone())))
-            .collect();
-        let mut spec = DecoderSpec::from_signature(&probe.inputs(), &outputs)
-            .map_err(|e| Error::Format { path: file.display().to_string(), message: e.to_string() })?;
-        // GPT-2 names its position-embedding table `…wpe.weight`: its rows bound the positions a step may use.
-        spec.max_positions = probe
-            .graph()
-            .weights
-            .iter()
-            .find(|(n, t)| n.ends_with("wpe.weight") && t.shape().len() == 2)
-            .map(|(_, t)| t.shape()[0]);
+        let programs = Arc::new(StepPrograms::open(&file, options)?);
+        let (fingerprint, spec) = (programs.fingerprint(), programs.spec().clone());
         let name = path.file_name().map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
         let decoder = Arc::new(Decoder::new(name.clone(), fingerprint, spec, programs.clone()));
         let session = TokenSession::new(decoder.clone(), name, options.cache_budget)?;
@@ -306,5 +434,25 @@ impl Generator {
     /// A state from exported bytes; corrupt, truncated or foreign bytes are an [`Error::Run`] saying why.
     pub fn import_state(&self, bytes: &[u8]) -> Result<BackendState, Error> {
         Ok(self.decoder.import_state(bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regrouping_pads_and_unpads_every_head() {
+        // Two heads, three positions, head_dim 1: [a0 a1 a2 | b0 b1 b2].
+        let t = Tensor::from_vec(vec![1, 2, 3, 1], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let padded = regroup_positions(&t, 3, 5, 3, 0).unwrap();
+        assert_eq!(padded.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 0.0, 0.0, 4.0, 5.0, 6.0, 0.0, 0.0]);
+        // A padded present (2 past, 2 padding, 1 new) back to 3 positions.
+        let present =
+            Tensor::from_vec(vec![1, 2, 5, 1], vec![1.0f32, 2.0, 0.0, 0.0, 9.0, 4.0, 5.0, 0.0, 0.0, 8.0]).unwrap();
+        let cut = regroup_positions(&present, 5, 3, 2, 1).unwrap();
+        assert_eq!(cut.as_slice::<f32>().unwrap(), &[1.0, 2.0, 9.0, 4.0, 5.0, 8.0]);
+        assert!(regroup_positions(&present, 4, 3, 2, 1).is_err());
+        assert!(regroup_positions(&present, 5, 3, 3, 1).is_err());
     }
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kiln::generate::{GenerateOptions, Generator, StepPrograms};
+use kiln::generate::{GenerateOptions, Generator, PastShapes, StepPrograms};
 use kiln_ir::Tensor;
 use kiln_runtime::state::{StepRunner, StepShape, format};
 
@@ -70,6 +70,32 @@ fn cached_decoding_equals_uncached_decoding() {
     assert!(max_abs_diff(&cont.logits, &fresh.logits) <= 1e-5);
 }
 
+#[test]
+fn padded_past_lengths_decode_like_exact_ones() {
+    let Some(dir) = step_model() else { return };
+    let prompt = prompt32();
+    let mut runs = Vec::new();
+    for past_shapes in [PastShapes::Exact, PastShapes::PowerOfTwo] {
+        let mut g = Generator::open(&dir, &GenerateOptions { past_shapes, ..options() }).unwrap();
+        let out = g.generate(&prompt[..20], 24).unwrap(); // past lengths 20..43: buckets 32 and 64
+        let stats = g.step_stats();
+        eprintln!(
+            "{past_shapes:?}: {} programs compiled in {:.0} ms, steps ran in {:.0} ms",
+            stats.compiles,
+            stats.compile_time.as_secs_f64() * 1e3,
+            stats.run_time.as_secs_f64() * 1e3
+        );
+        runs.push((out, stats));
+    }
+    let ((exact, exact_stats), (padded, padded_stats)) = (&runs[0], &runs[1]);
+    assert_eq!(padded.ids, exact.ids);
+    let diff = max_abs_diff(&padded.logits, &exact.logits);
+    eprintln!("padded vs exact past: logits max |diff| {diff:.2e}");
+    assert!(diff <= 1e-5, "padded past changes the logits by {diff}");
+    assert_eq!(padded.state.downcast::<kiln_runtime::state::KvState>().map(|s| s.tokens().len()), Some(43));
+    assert!(padded_stats.compiles * 4 <= exact_stats.compiles, "{padded_stats:?} vs {exact_stats:?}");
+}
+
 fn cold_generator(dir: &Path) -> Generator {
     Generator::open(dir, &options()).unwrap()
 }
@@ -80,7 +106,7 @@ fn a_prefill_without_past_reproduces_gpt2_small() {
     let expected = common::read_manifest(&common::models_dir().join("gpt2_small/expected"));
     let want = &expected[0].1; // logits [1,32,4096]
     let prompt = prompt32();
-    let (programs, _) = StepPrograms::open(&dir.join("model.onnx"), &options()).unwrap();
+    let programs = StepPrograms::open(&dir.join("model.onnx"), &options()).unwrap();
     let mut inputs = BTreeMap::new();
     let row = |v: Vec<i64>| Tensor::from_vec(vec![1, v.len()], v).unwrap();
     inputs.insert("input_ids".to_string(), row(prompt.iter().map(|&t| t as i64).collect()));

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use kiln::generate::{GenerateOptions, Generated, Generator};
+use kiln::generate::{GenerateOptions, Generated, Generator, PastShapes};
 use kiln_runtime::prefix_cache::Token;
 
 /// Arguments of `kiln generate`.
@@ -40,6 +40,10 @@ pub struct GenerateArgs {
     /// Compiled step programs kept in memory.
     #[arg(long, default_value_t = 8)]
     max_programs: usize,
+    /// Compile a step program for every past length, instead of padding the past to power-of-two lengths
+    /// (slower: one compile per generated token).
+    #[arg(long)]
+    exact_past: bool,
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -72,6 +76,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         compile: kiln::CompileOptions { threads: a.threads, ..Default::default() },
         max_programs: a.max_programs,
         cache_budget: a.cache_budget,
+        past_shapes: if a.exact_past { PastShapes::Exact } else { PastShapes::PowerOfTwo },
     };
     let mut generator = Generator::open(&a.model, &options)?;
     let imported = match &a.state_in {
@@ -112,10 +117,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let s = generator.step_stats();
     let c = generator.cache_stats();
     eprintln!(
-        "step programs: {} compiled in {:.1} ms ({:.1} ms each), {} reused, {} evicted; steps ran in {:.1} ms",
+        "step programs: {} compiled in {:.1} ms ({:.1} ms each, {:.1} ms of it importing), {} reused, {} evicted; \
+         steps ran in {:.1} ms",
         s.compiles,
         s.compile_time.as_secs_f64() * 1e3,
         s.compile_time.as_secs_f64() * 1e3 / s.compiles.max(1) as f64,
+        s.import_time.as_secs_f64() * 1e3 / s.compiles.max(1) as f64,
         s.reuses,
         s.evicted,
         s.run_time.as_secs_f64() * 1e3
