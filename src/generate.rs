@@ -380,7 +380,7 @@ impl Generator {
         let programs = Arc::new(StepPrograms::open(&file, options)?);
         let (fingerprint, spec) = (programs.fingerprint(), programs.spec().clone());
         let name = path.file_name().map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
-        let decoder = Arc::new(Decoder::new(name.clone(), fingerprint, spec, programs.clone()));
+        let decoder = Arc::new(Decoder::new(name.clone(), fingerprint, spec, programs.clone())?);
         let session = TokenSession::new(decoder.clone(), name, options.cache_budget)?;
         Ok(Generator { decoder, programs, session })
     }

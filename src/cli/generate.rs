@@ -127,6 +127,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         s.evicted,
         s.run_time.as_secs_f64() * 1e3
     );
-    eprintln!("prefix cache: {} states, {} of {} bytes, {} evicted", c.entries, c.bytes, c.budget, c.evicted);
+    eprintln!(
+        "prefix cache: {} states, {} of {} bytes, {} evicted, {} trie nodes",
+        c.entries, c.bytes, c.budget, c.evicted, c.trie_nodes
+    );
     Ok(())
 }

@@ -70,9 +70,28 @@ pub struct Decoder {
 
 impl Decoder {
     /// A decoder for the model named `model` (what token nodes name), whose identity is `fingerprint` (states
-    /// of other fingerprints are refused), shaped as `spec`, running steps with `runner`.
-    pub fn new(model: impl Into<String>, fingerprint: u64, spec: DecoderSpec, runner: Arc<dyn StepRunner>) -> Decoder {
-        Decoder { model: model.into(), fingerprint, spec, runner }
+    /// of other fingerprints are refused), shaped as `spec`, running steps with `runner`. A spec without layers,
+    /// heads, head size or vocabulary, with unpaired past/present names or a non-float dtype is an error.
+    pub fn new(
+        model: impl Into<String>,
+        fingerprint: u64,
+        spec: DecoderSpec,
+        runner: Arc<dyn StepRunner>,
+    ) -> Result<Decoder, RunError> {
+        let model = model.into();
+        let problem = if spec.past.is_empty() || spec.past.len() != spec.present.len() {
+            Some(format!("{} past and {} present key/value pairs", spec.past.len(), spec.present.len()))
+        } else if spec.heads == 0 || spec.head_dim == 0 || spec.vocab == 0 {
+            Some(format!("heads {}, head_dim {}, vocab {}", spec.heads, spec.head_dim, spec.vocab))
+        } else if !spec.dtype.is_float() {
+            Some(format!("key/value dtype {}", spec.dtype))
+        } else {
+            None
+        };
+        if let Some(p) = problem {
+            return Err(RunError::Unsupported { node: model, reason: format!("not a usable decoder spec: {p}") });
+        }
+        Ok(Decoder { model, fingerprint, spec, runner })
     }
 
     /// The model's name.

@@ -324,6 +324,21 @@ mod tests {
     }
 
     #[test]
+    fn no_truncation_or_flipped_byte_is_accepted_or_panics() {
+        let good = encode(&state(42));
+        for n in 0..good.len() {
+            assert!(decode(&good[..n], &spec(), 42).is_err(), "a {n}-byte prefix");
+        }
+        for at in 0..good.len() {
+            for bit in [0x01, 0x80] {
+                let mut bad = good.clone();
+                bad[at] ^= bit;
+                assert!(decode(&bad, &spec(), 42).is_err(), "bit {bit:#x} of byte {at}");
+            }
+        }
+    }
+
+    #[test]
     fn a_consistent_checksum_over_lying_sizes_is_still_refused() {
         // Rewrite the token count to a huge value and fix up the checksum: the sizes check must catch it
         // before allocating.

@@ -116,7 +116,7 @@ fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
 
 fn decoder() -> (Decoder, Arc<Toy>) {
     let toy = Arc::new(Toy::default());
-    (Decoder::new("toy", 99, spec(), toy.clone()), toy)
+    (Decoder::new("toy", 99, spec(), toy.clone()).unwrap(), toy)
 }
 
 fn prompt(n: usize) -> Vec<u32> {
@@ -191,7 +191,7 @@ fn bad_requests_are_errors_not_panics() {
     assert!(dec.decode(&[], None, 1).unwrap_err().to_string().contains("empty"));
     assert!(dec.decode(&[VOCAB as u32], None, 1).unwrap_err().to_string().contains("beyond the vocabulary"));
     assert!(dec.decode(&prompt(60), None, 10).unwrap_err().to_string().contains("positions"));
-    let stranger = Decoder::new("toy", 100, spec(), Arc::new(Toy::default()));
+    let stranger = Decoder::new("toy", 100, spec(), Arc::new(Toy::default())).unwrap();
     let state = stranger.decode(&prompt(3), None, 0).unwrap().state;
     assert!(dec.decode(&prompt(3), Some(&state), 1).unwrap_err().to_string().contains("different model"));
     let node = Node::token("n", "toy", true);
@@ -208,8 +208,23 @@ fn bad_requests_are_errors_not_panics() {
     let e = dec.run_with_cache(&node, &[ids(vec![1, 2])], Some(&foreign), 1).unwrap_err();
     assert!(matches!(e, RunError::State(_)), "{e}");
     // A step runner returning the wrong shape is a backend error.
-    let broken = Decoder::new("toy", 99, DecoderSpec { heads: 3, ..spec() }, Arc::new(Toy::default()));
+    let broken = Decoder::new("toy", 99, DecoderSpec { heads: 3, ..spec() }, Arc::new(Toy::default())).unwrap();
     assert!(matches!(broken.decode(&prompt(2), None, 1), Err(RunError::Input(_) | RunError::Backend(_))));
+}
+
+#[test]
+fn unusable_specs_are_refused() {
+    let toy = || -> Arc<dyn StepRunner> { Arc::new(Toy::default()) };
+    for bad in [
+        DecoderSpec { past: vec![], present: vec![], ..spec() },
+        DecoderSpec { present: vec![], ..spec() },
+        DecoderSpec { heads: 0, ..spec() },
+        DecoderSpec { vocab: 0, ..spec() },
+        DecoderSpec { dtype: DType::I64, ..spec() },
+    ] {
+        let e = Decoder::new("toy", 1, bad, toy()).err().expect("refused");
+        assert!(e.to_string().contains("not a usable decoder spec"), "{e}");
+    }
 }
 
 struct Unrelated;
