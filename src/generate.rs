@@ -32,8 +32,8 @@ pub struct GenerateOptions {
     pub max_programs: usize,
     /// Bytes of key/value states the prefix cache keeps.
     pub cache_budget: u64,
-    /// Which past lengths get a program of their own.
-    pub past_shapes: PastShapes,
+    /// Which step shapes get a program of their own.
+    pub step_shapes: StepShapes,
 }
 
 impl Default for GenerateOptions {
@@ -42,25 +42,27 @@ impl Default for GenerateOptions {
             compile: CompileOptions::default(),
             max_programs: 8,
             cache_budget: 64 << 20,
-            past_shapes: PastShapes::PowerOfTwo,
+            step_shapes: StepShapes::PowerOfTwo,
         }
     }
 }
 
-/// Which past lengths P get a compiled program of their own.
+/// Which step shapes (P past positions, S new tokens) get a compiled program of their own.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum PastShapes {
-    /// Every P: one compile per decode step (each step's past is one longer than the last).
+pub enum StepShapes {
+    /// Every (P, S): one compile per decode step, since each step's past is one longer than the last.
     Exact,
-    /// P rounded up to a power of two (at least [`MIN_PAST_BUCKET`]); the step model sees the past padded with
-    /// zero keys and values that the attention mask hides, and the padding is cut out of its outputs. A decode
-    /// of N tokens then compiles O(log N) programs instead of N. Falls back to the exact P where the padded
-    /// length would pass the model's positions. The prefill (P = 0) is always exact.
+    /// P rounded up to a power of two (at least [`MIN_PAST_BUCKET`]; P = 0 stays 0) and S to a power of two.
+    /// The past is padded with zero keys and values that the attention mask hides; the new tokens are padded at
+    /// the end with id 0, which the causal mask hides from the real ones; the padding is cut out of the outputs.
+    /// A decode of N tokens then compiles O(log N) programs instead of N, and prompts of similar lengths share
+    /// their prefill program. Where the padded shape would pass the model's positions, the exact extents are
+    /// used. Valid for GPT-2 style step models (an attention mask over the keys, causal attention).
     #[default]
     PowerOfTwo,
 }
 
-/// The smallest padded past length of [`PastShapes::PowerOfTwo`].
+/// The smallest padded past length of [`StepShapes::PowerOfTwo`].
 pub const MIN_PAST_BUCKET: usize = 16;
 
 /// What the step programs cost so far.
@@ -88,7 +90,7 @@ pub struct StepPrograms {
     spec: DecoderSpec,
     compile: CompileOptions,
     max_programs: usize,
-    past_shapes: PastShapes,
+    step_shapes: StepShapes,
     cache: Mutex<ProgramCache>,
 }
 
@@ -150,7 +152,7 @@ impl StepPrograms {
             spec,
             compile: options.compile.clone(),
             max_programs: options.max_programs.max(1),
-            past_shapes: options.past_shapes,
+            step_shapes: options.step_shapes,
             cache: Mutex::new(cache),
         })
     }
@@ -165,16 +167,19 @@ impl StepPrograms {
         &self.spec
     }
 
-    /// The past length the program for `shape` is compiled for: `shape.past`, or its bucket (see
-    /// [`PastShapes`]).
-    pub fn compiled_past(&self, shape: StepShape) -> usize {
-        match self.past_shapes {
-            PastShapes::Exact => shape.past,
-            PastShapes::PowerOfTwo if shape.past == 0 => 0,
-            PastShapes::PowerOfTwo => {
-                let bucket = shape.past.next_power_of_two().max(MIN_PAST_BUCKET);
-                let fits = self.spec.max_positions.is_none_or(|max| bucket + shape.new <= max);
-                if fits { bucket } else { shape.past }
+    /// The shape of the program that runs a step of `shape`: `shape` itself, or its bucket (see
+    /// [`StepShapes`]).
+    pub fn compiled_shape(&self, shape: StepShape) -> StepShape {
+        match self.step_shapes {
+            StepShapes::Exact => shape,
+            StepShapes::PowerOfTwo => {
+                let past = if shape.past == 0 { 0 } else { shape.past.next_power_of_two().max(MIN_PAST_BUCKET) };
+                let new = shape.new.next_power_of_two();
+                let fits = |c: &StepShape| self.spec.max_positions.is_none_or(|max| c.past + c.new <= max);
+                [StepShape { past, new }, StepShape { past, new: shape.new }, StepShape { past: shape.past, new }]
+                    .into_iter()
+                    .find(fits)
+                    .unwrap_or(shape)
             }
         }
     }
@@ -277,30 +282,39 @@ fn declared_dims(vi: &onnx_protobuf::ValueInfoProto) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// `[1, heads, from, head_dim]` → `[1, heads, to, head_dim]` per head: the first `keep_front` positions, zeros,
-/// then the last `keep_back` positions (`keep_front + keep_back` positions of `from` are kept, the rest of `to` is
-/// zeros in between).
-fn regroup_positions(
-    t: &Tensor,
-    from: usize,
-    to: usize,
-    keep_front: usize,
-    keep_back: usize,
-) -> Result<Tensor, RunError> {
+/// A `[1, heads, plan.len(), head_dim]` tensor whose position `j` is position `plan[j]` of the
+/// `[1, heads, from, head_dim]` tensor `t`, or zeros for `None`.
+fn gather_positions(t: &Tensor, from: usize, plan: &[Option<usize>]) -> Result<Tensor, RunError> {
     let bad = || RunError::Backend(format!("key/value tensor {:?} is not [1,heads,{from},head_dim]", t.shape()));
     let &[1, heads, n, d] = t.shape() else { return Err(bad()) };
-    if n != from || keep_front + keep_back > from.min(to) {
+    if n != from || plan.iter().flatten().any(|&i| i >= from) {
         return Err(bad());
     }
     let row = d * t.dtype().size_bytes();
     let bytes = t.as_bytes();
-    let mut out = vec![0u8; heads * to * row];
+    let mut out = vec![0u8; heads * plan.len() * row];
     for h in 0..heads {
-        let (src, dst) = (&bytes[h * from * row..(h + 1) * from * row], &mut out[h * to * row..(h + 1) * to * row]);
-        dst[..keep_front * row].copy_from_slice(&src[..keep_front * row]);
-        dst[(to - keep_back) * row..].copy_from_slice(&src[(from - keep_back) * row..]);
+        for (j, src) in plan.iter().enumerate() {
+            if let Some(i) = src {
+                let at = (h * plan.len() + j) * row;
+                out[at..at + row].copy_from_slice(&bytes[(h * from + i) * row..(h * from + i + 1) * row]);
+            }
+        }
     }
-    Tensor::from_bytes(t.dtype(), vec![1, heads, to, d], &out).ok_or_else(bad)
+    Tensor::from_bytes(t.dtype(), vec![1, heads, plan.len(), d], &out).ok_or_else(bad)
+}
+
+/// The first `rows` rows (axis 1) of a `[1, n, …]` tensor.
+fn first_rows(t: &Tensor, rows: usize) -> Result<Tensor, RunError> {
+    let bad = || RunError::Backend(format!("cannot take {rows} rows of a {:?} output", t.shape()));
+    let shape = t.shape();
+    if shape.len() < 2 || shape[0] != 1 || shape[1] < rows {
+        return Err(bad());
+    }
+    let per_row: usize = shape[2..].iter().product::<usize>() * t.dtype().size_bytes();
+    let mut dims = shape.to_vec();
+    dims[1] = rows;
+    Tensor::from_bytes(t.dtype(), dims, &t.as_bytes()[..rows * per_row]).ok_or_else(bad)
 }
 
 impl StepPrograms {
@@ -324,25 +338,36 @@ impl StepPrograms {
 
 impl StepRunner for StepPrograms {
     fn run_step(&self, shape: StepShape, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
-        let (p, s) = (shape.past, shape.new);
-        let padded = self.compiled_past(shape);
-        if padded == p {
+        let compiled = self.compiled_shape(shape);
+        if compiled == shape {
             return self.run_program(shape, inputs);
         }
-        // Past positions p..padded are zeros the mask hides; the new tokens keep their positions (position_ids).
+        // The program's positions: the p real past ones, zeros up to pc (masked out), the s new tokens, then
+        // pad tokens up to sc (after every real token, so causal attention hides them from the real ones).
+        let (p, s, pc, sc) = (shape.past, shape.new, compiled.past, compiled.new);
         let spec = &self.spec;
         let mut feed = inputs.clone();
+        let past_plan: Vec<Option<usize>> = (0..pc).map(|i| (i < p).then_some(i)).collect();
         for name in spec.past.iter().flatten() {
             let t = feed.get_mut(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
-            *t = regroup_positions(t, p, padded, p, 0)?;
+            *t = gather_positions(t, p, &past_plan)?;
         }
-        let mut mask = vec![1i64; padded + s];
-        mask[p..padded].fill(0);
-        feed.insert(spec.attention_mask.clone(), Tensor::from_vec(vec![1, padded + s], mask).expect("[1,n] mask"));
-        let mut out = self.run_program(StepShape { past: padded, new: s }, &feed)?;
+        for (name, pad) in [(&spec.input_ids, None), (&spec.position_ids, Some(p + s))] {
+            let t = feed.get_mut(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
+            let mut v = t.to_i64_vec();
+            let next = pad.map_or(0, |at| at as i64);
+            v.extend((0..sc - s).map(|i| if pad.is_some() { next + i as i64 } else { 0 }));
+            *t = Tensor::from_vec(vec![1, sc], v).expect("[1,sc] ids");
+        }
+        let mask: Vec<i64> = (0..pc + sc).map(|i| i64::from(i < p || i >= pc)).collect();
+        feed.insert(spec.attention_mask.clone(), Tensor::from_vec(vec![1, pc + sc], mask).expect("[1,n] mask"));
+        let mut out = self.run_program(compiled, &feed)?;
+        let present_plan: Vec<Option<usize>> = (0..p).chain(pc..pc + s).map(Some).collect();
         for (name, t) in &mut out {
             if spec.present.iter().flatten().any(|n| n == name) {
-                *t = regroup_positions(t, padded + s, p + s, p, s)?;
+                *t = gather_positions(t, pc + sc, &present_plan)?;
+            } else if *name == spec.logits {
+                *t = first_rows(t, s)?;
             }
         }
         Ok(out)
@@ -442,17 +467,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn regrouping_pads_and_unpads_every_head() {
+    fn gathering_pads_and_unpads_every_head() {
         // Two heads, three positions, head_dim 1: [a0 a1 a2 | b0 b1 b2].
         let t = Tensor::from_vec(vec![1, 2, 3, 1], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
-        let padded = regroup_positions(&t, 3, 5, 3, 0).unwrap();
+        let padded = gather_positions(&t, 3, &[Some(0), Some(1), Some(2), None, None]).unwrap();
         assert_eq!(padded.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 0.0, 0.0, 4.0, 5.0, 6.0, 0.0, 0.0]);
-        // A padded present (2 past, 2 padding, 1 new) back to 3 positions.
-        let present =
-            Tensor::from_vec(vec![1, 2, 5, 1], vec![1.0f32, 2.0, 0.0, 0.0, 9.0, 4.0, 5.0, 0.0, 0.0, 8.0]).unwrap();
-        let cut = regroup_positions(&present, 5, 3, 2, 1).unwrap();
-        assert_eq!(cut.as_slice::<f32>().unwrap(), &[1.0, 2.0, 9.0, 4.0, 5.0, 8.0]);
-        assert!(regroup_positions(&present, 4, 3, 2, 1).is_err());
-        assert!(regroup_positions(&present, 5, 3, 3, 1).is_err());
+        let cut = gather_positions(&t, 3, &[Some(0), Some(2)]).unwrap();
+        assert_eq!(cut.as_slice::<f32>().unwrap(), &[1.0, 3.0, 4.0, 6.0]);
+        assert!(gather_positions(&t, 4, &[Some(0)]).is_err());
+        assert!(gather_positions(&t, 3, &[Some(3)]).is_err());
+        let logits = Tensor::from_vec(vec![1, 3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        assert_eq!(first_rows(&logits, 2).unwrap().as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        assert!(first_rows(&logits, 4).is_err());
     }
 }

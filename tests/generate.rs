@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kiln::generate::{GenerateOptions, Generator, PastShapes, StepPrograms};
+use kiln::generate::{GenerateOptions, Generator, StepPrograms, StepShapes};
 use kiln_ir::Tensor;
 use kiln_runtime::state::{StepRunner, StepShape, format};
 
@@ -75,12 +75,12 @@ fn padded_past_lengths_decode_like_exact_ones() {
     let Some(dir) = step_model() else { return };
     let prompt = prompt32();
     let mut runs = Vec::new();
-    for past_shapes in [PastShapes::Exact, PastShapes::PowerOfTwo] {
-        let mut g = Generator::open(&dir, &GenerateOptions { past_shapes, ..options() }).unwrap();
+    for step_shapes in [StepShapes::Exact, StepShapes::PowerOfTwo] {
+        let mut g = Generator::open(&dir, &GenerateOptions { step_shapes, ..options() }).unwrap();
         let out = g.generate(&prompt[..20], 24).unwrap(); // past lengths 20..43: buckets 32 and 64
         let stats = g.step_stats();
         eprintln!(
-            "{past_shapes:?}: {} programs compiled in {:.0} ms, steps ran in {:.0} ms",
+            "{step_shapes:?}: {} programs compiled in {:.0} ms, steps ran in {:.0} ms",
             stats.compiles,
             stats.compile_time.as_secs_f64() * 1e3,
             stats.run_time.as_secs_f64() * 1e3
@@ -122,6 +122,25 @@ fn a_prefill_without_past_reproduces_gpt2_small() {
     let diff = max_abs_diff(&out["logits"], want);
     eprintln!("prefill (P=0, S=32) vs gpt2_small: max |diff| {diff:.2e}");
     assert!(diff <= 1e-4, "prefill logits differ from gpt2_small's by {diff}");
+
+    // The first 20 tokens alone (run padded to 32 new tokens): causal attention makes their logits the first 20
+    // rows of gpt2_small's.
+    assert_eq!(programs.compiled_shape(StepShape { past: 0, new: 20 }), StepShape { past: 0, new: 32 });
+    let mut first20 = BTreeMap::new();
+    for (name, t) in &inputs {
+        let t = match name.as_str() {
+            "input_ids" | "position_ids" | "attention_mask" => row(t.to_i64_vec()[..20].to_vec()),
+            _ => t.clone(),
+        };
+        first20.insert(name.clone(), t);
+    }
+    let out: BTreeMap<String, Tensor> =
+        programs.run_step(StepShape { past: 0, new: 20 }, &first20).unwrap().into_iter().collect();
+    let want20 = Tensor::from_vec(vec![1, 20, 4096], want.as_slice::<f32>().unwrap()[..20 * 4096].to_vec()).unwrap();
+    let diff = max_abs_diff(&out["logits"], &want20);
+    eprintln!("padded prefill (P=0, S=20 as 32) vs gpt2_small: max |diff| {diff:.2e}");
+    assert!(diff <= 1e-4, "padded prefill logits differ from gpt2_small's by {diff}");
+    assert_eq!(out["present.3.value"].shape(), [1, 4, 20, 64]);
 
     // Through the decoder: the first generated token's logits are the prompt's last position.
     let g = cold_generator(&dir).generate(&prompt, 1).unwrap();

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use kiln::generate::{GenerateOptions, Generated, Generator, PastShapes};
+use kiln::generate::{GenerateOptions, Generated, Generator, StepShapes};
 use kiln_runtime::prefix_cache::Token;
 
 /// Arguments of `kiln generate`.
@@ -40,10 +40,10 @@ pub struct GenerateArgs {
     /// Compiled step programs kept in memory.
     #[arg(long, default_value_t = 8)]
     max_programs: usize,
-    /// Compile a step program for every past length, instead of padding the past to power-of-two lengths
+    /// Compile a step program for every exact (past, new) shape, instead of padding both to powers of two
     /// (slower: one compile per generated token).
     #[arg(long)]
-    exact_past: bool,
+    exact_shapes: bool,
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -76,7 +76,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         compile: kiln::CompileOptions { threads: a.threads, ..Default::default() },
         max_programs: a.max_programs,
         cache_budget: a.cache_budget,
-        past_shapes: if a.exact_past { PastShapes::Exact } else { PastShapes::PowerOfTwo },
+        step_shapes: if a.exact_shapes { StepShapes::Exact } else { StepShapes::PowerOfTwo },
     };
     let mut generator = Generator::open(&a.model, &options)?;
     let imported = match &a.state_in {
