@@ -346,21 +346,31 @@ impl StepRunner for StepPrograms {
         // pad tokens up to sc (after every real token, so causal attention hides them from the real ones).
         let (p, s, pc, sc) = (shape.past, shape.new, compiled.past, compiled.new);
         let spec = &self.spec;
-        let mut feed = inputs.clone();
         let past_plan: Vec<Option<usize>> = (0..pc).map(|i| (i < p).then_some(i)).collect();
-        for name in spec.past.iter().flatten() {
-            let t = feed.get_mut(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
-            *t = gather_positions(t, p, &past_plan)?;
-        }
-        for (name, pad) in [(&spec.input_ids, None), (&spec.position_ids, Some(p + s))] {
-            let t = feed.get_mut(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
+        let padded = |t: &Tensor, fill: &dyn Fn(usize) -> i64| -> Result<Tensor, RunError> {
             let mut v = t.to_i64_vec();
-            let next = pad.map_or(0, |at| at as i64);
-            v.extend((0..sc - s).map(|i| if pad.is_some() { next + i as i64 } else { 0 }));
-            *t = Tensor::from_vec(vec![1, sc], v).expect("[1,sc] ids");
+            if t.shape() != [1, s] {
+                return Err(RunError::Input(format!("a step of {s} new tokens got an input of shape {:?}", t.shape())));
+            }
+            v.extend((s..sc).map(fill));
+            Ok(Tensor::from_vec(vec![1, sc], v).expect("[1,sc] ids"))
+        };
+        let mut feed = BTreeMap::new();
+        for (name, t) in inputs {
+            let t = if spec.past.iter().flatten().any(|n| n == name) {
+                gather_positions(t, p, &past_plan)?
+            } else if *name == spec.input_ids {
+                padded(t, &|_| 0)?
+            } else if *name == spec.position_ids {
+                padded(t, &|i| (p + i) as i64)?
+            } else if *name == spec.attention_mask {
+                let mask: Vec<i64> = (0..pc + sc).map(|i| i64::from(i < p || i >= pc)).collect();
+                Tensor::from_vec(vec![1, pc + sc], mask).expect("[1,n] mask")
+            } else {
+                t.clone()
+            };
+            feed.insert(name.clone(), t);
         }
-        let mask: Vec<i64> = (0..pc + sc).map(|i| i64::from(i < p || i >= pc)).collect();
-        feed.insert(spec.attention_mask.clone(), Tensor::from_vec(vec![1, pc + sc], mask).expect("[1,n] mask"));
         let mut out = self.run_program(compiled, &feed)?;
         let present_plan: Vec<Option<usize>> = (0..p).chain(pc..pc + s).map(Some).collect();
         for (name, t) in &mut out {
