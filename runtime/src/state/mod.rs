@@ -8,7 +8,7 @@
 //!   compiled programs.
 //! - [`session`]: [`TokenSession`], which keeps result states in a [`crate::prefix_cache::PrefixCache`] and
 //!   resumes each request from the longest cached prefix.
-//! - [`format`]: the versioned, checksummed byte format a state is exported to and imported from.
+//! - [`format`](mod@format): the versioned, checksummed byte format a state is exported to and imported from.
 //!
 //! `docs/generate.md` describes the decode loop, the counters and the byte layout.
 
