@@ -86,6 +86,8 @@ pub struct StepStats {
 /// [`StepRunner`] behind [`Generator`].
 pub struct StepPrograms {
     source: Source,
+    /// The probe's weights, shared by every program.
+    weights: kiln_ir::graph::Weights,
     fingerprint: u64,
     spec: DecoderSpec,
     compile: CompileOptions,
@@ -123,7 +125,8 @@ impl StepPrograms {
         let source = Source { proto, base_dir, shown };
         let t0 = Instant::now();
         let probe_shape = StepShape { past: 1, new: 1 };
-        let probe = source.specialize(probe_shape)?;
+        let probe = source.specialize(probe_shape, None)?;
+        let weights = probe.graph().weights.clone();
         let import_time = t0.elapsed();
         let outputs: Vec<(String, kiln_ir::TensorType)> = probe
             .graph()
@@ -148,6 +151,7 @@ impl StepPrograms {
         };
         Ok(StepPrograms {
             source,
+            weights,
             fingerprint,
             spec,
             compile: options.compile.clone(),
@@ -207,7 +211,7 @@ impl StepPrograms {
             return Ok(program);
         }
         let t0 = Instant::now();
-        let model = self.source.specialize(shape)?;
+        let model = self.source.specialize(shape, Some(&self.weights))?;
         cache.stats.import_time += t0.elapsed();
         let program = Arc::new(model.compile(&self.compile)?);
         cache.stats.compile_time += t0.elapsed();
@@ -258,10 +262,26 @@ impl Source {
     }
 
     /// The model specialized to `shape`.
-    fn specialize(&self, shape: StepShape) -> Result<Model, Error> {
+    /// The model specialized to `shape`. Weights equal to one in `shared` (by name and bytes) become that
+    /// shared tensor, so the programs of all shapes hold one copy of the model's weights, not one each.
+    fn specialize(&self, shape: StepShape, shared: Option<&kiln_ir::graph::Weights>) -> Result<Model, Error> {
         let options = kiln_onnx::ImportOptions { shapes: self.shapes_for(shape)?, ..Default::default() };
-        let graph = kiln_onnx::import_model(&self.proto, Some(&self.base_dir), &options)
+        let mut graph = kiln_onnx::import_model(&self.proto, Some(&self.base_dir), &options)
             .map_err(|e| Error::OnnxAt(e, self.shown.clone()))?;
+        if let Some(shared) = shared {
+            let same: Vec<(String, Arc<Tensor>)> = graph
+                .weights
+                .iter()
+                .filter_map(|(name, t)| {
+                    let s = shared.get(name)?;
+                    let equal = s.dtype() == t.dtype() && s.shape() == t.shape() && s.as_bytes() == t.as_bytes();
+                    equal.then(|| (name.to_string(), Arc::clone(s)))
+                })
+                .collect();
+            for (name, t) in same {
+                graph.weights.insert(name, t);
+            }
+        }
         Model::from_graph(graph)
     }
 }
