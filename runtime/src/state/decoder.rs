@@ -142,8 +142,11 @@ impl Decoder {
             used_cached_state: reused > 0,
             ..Counters::default()
         };
-        let mut ids = Vec::with_capacity(remaining as usize);
-        let mut rows: Vec<f32> = Vec::with_capacity(remaining as usize * self.spec.vocab);
+        // Reserve for a modest count only: `remaining` is caller input, and may be huge when positions are not
+        // bounded by the spec.
+        let reserve = (remaining as usize).min(1024);
+        let mut ids = Vec::with_capacity(reserve);
+        let mut rows: Vec<f32> = Vec::with_capacity(reserve * self.spec.vocab);
         let mut feed: Vec<Token> = prompt[reused..].to_vec();
         loop {
             let last = self.step(&mut past, &feed)?;
