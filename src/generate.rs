@@ -111,8 +111,8 @@ struct ProgramCache {
 }
 
 impl StepPrograms {
-    /// Parses the ONNX file at `path` and derives its [`DecoderSpec`] from the smallest real step (one past
-    /// position, one new token; that program is kept); other step shapes are compiled when first run.
+    /// Parses the ONNX file at `path` and derives its [`DecoderSpec`] from one import (one past position, one new
+    /// token); programs are compiled when a step first needs them.
     pub fn open(path: &Path, options: &GenerateOptions) -> Result<StepPrograms, Error> {
         use protobuf::Message;
         let shown = path.display().to_string();
@@ -123,11 +123,9 @@ impl StepPrograms {
         drop(bytes);
         let base_dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let source = Source { proto, base_dir, shown };
-        let t0 = Instant::now();
-        let probe_shape = StepShape { past: 1, new: 1 };
-        let probe = source.specialize(probe_shape, None)?;
+        // Any real shape shows the signature; programs are compiled only for the shapes steps use.
+        let probe = source.specialize(StepShape { past: 1, new: 1 }, None)?;
         let weights = probe.graph().weights.clone();
-        let import_time = t0.elapsed();
         let outputs: Vec<(String, kiln_ir::TensorType)> = probe
             .graph()
             .outputs()
@@ -143,12 +141,6 @@ impl StepPrograms {
             .iter()
             .find(|(n, t)| n.ends_with("wpe.weight") && t.shape().len() == 2)
             .map(|(_, t)| t.shape()[0]);
-        let program = Arc::new(probe.compile(&options.compile)?);
-        let cache = ProgramCache {
-            programs: HashMap::from([(probe_shape, (program, 1))]),
-            clock: 1,
-            stats: StepStats { compiles: 1, compile_time: t0.elapsed(), import_time, ..StepStats::default() },
-        };
         Ok(StepPrograms {
             source,
             weights,
@@ -157,7 +149,7 @@ impl StepPrograms {
             compile: options.compile.clone(),
             max_programs: options.max_programs.max(1),
             step_shapes: options.step_shapes,
-            cache: Mutex::new(cache),
+            cache: Mutex::new(ProgramCache::default()),
         })
     }
 
