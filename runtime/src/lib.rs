@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod plugin;
 pub mod prefix_cache;
 pub mod registry;
+pub mod state;
 
 use std::collections::BTreeMap;
 

@@ -5,6 +5,7 @@ mod bench;
 mod check;
 mod compile;
 mod conformance;
+mod generate;
 mod inspect;
 mod opt;
 mod run;
@@ -43,6 +44,9 @@ enum Command {
     /// List the node backends (built-in and plugins from KILN_BACKEND_PLUGINS=name=path[:priority],...), best
     /// first: name, priority, tensor backend type, capabilities.
     Backends(backends::BackendsArgs),
+    /// Greedy generation with a decoder step model (a key/value cache model such as gpt2_small_step): prints the
+    /// generated ids and the prefix-cache counters; states can be saved and resumed across processes.
+    Generate(generate::GenerateArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -98,6 +102,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Conformance(a) => conformance::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Backends(a) => backends::run(a),
+        Command::Generate(a) => generate::run(a),
     }
 }
 
