@@ -131,6 +131,14 @@ impl<S: CachedState> PrefixCache<S> {
         Some(Hit { state: Arc::clone(&entry.state), state_tokens: entry.tokens.clone(), reused })
     }
 
+    /// Every cached state with the tokens it covers, least recently used first (so re-inserting them in this
+    /// order rebuilds the same recency).
+    pub fn entries(&self) -> Vec<(&[Token], &Arc<S>)> {
+        let mut v: Vec<_> = self.entries.values().collect();
+        v.sort_by_key(|e| e.last_used);
+        v.into_iter().map(|e| (e.tokens.as_slice(), &e.state)).collect()
+    }
+
     /// Stores `state` for exactly `tokens` (replacing a state stored for the same tokens), then evicts least
     /// recently used unleased states while over budget. A state larger than the whole budget is not stored.
     pub fn insert(&mut self, tokens: &[Token], state: S) {

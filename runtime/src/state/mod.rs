@@ -19,7 +19,7 @@ pub mod session;
 
 pub use decoder::{Decoded, Decoder, StepRunner, StepShape, argmax};
 pub use kv::{DecoderSpec, KvState};
-pub use session::{Generation, TokenSession};
+pub use session::{Generation, RestoreReport, SessionCheckpoint, TokenSession};
 
 #[cfg(test)]
 mod tests;

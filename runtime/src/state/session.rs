@@ -7,6 +7,11 @@
 //! would only cost budget.
 //!
 //! The session works with any [`Backend`] with token support; without cache support it runs every request cold.
+//!
+//! A session's cache can outlive its process: [`TokenSession::checkpoint`] exports every cached state the backend
+//! can externalize ([`Backend::export_state`]) and drops — and counts — the ones it cannot;
+//! [`TokenSession::restore`] imports them into a new session, skipping (and reporting) any the backend refuses.
+//! A state that was dropped or refused simply is not cached: the requests that would have used it start cold.
 
 use std::sync::Arc;
 
@@ -33,6 +38,24 @@ pub struct Generation {
     pub counters: Counters,
     /// The resulting state, if the backend keeps one (also stored in the cache).
     pub state: Option<BackendState>,
+}
+
+/// A session's cache as bytes: what [`TokenSession::checkpoint`] could export.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionCheckpoint {
+    /// Each exported state's tokens and bytes, least recently used first.
+    pub states: Vec<(Vec<Token>, Vec<u8>)>,
+    /// States that were not exported because the backend cannot externalize them.
+    pub dropped: usize,
+}
+
+/// What [`TokenSession::restore`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// States imported into the cache.
+    pub restored: usize,
+    /// States the backend refused, with why (their requests start cold).
+    pub refused: Vec<String>,
 }
 
 /// Requests to one token backend sharing a prefix cache with a byte budget.
@@ -65,6 +88,40 @@ impl TokenSession {
     /// The prefix cache's counters.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+
+    /// Exports every cached state the backend can externalize; the others are dropped (and counted).
+    pub fn checkpoint(&self) -> SessionCheckpoint {
+        let mut checkpoint = SessionCheckpoint::default();
+        for (tokens, state) in self.cache.entries() {
+            match self.backend.export_state(state) {
+                Some(bytes) => checkpoint.states.push((tokens.to_vec(), bytes)),
+                None => checkpoint.dropped += 1,
+            }
+        }
+        checkpoint
+    }
+
+    /// Imports a checkpoint's states into this session's cache. A state the backend refuses (corrupt bytes,
+    /// another model, a backend without portable states) or whose token count disagrees with its tokens is
+    /// skipped and reported; the requests it would have served start cold.
+    pub fn restore(&mut self, checkpoint: &SessionCheckpoint) -> RestoreReport {
+        let mut report = RestoreReport::default();
+        for (i, (tokens, bytes)) in checkpoint.states.iter().enumerate() {
+            match self.backend.import_state(bytes) {
+                Ok(state) if state.tokens() == tokens.len() => {
+                    self.cache.insert(tokens, state);
+                    report.restored += 1;
+                }
+                Ok(state) => report.refused.push(format!(
+                    "state {i}: covers {} tokens but was saved for {}",
+                    state.tokens(),
+                    tokens.len()
+                )),
+                Err(e) => report.refused.push(format!("state {i}: {e}")),
+            }
+        }
+        report
     }
 
     /// Generates up to `max_new_tokens` tokens after `prompt`, resuming from the longest cached prefix.

@@ -8,7 +8,7 @@ use kiln_ir::{DType, Tensor};
 
 use super::*;
 use crate::RunError;
-use crate::contract::{Backend, BackendState, Node};
+use crate::contract::{Backend, BackendState, Capabilities, Node, RunResult};
 
 const HEADS: usize = 2;
 const DIM: usize = 2;
@@ -301,4 +301,87 @@ fn a_session_within_a_tiny_budget_runs_cold_but_right() {
     assert_eq!(a.ids, b.ids);
     assert_eq!(b.counters.reused_prefix_len, 0, "no state fits in 16 bytes");
     assert_eq!(session.cache_stats().entries, 0);
+}
+
+/// The toy decoder behind a backend that cannot externalize its states (the contract's default export/import).
+struct NotPortable(Decoder);
+
+impl Backend for NotPortable {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { state_export: false, ..self.0.capabilities() }
+    }
+
+    fn run_with_cache(
+        &self,
+        node: &Node,
+        inputs: &[Tensor],
+        prefix_state: Option<&BackendState>,
+        remaining_tokens: u32,
+    ) -> Result<RunResult, RunError> {
+        self.0.run_with_cache(node, inputs, prefix_state, remaining_tokens)
+    }
+}
+
+#[test]
+fn a_session_checkpoint_resumes_in_a_new_session() {
+    let (dec, _) = decoder();
+    let mut session = TokenSession::new(Arc::new(dec), "toy", 1 << 20).unwrap();
+    let long = prompt(32);
+    session.generate(&long[..24], 4).unwrap();
+    session.generate(&prompt(12), 2).unwrap();
+    let checkpoint = session.checkpoint();
+    assert_eq!((checkpoint.states.len(), checkpoint.dropped), (2, 0));
+
+    let (fresh, toy) = decoder();
+    let mut resumed = TokenSession::new(Arc::new(fresh), "toy", 1 << 20).unwrap();
+    let report = resumed.restore(&checkpoint);
+    assert_eq!(report, RestoreReport { restored: 2, refused: vec![] });
+    let g = resumed.generate(&long, 4).unwrap();
+    assert_eq!(g.ids, reference(&long, 4));
+    assert_eq!(g.counters.reused_prefix_len, 24);
+    assert!(g.counters.used_cached_state);
+    assert_eq!(toy.calls.lock().unwrap()[0], StepShape { past: 24, new: 8 });
+}
+
+#[test]
+fn a_backend_without_portable_states_drops_them_and_resumes_cold() {
+    let (dec, _) = decoder();
+    let mut session = TokenSession::new(Arc::new(NotPortable(dec)), "toy", 1 << 20).unwrap();
+    let long = prompt(32);
+    session.generate(&long[..24], 4).unwrap();
+    let checkpoint = session.checkpoint();
+    assert!(checkpoint.states.is_empty());
+    assert_eq!(checkpoint.dropped, 1);
+
+    let (fresh, _) = decoder();
+    let mut resumed = TokenSession::new(Arc::new(NotPortable(fresh)), "toy", 1 << 20).unwrap();
+    assert_eq!(resumed.restore(&checkpoint), RestoreReport::default());
+    let g = resumed.generate(&long, 4).unwrap();
+    assert_eq!(g.ids, reference(&long, 4));
+    assert_eq!((g.counters.reused_prefix_len, g.counters.used_cached_state), (0, false), "a cold start");
+}
+
+#[test]
+fn refused_checkpoint_states_are_reported_and_skipped() {
+    let (dec, _) = decoder();
+    let mut session = TokenSession::new(Arc::new(dec), "toy", 1 << 20).unwrap();
+    let long = prompt(32);
+    session.generate(&long[..24], 4).unwrap();
+    let mut checkpoint = session.checkpoint();
+    let good = checkpoint.states[0].clone();
+    let mut corrupt = good.clone();
+    let last = corrupt.1.len() - 1;
+    corrupt.1[last] ^= 0x40;
+    let mut wrong_tokens = good.clone();
+    wrong_tokens.0.pop();
+    checkpoint.states = vec![corrupt, wrong_tokens];
+
+    let (fresh, _) = decoder();
+    let mut resumed = TokenSession::new(Arc::new(fresh), "toy", 1 << 20).unwrap();
+    let report = resumed.restore(&checkpoint);
+    assert_eq!(report.restored, 0);
+    assert_eq!(report.refused.len(), 2, "{:?}", report.refused);
+    assert!(report.refused[1].contains("saved for"), "{:?}", report.refused);
+    let g = resumed.generate(&long, 4).unwrap();
+    assert_eq!((g.ids, g.counters.reused_prefix_len), (reference(&long, 4), 0));
 }
