@@ -7,9 +7,11 @@
 //! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
 
 pub mod artifact;
+pub mod checkpoint;
 pub mod contract;
 pub mod cpu;
 pub mod prefix_cache;
+pub mod recipe;
 
 use std::collections::BTreeMap;
 
