@@ -32,6 +32,7 @@ pub mod npy;
 pub mod weights;
 
 pub use artifact::Artifact;
+pub use kiln_runtime::cpu::CpuExecutor;
 
 /// Errors a kiln user can see.
 #[derive(Debug, thiserror::Error)]
@@ -226,10 +227,24 @@ impl Compiled {
 
     /// Runs the compiled model on named inputs; outputs come in the model's order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
-        kiln_runtime::Program::run(self.program.as_ref(), inputs).map_err(|e| match e {
-            kiln_runtime::RunError::Input(m) => Error::Input(m),
-            e => Error::Backend { backend: "cpu", message: e.to_string() },
-        })
+        kiln_runtime::Program::run(self.program.as_ref(), inputs).map_err(run_error)
+    }
+
+    /// `count` independent executors (in-order lanes, each its own thread) for serving requests concurrently
+    /// with [`Compiled::submit`]. Work on one lane runs in order; lanes run side by side and share the program's
+    /// kernels, weights and thread pool.
+    pub fn executors(&self, count: usize) -> Result<Vec<CpuExecutor>, Error> {
+        (0..count).map(|i| CpuExecutor::new(format!("request-{i}")).map_err(run_error)).collect()
+    }
+
+    /// Submits a run on `executor` and returns at once; [`Request::wait`] gives the outputs. The inputs move into
+    /// the request and are dropped when it completes.
+    pub fn submit(&self, executor: &CpuExecutor, inputs: BTreeMap<String, Tensor>) -> Result<Request, Error> {
+        let program = std::sync::Arc::clone(&self.program);
+        let pending = executor
+            .submit_with_result(move || kiln_runtime::Program::run(program.as_ref(), &inputs))
+            .map_err(run_error)?;
+        Ok(Request { pending })
     }
 
     /// Runs once and returns each step's description and wall time, in execution order.
@@ -268,6 +283,31 @@ impl Compiled {
     /// Input names and declared types, in order.
     pub fn inputs(&self) -> &[(String, kiln_ir::TensorType)] {
         &self.inputs
+    }
+}
+
+/// A run submitted with [`Compiled::submit`].
+pub struct Request {
+    pending: kiln_runtime::cpu::Pending<Vec<(String, Tensor)>>,
+}
+
+impl Request {
+    /// The run's exact completion: poll it, or order another executor after it.
+    pub fn completion(&self) -> &kiln_runtime::cpu::CpuCompletion {
+        self.pending.completion()
+    }
+
+    /// Waits for the run; its outputs in the model's order.
+    pub fn wait(self) -> Result<Vec<(String, Tensor)>, Error> {
+        self.pending.wait().map_err(run_error)
+    }
+}
+
+/// A runtime error as the facade reports it: bad inputs as [`Error::Input`], the rest as the backend's.
+fn run_error(e: kiln_runtime::RunError) -> Error {
+    match e {
+        kiln_runtime::RunError::Input(m) => Error::Input(m),
+        e => Error::Backend { backend: "cpu", message: e.to_string() },
     }
 }
 

@@ -13,12 +13,14 @@
 //! `docs/runtime.md` maps every item of the seed contracts to its place here.
 
 pub mod backend;
+pub mod collective;
 pub mod completion;
 pub mod parameters;
 pub mod submission;
 pub mod transfer;
 
 pub use backend::{Backend, BackendState, Capabilities, Counters, Node, NodeKind, OpSupport, RunResult, StateHandle};
+pub use collective::{CollectiveBackend, CollectiveGroup, ReduceOp};
 pub use completion::Completion;
 pub use parameters::ParameterBackend;
 pub use submission::SubmissionBackend;

@@ -25,6 +25,11 @@ use kiln_ir::{Dim, Tensor};
 
 use crate::RunError;
 
+pub mod collective;
+pub mod submission;
+pub use collective::LocalGroup;
+pub use submission::{CpuBackend, CpuCompletion, CpuExecutor, CpuWork, Pending};
+
 /// Every arena and per-run buffer starts at a multiple of this many bytes.
 const ALIGN: usize = 64;
 
