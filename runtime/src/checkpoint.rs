@@ -396,7 +396,7 @@ fn parse_entry(name: &str, value: &serde_json::Value, data_start: usize, data_le
         )));
     }
     let elem = (bits / 8).max(1);
-    if (data_start + begin) % elem != 0 {
+    if !(data_start + begin).is_multiple_of(elem) {
         return Err(bad(format!(
             "its data starts at file offset {}, not a multiple of its {elem}-byte elements (unaligned)",
             data_start + begin
@@ -473,7 +473,7 @@ mod tests {
             );
         }
         let mut text = serde_json::Value::Object(header).to_string().into_bytes();
-        while text.len() % 8 != 0 {
+        while !text.len().is_multiple_of(8) {
             text.push(b' ');
         }
         let mut out = (text.len() as u64).to_le_bytes().to_vec();
@@ -516,18 +516,21 @@ mod tests {
 
     #[test]
     fn files_written_by_the_safetensors_crate_open() {
-        let bytes = f32_bytes(&[0.25; 6]);
-        let view = safetensors_view(&bytes);
+        let (w, ids) = (f32_bytes(&[0.25, -0.0, 1.0, 2.0, 3.0, 4.0]), 5i64.to_le_bytes());
+        let views = [
+            ("w", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &w).unwrap()),
+            ("ids", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![1], &ids).unwrap()),
+        ];
+        let metadata = Some(std::collections::HashMap::from([("format".to_string(), "pt".to_string())]));
+        let bytes = safetensors::serialize(views, metadata).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("st.safetensors");
-        std::fs::write(&path, view).unwrap();
+        std::fs::write(&path, bytes).unwrap();
         let ck = Checkpoint::open(&path).unwrap();
+        assert_eq!(ck.metadata().get("format").map(String::as_str), Some("pt"));
         assert_eq!(ck.lease("w").unwrap().shape(), &[2, 3]);
-    }
-
-    /// The same layout the `safetensors` crate writes (header padded with spaces to 8 bytes, data after it).
-    fn safetensors_view(bytes: &[u8]) -> Vec<u8> {
-        image(&[("w", "F32", &[2, 3], [0, 24])], bytes)
+        assert_eq!(ck.lease("w").unwrap().bytes(), &w[..]);
+        assert_eq!(ck.lease("ids").unwrap().to_tensor().unwrap().as_slice::<i64>().unwrap(), &[5]);
     }
 
     #[test]

@@ -341,7 +341,7 @@ mod tests {
         let path = dir.path().join("w.safetensors");
         let data: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut file = br#"{"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#.to_vec();
-        while file.len() % 8 != 0 {
+        while !file.len().is_multiple_of(8) {
             file.push(b' ');
         }
         let mut bytes = (file.len() as u64).to_le_bytes().to_vec();
