@@ -196,3 +196,116 @@ fn strip_origin(e: RunError, origin: &str) -> String {
         e => e.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::MemoryCheckpoint;
+    use crate::cpu::KernelCode;
+    use kiln_ir::DType;
+
+    /// `y = x · transpose(wt) + b`: one weight through a prepare step (the transpose), one read directly.
+    const LINEAR: &str = r#"graph "linear" {
+  %0 = input {name="x"} : f32[2,3]
+  %1 = param {name="wt"} : f32[4,3]
+  %2 = param {name="b"} : f32[2,4]
+  %3 = transpose %1 {perm=[1, 0]} : f32[3,4]
+  %4 = matmul %0, %3 : f32[2,4]
+  %5 = add %4, %2 : f32[2,4]
+  output "y" = %5
+}
+"#;
+
+    fn program(wt: &Tensor, b: &Tensor) -> CpuProgram {
+        let mut g = kiln_ir::parse(LINEAR).unwrap();
+        g.weights.insert("wt", wt.clone());
+        g.weights.insert("b", b.clone());
+        let exe = kiln_codegen::exec::build(&g).unwrap();
+        let kernels = exe.kernels.clone();
+        CpuProgram::new(exe, KernelCode::Reference(kernels), 1).unwrap()
+    }
+
+    fn run(p: &CpuProgram) -> Tensor {
+        let x = Tensor::from_vec(vec![2, 3], vec![1.0f32, 2.0, 3.0, -1.0, 0.5, 0.0]).unwrap();
+        p.run(&BTreeMap::from([("x".to_string(), x)])).unwrap().remove(0).1
+    }
+
+    fn weights(seed: u64) -> (Tensor, Tensor) {
+        (Tensor::random(DType::F32, vec![4, 3], seed), Tensor::random(DType::F32, vec![2, 4], seed + 1))
+    }
+
+    #[test]
+    fn load_weights_reruns_prepare_steps_and_matches_a_fresh_program() {
+        let ((wt_a, b_a), (wt_b, b_b)) = (weights(1), weights(10));
+        let p = program(&wt_a, &b_a);
+        assert_eq!(p.executable().prepare.len(), 1, "the transpose of `wt` is a prepare step");
+        let names: Vec<String> = p.parameters().iter().map(|s| s.name().to_string()).collect();
+        assert_eq!(names, ["b", "wt"]);
+        let ck = MemoryCheckpoint::new("mem").with("wt", &wt_b).with("b", &b_b).with("extra", &b_b);
+        let report = p.load_weights(&ck, &WeightLoad::default()).unwrap();
+        assert_eq!(report.replaced, ["b", "wt"]);
+        assert_eq!(report.unused, ["extra"]);
+        assert_eq!(run(&p), run(&program(&wt_b, &b_b)));
+    }
+
+    #[test]
+    fn recipes_and_optional_destinations() {
+        let ((wt_a, b_a), (wt_b, _)) = (weights(1), weights(10));
+        let p = program(&wt_a, &b_a);
+        // `wt` comes transposed in this checkpoint, as `w`; `b` is absent but optional.
+        let w = DerivedWeightRecipe::Transpose { source: Box::new(DerivedWeightRecipe::tensor("w")), perm: vec![1, 0] };
+        let w_stored =
+            DerivedWeightRecipe::Transpose { source: Box::new(DerivedWeightRecipe::tensor("wt")), perm: vec![1, 0] }
+                .evaluate(&MemoryCheckpoint::new("mem").with("wt", &wt_b))
+                .unwrap();
+        let ck = MemoryCheckpoint::new("mem").with("w", &w_stored);
+        let load = WeightLoad {
+            recipes: BTreeMap::from([("wt".to_string(), w)]),
+            optional: BTreeSet::from(["b".to_string()]),
+        };
+        let report = p.load_weights(&ck, &load).unwrap();
+        assert_eq!((report.replaced, report.kept), (vec!["wt".to_string()], vec!["b".to_string()]));
+        assert_eq!(run(&p), run(&program(&wt_b, &b_a)));
+        // Without `optional`, the missing `b` is an error and nothing changes.
+        let before = run(&p);
+        let err = p.load_weights(&ck, &WeightLoad { optional: BTreeSet::new(), ..load }).unwrap_err().to_string();
+        assert!(err.contains("tensor `b` is missing (the program needs f32[2,4])"), "{err}");
+        assert_eq!(run(&p), before);
+    }
+
+    #[test]
+    fn bind_parameters_publishes_only_a_complete_valid_set() {
+        let ((wt_a, b_a), (wt_b, b_b)) = (weights(1), weights(10));
+        let p = program(&wt_a, &b_a);
+        let before = run(&p);
+        let ck = MemoryCheckpoint::new("mem").with("wt", &wt_b).with("b", &b_b);
+        let bound = |names: &[(&str, &str)]| -> Vec<CpuParameter> {
+            let slots = p.parameters();
+            names
+                .iter()
+                .map(|(slot, tensor)| {
+                    let mut s = slots.iter().find(|s| s.name() == *slot).cloned().unwrap_or_else(|| {
+                        CpuParameter::new(
+                            *slot,
+                            kiln_ir::TensorType::new(DType::F32, kiln_ir::Shape(vec![])),
+                            Packing::None,
+                        )
+                    });
+                    let m = CpuBackend::materialize(ck.lease(tensor).unwrap(), &Default::default()).unwrap();
+                    // Bound without validation here: `bind_parameters` must validate itself.
+                    CpuBackend::bind(&mut s, CpuBackend::finish_materialization(m).unwrap()).unwrap();
+                    s
+                })
+                .collect()
+        };
+        let err = p.bind_parameters(bound(&[("wt", "wt")])).unwrap_err().to_string();
+        assert!(err.contains("weight `b` is not bound"), "{err}");
+        let err = p.bind_parameters(bound(&[("wt", "wt"), ("b", "wt")])).unwrap_err().to_string();
+        assert!(err.contains("weight `b` should be f32[2,4], got f32[4,3]"), "{err}");
+        let err = p.bind_parameters(bound(&[("wt", "wt"), ("b", "b"), ("other", "b")])).unwrap_err().to_string();
+        assert!(err.contains("the program has no weight `other`"), "{err}");
+        assert_eq!(run(&p), before, "failed binds changed nothing");
+        p.bind_parameters(bound(&[("wt", "wt"), ("b", "b")])).unwrap();
+        assert_eq!(run(&p), run(&program(&wt_b, &b_b)));
+    }
+}
