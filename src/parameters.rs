@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use kiln_ir::{DType, Graph, Op};
-use kiln_runtime::checkpoint::{Checkpoint, CheckpointSource};
+use kiln_runtime::checkpoint::{Checkpoint, CheckpointSource, MemoryCheckpoint};
 use kiln_runtime::contract::ParameterBackend;
 use kiln_runtime::cpu::{CpuBackend, DTypeRule, MaterializeOptions, Packing, WeightLoad, WeightLoadReport};
 
@@ -90,6 +90,15 @@ impl Compiled {
     /// after this returns `Ok` use the new ones. On `Err` nothing changed.
     pub fn load_weights(&self, path: &Path) -> Result<WeightLoadReport, Error> {
         let checkpoint = Checkpoint::open(path).map_err(|e| weights_error(path, e))?;
+        self.load_weights_from(&checkpoint)
+    }
+
+    /// [`Compiled::load_weights`] from weights in memory (each tensor is copied once, into its new weight).
+    pub fn swap_weights(&self, weights: &kiln_ir::Weights) -> Result<WeightLoadReport, Error> {
+        let mut checkpoint = MemoryCheckpoint::new("(weights in memory)");
+        for (name, t) in weights.iter() {
+            checkpoint.insert(name, t);
+        }
         self.load_weights_from(&checkpoint)
     }
 

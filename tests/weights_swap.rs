@@ -84,6 +84,14 @@ fn a_good_checkpoint_gives_what_a_fresh_compile_gives() {
     assert_ne!(after, before, "new weights change the outputs");
     assert_eq!(after, run_bits(&compile(&b)));
     assert_eq!(compiled.weight("w1").unwrap().as_ref(), b.get("w1").unwrap().as_ref());
+    // The same from weights in memory, and back.
+    compiled.swap_weights(&a).unwrap();
+    assert_eq!(run_bits(&compiled), before);
+    let mut missing = b.clone();
+    missing.remove("b1");
+    let err = compiled.swap_weights(&missing).unwrap_err().to_string();
+    assert!(err.contains("tensor `b1` is missing"), "{err}");
+    assert_eq!(run_bits(&compiled), before);
 }
 
 #[test]
