@@ -13,6 +13,15 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+echo "== cargo clippy (kiln-runtime with MPI)"
+cargo clippy -p kiln-runtime --features mpi --all-targets --quiet -- -D warnings
+
+echo "== MPI collectives under mpirun -np 2"
+cargo build --quiet -p kiln-runtime --features mpi --example mpi_collectives
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# Two ranks on a two-core machine: oversubscription is allowed so a busy machine does not refuse the run.
+mpirun --oversubscribe -np 2 target/debug/examples/mpi_collectives
+
 echo "== ONNX node conformance (reference interpreter)"
 # ONNX ships its node tests as Python definitions; generate the data once into .cache (about 10 s).
 ONNX_VERSION=1.23.2

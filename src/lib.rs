@@ -28,6 +28,7 @@ pub mod artifact;
 pub mod conformance;
 pub mod difftest;
 pub mod dot;
+pub mod generate;
 pub mod npy;
 pub mod parameters;
 pub mod weights;
@@ -109,6 +110,9 @@ pub enum Error {
     /// An `.npy` file could not be read or written.
     #[error(transparent)]
     Npy(#[from] npy::NpyError),
+    /// A runtime operation failed: token decoding, a state that could not be imported.
+    #[error(transparent)]
+    Run(#[from] kiln_runtime::RunError),
 }
 
 /// Where a model runs.

@@ -588,13 +588,16 @@ fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
 #[test]
 fn vector_approximations_stay_within_their_documented_bounds() {
     let n = 200_003;
-    let cases: [(&str, Vec<f32>, f64, f64); 6] = [
+    // erf's rational function is rounding-limited: one rounding per Horner step with FMA, two without.
+    let erf_bound = if kiln_codegen::cpu::host_supports("fma") { 3e-7 } else { 4e-7 };
+    let cases: [(&str, Vec<f32>, f64, f64); 7] = [
         ("exp", sweep(-90.0, 90.0, n), 2e-7, 0.0),
         ("sigmoid", sweep(-90.0, 90.0, n), 3e-7, 0.0),
         ("tanh", sweep(-10.0, 10.0, n), 3e-7, 0.0),
         ("log", sweep(1e-30, 50.0, n), 2e-7, 0.0),
         ("log", sweep(0.5, 2.0, n), 2e-7, 0.5),
-        ("erf", sweep(-5.0, 5.0, n), 3e-7, 0.0),
+        ("erf", sweep(-5.0, 5.0, n), erf_bound, 0.0),
+        ("erf", sweep(-1e30, 1e30, 2001), 0.0, 0.0),
     ];
     for (op, xs, bound, floor) in cases {
         let err = max_error(op, &xs, floor);
@@ -604,7 +607,7 @@ fn vector_approximations_stay_within_their_documented_bounds() {
     // Tiny magnitudes, where the formulas change.
     let small: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1.3e-3).collect();
     assert!(max_error("tanh", &small, 0.0) <= 3e-7);
-    assert!(max_error("erf", &small, 0.0) <= 3e-7);
+    assert!(max_error("erf", &small, 0.0) <= erf_bound);
 }
 
 #[test]

@@ -561,7 +561,7 @@ attrs! {
 named_enum! {
     /// GELU variants.
     pub enum GeluApprox {
-        /// `x/2 * (1 + erf(x/√2))`.
+        /// `x/2 * (1 + erf(x/√2))`, with `x/√2` computed as `x * (1/√2)`.
         None = "none",
         /// `x/2 * (1 + tanh(√(2/π) * (x + 0.044715 x³)))`.
         Tanh = "tanh",

@@ -238,8 +238,8 @@ fn expand(e: &mut Emitter<'_>, id: NodeId) -> Option<Value> {
             let half_x = e.binary(BinaryOp::Mul, half, x)?;
             let inner = match gelu.approximate {
                 GeluApprox::None => {
-                    let sqrt2 = e.scalar(dtype, std::f64::consts::SQRT_2)?;
-                    let t = e.binary(BinaryOp::Div, x, sqrt2)?;
+                    let inv_sqrt2 = e.scalar(dtype, std::f64::consts::FRAC_1_SQRT_2)?;
+                    let t = e.binary(BinaryOp::Mul, x, inv_sqrt2)?;
                     e.unary(UnaryOp::Erf, t)?
                 }
                 GeluApprox::Tanh => {

@@ -10,8 +10,11 @@ pub mod artifact;
 pub mod checkpoint;
 pub mod contract;
 pub mod cpu;
+pub mod plugin;
 pub mod prefix_cache;
 pub mod recipe;
+pub mod registry;
+pub mod state;
 
 use std::collections::BTreeMap;
 

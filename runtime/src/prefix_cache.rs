@@ -12,9 +12,9 @@
 //! leased state is never evicted (the budget may then be exceeded until the lease ends; [`PrefixCache::stats`]
 //! says so). Everything is deterministic: ties go to the most recently used state.
 //!
-//! Not yet here (issue 6 builds on this): the decoding loop that fills it from `gpt2_small_step`, state
-//! export/import, and pruning the trie nodes an evicted state leaves behind (they hold no tensors; a long-running
-//! server with many distinct prompts keeps them until the cache is dropped).
+//! Removing a state (evicted or replaced) prunes the trie nodes no other state needs, and their slots are reused,
+//! so a long-running server with many distinct prompts holds trie nodes only for the states it keeps. The decoding
+//! loop that fills the cache is [`crate::state`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,11 +66,15 @@ pub struct CacheStats {
     pub budget: u64,
     /// States evicted so far.
     pub evicted: u64,
+    /// Live trie nodes, the root included (pruned along with the states that needed them).
+    pub trie_nodes: usize,
 }
 
 /// A trie of token prefixes holding states, with an LRU byte budget. See the module docs.
 pub struct PrefixCache<S> {
     nodes: Vec<Node>,
+    /// Slots of pruned nodes, reused before `nodes` grows.
+    free: Vec<usize>,
     entries: HashMap<usize, Entry<S>>,
     next_entry: usize,
     clock: u64,
@@ -84,6 +88,7 @@ impl<S: CachedState> PrefixCache<S> {
     pub fn new(budget: u64) -> PrefixCache<S> {
         PrefixCache {
             nodes: vec![Node::default()],
+            free: Vec::new(),
             entries: HashMap::new(),
             next_entry: 0,
             clock: 0,
@@ -95,7 +100,13 @@ impl<S: CachedState> PrefixCache<S> {
 
     /// Counters.
     pub fn stats(&self) -> CacheStats {
-        CacheStats { entries: self.entries.len(), bytes: self.bytes, budget: self.budget, evicted: self.evicted }
+        CacheStats {
+            entries: self.entries.len(),
+            bytes: self.bytes,
+            budget: self.budget,
+            evicted: self.evicted,
+            trie_nodes: self.nodes.len() - self.free.len(),
+        }
     }
 
     /// The cached state sharing the longest prefix with `prompt`, most recently used first among equals; `None`
@@ -120,6 +131,14 @@ impl<S: CachedState> PrefixCache<S> {
         Some(Hit { state: Arc::clone(&entry.state), state_tokens: entry.tokens.clone(), reused })
     }
 
+    /// Every cached state with the tokens it covers, least recently used first (so re-inserting them in this
+    /// order rebuilds the same recency).
+    pub fn entries(&self) -> Vec<(&[Token], &Arc<S>)> {
+        let mut v: Vec<_> = self.entries.values().collect();
+        v.sort_by_key(|e| e.last_used);
+        v.into_iter().map(|e| (e.tokens.as_slice(), &e.state)).collect()
+    }
+
     /// Stores `state` for exactly `tokens` (replacing a state stored for the same tokens), then evicts least
     /// recently used unleased states while over budget. A state larger than the whole budget is not stored.
     pub fn insert(&mut self, tokens: &[Token], state: S) {
@@ -127,20 +146,26 @@ impl<S: CachedState> PrefixCache<S> {
         if tokens.is_empty() || size > self.budget {
             return;
         }
+        // Replace first: removing the old state may prune the very path walked below.
+        if let Some(old) = self.find(tokens).and_then(|n| self.nodes[n].entry) {
+            self.remove(old);
+        }
         let mut node = 0;
         for &t in tokens {
             node = match self.nodes[node].children.get(&t) {
                 Some(&c) => c,
                 None => {
-                    self.nodes.push(Node::default());
-                    let c = self.nodes.len() - 1;
+                    let c = match self.free.pop() {
+                        Some(slot) => slot,
+                        None => {
+                            self.nodes.push(Node::default());
+                            self.nodes.len() - 1
+                        }
+                    };
                     self.nodes[node].children.insert(t, c);
                     c
                 }
             };
-        }
-        if let Some(old) = self.nodes[node].entry {
-            self.remove(old);
         }
         self.clock += 1;
         let id = self.next_entry;
@@ -176,6 +201,32 @@ impl<S: CachedState> PrefixCache<S> {
             self.nodes[e.node].entry = None;
             self.bytes -= e.state.bytes();
             self.adjust_below(&e.tokens, -1);
+            self.prune(&e.tokens);
+        }
+    }
+
+    /// The node for exactly `tokens`, if the trie has one.
+    fn find(&self, tokens: &[Token]) -> Option<usize> {
+        tokens.iter().try_fold(0, |node, t| self.nodes[node].children.get(t).copied())
+    }
+
+    /// Detaches and frees the part of `tokens`' path that no state lies at or below. Every live non-root node
+    /// has a state at or below it, so that part is a chain starting at the first such node.
+    fn prune(&mut self, tokens: &[Token]) {
+        let mut node = 0;
+        for t in tokens {
+            let Some(&child) = self.nodes[node].children.get(t) else { return };
+            if self.nodes[child].below == 0 {
+                self.nodes[node].children.remove(t);
+                let mut stack = vec![child];
+                while let Some(n) = stack.pop() {
+                    let dead = std::mem::take(&mut self.nodes[n]);
+                    stack.extend(dead.children.into_values());
+                    self.free.push(n);
+                }
+                return;
+            }
+            node = child;
         }
     }
 
@@ -254,6 +305,34 @@ mod tests {
         c.insert(&[5], S(10, "e"));
         assert_eq!(c.stats().entries, 2);
         assert!(c.stats().bytes <= 25);
+    }
+
+    #[test]
+    fn evicted_states_leave_no_trie_nodes_behind() {
+        let mut c = PrefixCache::new(30);
+        c.insert(&[1, 2, 3], S(10, "shared"));
+        for i in 0..200u32 {
+            c.insert(&[1, 2, 3, 100 + i, 7, 7, 7], S(10, "long"));
+        }
+        // Three states fit: [1,2,3] was used least recently and went first; the three newest long ones remain.
+        let stats = c.stats();
+        assert_eq!((stats.entries, stats.evicted), (3, 198));
+        assert_eq!(stats.trie_nodes, 1 + 3 + 3 * 4, "root, the shared [1,2,3] path, three 4-node tails");
+        let h = c.lookup(&[1, 2, 3, 299, 7, 7, 7]).expect("the newest state");
+        assert_eq!((h.reused, h.state.1), (7, "long"));
+        let h = c.lookup(&[1, 2, 3, 5]).expect("a prefix of the kept states");
+        assert_eq!(h.reused, 3);
+        drop(h);
+        // Replacing a state that alone needed its path keeps the path usable.
+        c.insert(&[1, 2, 3, 299, 7, 7, 7], S(10, "again"));
+        assert_eq!(c.lookup(&[1, 2, 3, 299, 7, 7, 7]).expect("replaced").state.1, "again");
+        assert_eq!(c.stats().trie_nodes, 1 + 3 + 3 * 4);
+        // A budget that keeps nothing leaves only the root.
+        let mut tiny = PrefixCache::new(10);
+        for i in 0..50u32 {
+            tiny.insert(&[i, i + 1, i + 2], S(10, "x"));
+        }
+        assert_eq!((tiny.stats().entries, tiny.stats().trie_nodes), (1, 4));
     }
 
     #[test]

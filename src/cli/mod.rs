@@ -1,9 +1,11 @@
 //! Command-line parsing (clap) and dispatch to one module per subcommand.
 
+mod backends;
 mod bench;
 mod check;
 mod compile;
 mod conformance;
+mod generate;
 mod inspect;
 mod opt;
 mod run;
@@ -39,6 +41,12 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run ONNX backend node tests (case folders of model.onnx + test_data_set_*) and compare outputs.
     Conformance(conformance::ConformanceArgs),
+    /// List the node backends (built-in and plugins from KILN_BACKEND_PLUGINS=name=path[:priority],...), best
+    /// first: name, priority, tensor backend type, capabilities.
+    Backends(backends::BackendsArgs),
+    /// Greedy generation with a decoder step model (a key/value cache model such as gpt2_small_step): prints the
+    /// generated ids and the prefix-cache counters; states can be saved and resumed across processes.
+    Generate(generate::GenerateArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -93,6 +101,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Check(a) => check::run(a),
         Command::Conformance(a) => conformance::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Backends(a) => backends::run(a),
+        Command::Generate(a) => generate::run(a),
     }
 }
 

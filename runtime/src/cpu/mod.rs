@@ -14,6 +14,8 @@
 //! A program is `Send + Sync`: several threads may run it at once. Nothing here panics on a bad input — a wrong
 //! name, dtype or shape is a [`RunError`] naming the input.
 
+pub mod node;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, RwLock};
@@ -26,6 +28,8 @@ use kiln_ir::{Dim, Tensor};
 use crate::RunError;
 
 pub mod collective;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod parameters;
 pub mod submission;
 pub mod transfer;

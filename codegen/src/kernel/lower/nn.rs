@@ -157,7 +157,7 @@ impl Ctx<'_> {
         let x = self.bind(Key::Internal(v.node, 0, idx.to_vec()), e, c);
         let half_x = bin(BinaryOp::Mul, k(0.5), x.clone());
         let inner = match approx {
-            GeluApprox::None => Expr::unary(UnaryOp::Erf, bin(BinaryOp::Div, x, k(std::f64::consts::SQRT_2))),
+            GeluApprox::None => Expr::unary(UnaryOp::Erf, bin(BinaryOp::Mul, x, k(std::f64::consts::FRAC_1_SQRT_2))),
             GeluApprox::Tanh => {
                 let cube = bin(
                     BinaryOp::Mul,

@@ -141,14 +141,15 @@ fn softmax(s: &Softmax, x: &Tensor, kind: SoftmaxKind) -> Result<Tensor, String>
     })
 }
 
-/// GELU: exact `x/2 * (1 + erf(x/√2))`, or the tanh approximation.
+/// GELU: exact `x/2 * (1 + erf(x/√2))` — computed as `erf(x * (1/√2))`, as PyTorch and ONNX Runtime do (at most
+/// one rounding apart in erf's argument, and no division) — or the tanh approximation.
 fn gelu(g: &Gelu, x: &Tensor) -> Result<Tensor, String> {
     with_real!(x.dtype(), F => {
         let half = F::of_f64(0.5);
         let y = load::<F>(x)
             .into_iter()
             .map(|v| match g.approximate {
-                GeluApprox::None => half * v * (F::ONE + Real::erf(v / F::of_f64(std::f64::consts::SQRT_2))),
+                GeluApprox::None => half * v * (F::ONE + Real::erf(v * F::of_f64(std::f64::consts::FRAC_1_SQRT_2))),
                 GeluApprox::Tanh => {
                     let c = F::of_f64((2.0 / std::f64::consts::PI).sqrt());
                     let inner = c * (v + F::of_f64(0.044715) * v * v * v);

@@ -1,0 +1,502 @@
+//! The backend registry: named [`Backend`]s with priorities, and selection of one per node by capability.
+//!
+//! Selection is plain data matching — [`Capabilities::missing_for`] against the node — so the registry never
+//! calls a backend to find out whether it can run something. Among the backends that cover a node, the highest
+//! priority wins; **ties go to the name that sorts first** (byte-wise), so the choice never depends on
+//! registration order or hashing. When none covers the node, [`RunError::NoBackend`] lists every registered
+//! backend with the reason it was refused: there is no silent fallback.
+//!
+//! Plugins ([`crate::plugin`]) join the registry through [`BackendRegistry::load_plugin`] or the
+//! `KILN_BACKEND_PLUGINS` environment variable, a comma-separated list of `name=path[:priority]` specs (the
+//! exact rules are on [`parse_plugin_specs`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::RunError;
+use crate::contract::{Backend, Capabilities, Node};
+use crate::cpu::node::ReferenceBackend;
+
+/// The environment variable [`BackendRegistry::load_plugins_from_env`] reads.
+pub const PLUGINS_ENV_VAR: &str = "KILN_BACKEND_PLUGINS";
+
+/// The name [`BackendRegistry::with_defaults`] gives the reference backend.
+pub const REFERENCE_BACKEND: &str = "cpu-reference";
+
+/// A registered backend.
+#[derive(Clone)]
+struct Entry {
+    backend: Arc<dyn Backend>,
+    priority: i32,
+}
+
+/// The backend chosen for a node.
+#[derive(Clone)]
+pub struct Selection {
+    /// Its registered name.
+    pub name: String,
+    /// The backend.
+    pub backend: Arc<dyn Backend>,
+    /// Its capabilities at selection time.
+    pub capabilities: Capabilities,
+    /// Its priority.
+    pub priority: i32,
+}
+
+impl std::fmt::Debug for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Selection")
+            .field("name", &self.name)
+            .field("capabilities", &self.capabilities)
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+/// Named backends with priorities.
+#[derive(Clone, Default)]
+pub struct BackendRegistry {
+    backends: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for BackendRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.backends.iter().map(|(n, e)| (n, e.priority))).finish()
+    }
+}
+
+/// Orders candidates best first: higher priority, then the name that sorts first.
+fn better_first(a: &(&String, &Entry), b: &(&String, &Entry)) -> std::cmp::Ordering {
+    b.1.priority.cmp(&a.1.priority).then_with(|| a.0.cmp(b.0))
+}
+
+impl BackendRegistry {
+    /// An empty registry.
+    pub fn new() -> BackendRegistry {
+        BackendRegistry::default()
+    }
+
+    /// A registry holding the built-in backends: the reference backend ([`ReferenceBackend`], every tensor op on
+    /// the host) as [`REFERENCE_BACKEND`] with priority 0.
+    pub fn with_defaults() -> BackendRegistry {
+        let mut r = BackendRegistry::new();
+        r.register(REFERENCE_BACKEND, Arc::new(ReferenceBackend), 0).expect("an empty registry has no duplicates");
+        r
+    }
+
+    /// Adds `backend` as `name` with `priority` (higher wins). An empty name or one already registered is an
+    /// error.
+    pub fn register(&mut self, name: &str, backend: Arc<dyn Backend>, priority: i32) -> Result<(), RunError> {
+        if name.trim().is_empty() {
+            return Err(RunError::Registry("a backend name must not be empty".into()));
+        }
+        if self.backends.contains_key(name) {
+            return Err(RunError::Registry(format!("a backend named `{name}` is already registered")));
+        }
+        self.backends.insert(name.to_string(), Entry { backend, priority });
+        Ok(())
+    }
+
+    /// The backend registered as `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Backend>> {
+        self.backends.get(name).map(|e| Arc::clone(&e.backend))
+    }
+
+    /// The priority of the backend registered as `name`.
+    pub fn priority(&self, name: &str) -> Option<i32> {
+        self.backends.get(name).map(|e| e.priority)
+    }
+
+    /// Whether a backend is registered as `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.backends.contains_key(name)
+    }
+
+    /// Every registered name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.backends.keys().cloned().collect()
+    }
+
+    /// How many backends are registered.
+    pub fn len(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// Whether none is registered.
+    pub fn is_empty(&self) -> bool {
+        self.backends.is_empty()
+    }
+
+    /// The best backend for nodes of `kind` — an op mnemonic (`matmul`) or `token` — ignoring everything about
+    /// a node but its kind (a token node's need for a prefix cache, say). Same order as [`Self::select`].
+    pub fn backend_for(&self, kind: &str) -> Option<Arc<dyn Backend>> {
+        let mut fits: Vec<(&String, &Entry)> = self
+            .backends
+            .iter()
+            .filter(|(_, e)| {
+                let caps = e.backend.capabilities();
+                if kind == "token" { caps.token } else { caps.tensor && caps.ops.covers(kind) }
+            })
+            .collect();
+        fits.sort_by(better_first);
+        fits.first().map(|(_, e)| Arc::clone(&e.backend))
+    }
+
+    /// The best backend for `node`: the highest priority among those whose capabilities cover it, ties to the
+    /// name that sorts first. None fits: [`RunError::NoBackend`] with one `name: reason` line per backend.
+    pub fn select(&self, node: &Node) -> Result<Selection, RunError> {
+        let mut fits = Vec::new();
+        let mut considered = Vec::new();
+        for (name, entry) in &self.backends {
+            let caps = entry.backend.capabilities();
+            match caps.missing_for(node) {
+                None => fits.push((name, entry, caps)),
+                Some(why) => considered.push(format!("{name} (priority {}): {why}", entry.priority)),
+            }
+        }
+        fits.sort_by(|a, b| better_first(&(a.0, a.1), &(b.0, b.1)));
+        match fits.into_iter().next() {
+            Some((name, entry, capabilities)) => Ok(Selection {
+                name: name.clone(),
+                backend: Arc::clone(&entry.backend),
+                capabilities,
+                priority: entry.priority,
+            }),
+            None => {
+                Err(RunError::NoBackend { node: node.name.clone(), kind: node.kind_name().to_string(), considered })
+            }
+        }
+    }
+
+    /// Loads the plugin at `path` and registers it as `name`. Errors name the plugin: a missing file, a library
+    /// without `kiln_backend_entry`, a wrong ABI version or struct size, a duplicate name.
+    pub fn load_plugin(&mut self, name: &str, path: &Path, priority: i32) -> Result<(), RunError> {
+        self.check_new_name(name)?;
+        let backend = crate::plugin::PluginBackend::load(path, Some(name))?;
+        self.register(name, Arc::new(backend), priority)
+    }
+
+    /// Loads the plugins listed in [`PLUGINS_ENV_VAR`]; see [`Self::load_plugins_from_var`].
+    pub fn load_plugins_from_env(&mut self) -> Result<usize, RunError> {
+        self.load_plugins_from_var(PLUGINS_ENV_VAR)
+    }
+
+    /// Loads the plugins listed in the environment variable `var` (unset or blank: none). Returns how many were
+    /// loaded; see [`Self::load_plugins_from_spec`] for what happens on an error. Errors are those of the spec
+    /// (they quote the offending entry, not the variable: callers name the variable in their context).
+    pub fn load_plugins_from_var(&mut self, var: &str) -> Result<usize, RunError> {
+        match std::env::var(var) {
+            Ok(spec) => self.load_plugins_from_spec(&spec),
+            Err(std::env::VarError::NotPresent) => Ok(0),
+            Err(std::env::VarError::NotUnicode(_)) => Err(RunError::Registry(format!("{var} is not valid UTF-8"))),
+        }
+    }
+
+    /// Loads the plugins a spec string lists (the format of [`parse_plugin_specs`]). All or nothing: the whole
+    /// spec is parsed and every plugin loaded before any is registered, so after an error the registry is as it
+    /// was. Returns how many were loaded.
+    pub fn load_plugins_from_spec(&mut self, spec: &str) -> Result<usize, RunError> {
+        let specs = parse_plugin_specs(spec)?;
+        for s in &specs {
+            self.check_new_name(&s.name)?;
+        }
+        let mut loaded = Vec::with_capacity(specs.len());
+        for s in &specs {
+            let backend = crate::plugin::PluginBackend::load(&s.path, Some(&s.name))?;
+            loaded.push((s, backend));
+        }
+        let n = loaded.len();
+        for (s, backend) in loaded {
+            self.register(&s.name, Arc::new(backend), s.priority)?;
+        }
+        Ok(n)
+    }
+
+    fn check_new_name(&self, name: &str) -> Result<(), RunError> {
+        if self.has(name) {
+            return Err(RunError::Registry(format!("a backend named `{name}` is already registered")));
+        }
+        Ok(())
+    }
+
+    /// One line per backend, best first for tensor work (priority descending, then name): name, priority, tensor
+    /// backend type and capabilities. What `kiln backends` prints.
+    pub fn describe(&self) -> Vec<String> {
+        let mut all: Vec<(&String, &Entry)> = self.backends.iter().collect();
+        all.sort_by(better_first);
+        all.into_iter()
+            .map(|(name, e)| {
+                let ty = e.backend.tensor_backend_type();
+                format!(
+                    "{name}  priority {}  type {}  {}",
+                    e.priority,
+                    if ty.is_empty() { "-" } else { ty },
+                    e.backend.capabilities()
+                )
+            })
+            .collect()
+    }
+}
+
+/// One `name=path[:priority]` entry of a plugin list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginSpec {
+    /// The name to register the plugin as.
+    pub name: String,
+    /// The shared library.
+    pub path: PathBuf,
+    /// Its priority (0 when not given).
+    pub priority: i32,
+}
+
+/// Parses a plugin list: `name=path[:priority]` entries separated by commas.
+///
+/// Rules, in order:
+/// - A blank string is an empty list. Whitespace around entries, names and paths is trimmed; an entry that is
+///   empty between two commas (`a=x.so,,b=y.so`) is an error.
+/// - The name is everything before the first `=`; it must not be empty and must not repeat within the list.
+///   An entry without `=` is an error (it names no plugin, or gives no path).
+/// - After the `=` comes the path, optionally followed by `:priority`. The text after the **last** `:` is a
+///   priority when it starts with an ASCII digit, `+` or `-` and contains no `/`; it must then be a decimal
+///   `i32` (negative allowed), otherwise the entry is an error (`x.so:1.5`, `x.so:99999999999`). Any other
+///   suffix is part of the path (`/opt/a:b/lib.so`, `lib:debug.so`). A trailing `:` with nothing after it is an
+///   error. The path (without the priority) must not be empty.
+pub fn parse_plugin_specs(spec: &str) -> Result<Vec<PluginSpec>, RunError> {
+    let mut out: Vec<PluginSpec> = Vec::new();
+    if spec.trim().is_empty() {
+        return Ok(out);
+    }
+    for (i, entry) in spec.split(',').enumerate() {
+        let n = i + 1;
+        let entry = entry.trim();
+        let bad = |why: String| RunError::Registry(format!("plugin spec #{n} `{entry}`: {why}"));
+        if entry.is_empty() {
+            return Err(bad("empty entry (expected name=path[:priority])".into()));
+        }
+        let Some((name, rest)) = entry.split_once('=') else {
+            return Err(bad("missing `=path` (expected name=path[:priority])".into()));
+        };
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(bad("empty name (expected name=path[:priority])".into()));
+        }
+        let rest = rest.trim();
+        let (path, priority) = match rest.rsplit_once(':').map(|(p, s)| (p, s.trim())) {
+            Some((_, "")) => return Err(bad("empty priority after `:`".into())),
+            Some((path, suffix))
+                if suffix.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-')
+                    && !suffix.contains('/') =>
+            {
+                let p = suffix
+                    .parse::<i32>()
+                    .map_err(|_| bad(format!("bad priority `{suffix}` (expected an integer in i32 range)")))?;
+                (path.trim(), p)
+            }
+            _ => (rest, 0),
+        };
+        if path.is_empty() {
+            return Err(bad("missing path (expected name=path[:priority])".into()));
+        }
+        if out.iter().any(|s| s.name == name) {
+            return Err(bad(format!("the name `{name}` is used twice")));
+        }
+        out.push(PluginSpec { name: name.to_string(), path: PathBuf::from(path), priority });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_ir::Op;
+    use kiln_ir::op::{BinaryOp, UnaryOp};
+
+    use super::*;
+    use crate::contract::{OpSupport, RunResult};
+
+    /// A backend that only declares capabilities.
+    struct Fake(Capabilities);
+
+    impl Backend for Fake {
+        fn capabilities(&self) -> Capabilities {
+            self.0.clone()
+        }
+        fn run_with_cache(
+            &self,
+            node: &Node,
+            _: &[kiln_ir::Tensor],
+            _: Option<&crate::contract::BackendState>,
+            _: u32,
+        ) -> Result<RunResult, RunError> {
+            Err(RunError::Unsupported { node: node.name.clone(), reason: "fake".into() })
+        }
+    }
+
+    fn ops(names: &[&str]) -> Arc<dyn Backend> {
+        Arc::new(Fake(Capabilities {
+            tensor: true,
+            ops: OpSupport::only(names.iter().copied()),
+            ..Capabilities::none()
+        }))
+    }
+
+    fn tokens(cache: bool) -> Arc<dyn Backend> {
+        Arc::new(Fake(Capabilities { token: true, cache, ..Capabilities::none() }))
+    }
+
+    fn add() -> Node {
+        Node::op("n0", Op::Binary(BinaryOp::Add))
+    }
+
+    #[test]
+    fn highest_priority_covering_backend_wins() {
+        let mut r = BackendRegistry::with_defaults();
+        r.register("fast-add", ops(&["add", "mul"]), 10).unwrap();
+        r.register("low", ops(&["add"]), -5).unwrap();
+        r.register("mul-only", ops(&["mul"]), 100).unwrap();
+        let s = r.select(&add()).unwrap();
+        assert_eq!((s.name.as_str(), s.priority), ("fast-add", 10));
+        assert!(s.capabilities.ops.covers("add"));
+        // An op only the reference backend covers falls to it.
+        let s = r.select(&Node::op("e", Op::Unary(UnaryOp::Exp))).unwrap();
+        assert_eq!(s.name, REFERENCE_BACKEND);
+        assert!(Arc::ptr_eq(&r.backend_for("mul").unwrap(), &r.get("mul-only").unwrap()));
+        assert!(Arc::ptr_eq(&r.backend_for("exp").unwrap(), &r.get(REFERENCE_BACKEND).unwrap()));
+        assert!(r.backend_for("token").is_none());
+    }
+
+    #[test]
+    fn ties_go_to_the_name_that_sorts_first_whatever_the_registration_order() {
+        for order in [["b", "a", "c"], ["c", "b", "a"], ["a", "c", "b"]] {
+            let mut r = BackendRegistry::new();
+            for n in order {
+                r.register(n, ops(&["add"]), 3).unwrap();
+            }
+            assert_eq!(r.select(&add()).unwrap().name, "a");
+            assert!(Arc::ptr_eq(&r.backend_for("add").unwrap(), &r.get("a").unwrap()));
+        }
+    }
+
+    #[test]
+    fn token_nodes_need_token_and_cache_capabilities() {
+        let mut r = BackendRegistry::with_defaults();
+        r.register("no-cache", tokens(false), 5).unwrap();
+        r.register("cached", tokens(true), 1).unwrap();
+        assert_eq!(r.select(&Node::token("t", "m", false)).unwrap().name, "no-cache");
+        assert_eq!(r.select(&Node::token("t", "m", true)).unwrap().name, "cached");
+        assert!(Arc::ptr_eq(&r.backend_for("token").unwrap(), &r.get("no-cache").unwrap()));
+    }
+
+    #[test]
+    fn no_backend_lists_every_backend_with_its_reason() {
+        let mut r = BackendRegistry::with_defaults();
+        r.register("adder", ops(&["add"]), 2).unwrap();
+        r.register("decoder", tokens(false), 1).unwrap();
+        let err = r.select(&Node::token("req-7", "llm", true)).unwrap_err();
+        let RunError::NoBackend { node, kind, considered } = &err else { panic!("{err:?}") };
+        assert_eq!((node.as_str(), kind.as_str()), ("req-7", "token"));
+        assert_eq!(
+            considered,
+            &vec![
+                "adder (priority 2): no token support".to_string(),
+                "cpu-reference (priority 0): no token support".to_string(),
+                "decoder (priority 1): no prefix-cache support".to_string(),
+            ]
+        );
+        let text = err.to_string();
+        assert!(text.contains("no backend can run node `req-7` (token)") && text.contains("decoder"), "{text}");
+        let err = BackendRegistry::new().select(&add()).unwrap_err();
+        assert!(err.to_string().contains("none registered"), "{err}");
+        let mut r = BackendRegistry::new();
+        r.register("adder", ops(&["add"]), 0).unwrap();
+        let err = r.select(&Node::op("m", Op::MatMul)).unwrap_err().to_string();
+        assert!(err.contains("adder (priority 0): op `matmul` not among add"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_and_empty_names_are_refused() {
+        let mut r = BackendRegistry::with_defaults();
+        let err = r.register(REFERENCE_BACKEND, ops(&["add"]), 9).unwrap_err();
+        assert_eq!(err, RunError::Registry("a backend named `cpu-reference` is already registered".into()));
+        assert_eq!(r.priority(REFERENCE_BACKEND), Some(0), "the first registration stays");
+        assert!(matches!(r.register(" ", ops(&["add"]), 0), Err(RunError::Registry(_))));
+        // A duplicate is caught before the plugin file is even looked at.
+        let err = r.load_plugin(REFERENCE_BACKEND, Path::new("/nonexistent.so"), 0).unwrap_err();
+        assert!(err.to_string().contains("already registered"), "{err}");
+        let err = r.load_plugins_from_spec("cpu-reference=/nonexistent.so").unwrap_err();
+        assert!(err.to_string().contains("already registered"), "{err}");
+        assert_eq!(r.names(), vec![REFERENCE_BACKEND.to_string()]);
+        assert!(r.has(REFERENCE_BACKEND) && !r.has("x") && r.get("x").is_none());
+    }
+
+    #[test]
+    fn a_failed_plugin_list_registers_nothing() {
+        let mut r = BackendRegistry::with_defaults();
+        let err = r.load_plugins_from_spec("a=/nonexistent/a.so:3").unwrap_err();
+        assert!(matches!(&err, RunError::Plugin { name, message } if name == "a" && message.contains("no such file")));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.load_plugins_from_spec("  ").unwrap(), 0);
+        assert_eq!(r.load_plugins_from_var("KILN_TEST_SURELY_UNSET_VARIABLE").unwrap(), 0);
+    }
+
+    #[test]
+    fn describe_lists_backends_best_first() {
+        let mut r = BackendRegistry::with_defaults();
+        r.register("decoder", tokens(true), 7).unwrap();
+        assert_eq!(
+            r.describe(),
+            vec!["decoder  priority 7  type -  token cache", "cpu-reference  priority 0  type cpu  tensor(all ops)"]
+        );
+    }
+
+    fn spec(name: &str, path: &str, priority: i32) -> PluginSpec {
+        PluginSpec { name: name.into(), path: path.into(), priority }
+    }
+
+    #[test]
+    fn plugin_specs_parse() {
+        let cases: &[(&str, Vec<PluginSpec>)] = &[
+            ("", vec![]),
+            ("   ", vec![]),
+            ("ew=/p/libew.so", vec![spec("ew", "/p/libew.so", 0)]),
+            ("ew=/p/libew.so:5", vec![spec("ew", "/p/libew.so", 5)]),
+            ("ew=/p/libew.so:-3", vec![spec("ew", "/p/libew.so", -3)]),
+            ("ew=/p/libew.so:+4", vec![spec("ew", "/p/libew.so", 4)]),
+            (" a = x.so : 2 , b=y.so ", vec![spec("a", "x.so", 2), spec("b", "y.so", 0)]),
+            // A suffix that is not a priority stays in the path.
+            ("a=/opt/k:v/lib.so", vec![spec("a", "/opt/k:v/lib.so", 0)]),
+            ("a=lib:debug.so", vec![spec("a", "lib:debug.so", 0)]),
+            ("a=/opt/k:v/lib.so:-1", vec![spec("a", "/opt/k:v/lib.so", -1)]),
+            ("a=/x:1/lib.so", vec![spec("a", "/x:1/lib.so", 0)]),
+            // Only the first `=` splits: paths may hold `=`.
+            ("a=/p/x=y.so:1", vec![spec("a", "/p/x=y.so", 1)]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(&parse_plugin_specs(text).unwrap(), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn bad_plugin_specs_are_clear_errors() {
+        let cases = [
+            ("=x.so", "#1 `=x.so`: empty name"),
+            ("a=x.so,=y.so", "#2 `=y.so`: empty name"),
+            ("a", "#1 `a`: missing `=path`"),
+            ("a=", "#1 `a=`: missing path"),
+            ("a=:3", "#1 `a=:3`: missing path"),
+            ("a=x.so:", "empty priority"),
+            ("a=x.so:1.5", "bad priority `1.5`"),
+            ("a=x.so:99999999999", "bad priority `99999999999`"),
+            ("a=x.so:-", "bad priority `-`"),
+            ("a=x.so:3x", "bad priority `3x`"),
+            ("a=x.so,,b=y.so", "#2 ``: empty entry"),
+            ("a=x.so,", "#2 ``: empty entry"),
+            ("a=x.so,a=y.so:2", "the name `a` is used twice"),
+        ];
+        for (text, needle) in cases {
+            let err = parse_plugin_specs(text).unwrap_err();
+            assert!(matches!(err, RunError::Registry(_)), "{text:?}: {err:?}");
+            assert!(err.to_string().contains(needle), "{text:?}: `{err}` should contain `{needle}`");
+        }
+    }
+}

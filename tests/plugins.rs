@@ -1,0 +1,524 @@
+//! Backend plugins end to end: the Rust example plugin (`plugins/elementwise`, a cdylib) and a C plugin
+//! (`tests/plugins/reduce_plugin.c`), loaded through the registry's `KILN_BACKEND_PLUGINS` spec format, checked
+//! against the reference interpreter; broken plugins (no entry symbol, wrong ABI version or struct size, failing
+//! runs, a panic) each give a clear error and leave the host working; `kiln backends` reads the real env var in a
+//! child process (so no test here mutates this process's environment).
+//!
+//! Building the plugins:
+//! - The Rust plugin is a workspace member, but `cargo test`/`cargo nextest` build test targets only, so this
+//!   file runs `cargo build -p kiln-plugin-elementwise` for the profile it was built with (a no-op when the
+//!   library is fresh). Within a process a `OnceLock` builds once; across processes (nextest runs each test in
+//!   its own) cargo's lock on the build directory serializes the builds.
+//! - The C plugins are compiled with the system C compiler (`$CC`, else `cc`) straight through
+//!   `std::process::Command`: the `cc` crate is made for build scripts (it reads `TARGET`, `OPT_LEVEL`, … that
+//!   cargo sets only there), and one compiler call needs no extra dependency. Each library is written under a
+//!   temporary name and renamed into `target/<profile>/kiln-test-plugins/`, so concurrent test processes never
+//!   load a half-written file. A machine without a C compiler fails these tests, saying so.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kiln_ir::op::{BinaryOp, Softmax, UnaryOp};
+use kiln_ir::{DType, Op, Tensor};
+use kiln_runtime::RunError;
+use kiln_runtime::contract::{Backend, Node};
+use kiln_runtime::registry::{BackendRegistry, REFERENCE_BACKEND};
+
+/// The node name that makes the Rust plugin panic on purpose (its documented containment test hook).
+const PANIC_HOOK_NODE: &str = "__kiln_plugin_test_panic__";
+
+/// `target/<profile>`, from this test binary's place (`target/<profile>/deps/plugins-…`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test binary>").to_path_buf()
+}
+
+/// The Rust example plugin, built for this test binary's profile if missing or stale.
+fn elementwise_plugin() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let target_dir = profile_dir.parent().expect("target dir");
+        let profile = profile_dir.file_name().and_then(|n| n.to_str()).expect("profile dir name");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(&cargo);
+        cmd.args(["build", "-p", "kiln-plugin-elementwise", "--target-dir"]).arg(target_dir);
+        match profile {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+        eprintln!("building the Rust example plugin: {cmd:?}");
+        let status = cmd.status().unwrap_or_else(|e| panic!("running {cargo}: {e}"));
+        assert!(status.success(), "building kiln-plugin-elementwise failed ({status})");
+        let lib = profile_dir.join(format!(
+            "{}kiln_plugin_elementwise{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        ));
+        assert!(lib.exists(), "{} was not built", lib.display());
+        lib
+    })
+}
+
+/// A C plugin from `tests/plugins/<source>` compiled with `defines`, as `<name>.so` (built once per process).
+fn c_plugin(name: &str, source: &str, defines: &[&str]) -> PathBuf {
+    static BUILT: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(name) {
+        return p.clone();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = profile_dir().join("kiln-test-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{name}{}", std::env::consts::DLL_SUFFIX));
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut cmd = Command::new(&cc);
+    cmd.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-shared", "-fPIC", "-I"])
+        .arg(root.join("runtime/include"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg(root.join("tests/plugins").join(source))
+        .arg("-o")
+        .arg(&tmp)
+        .arg("-lm");
+    let output = cmd.output().unwrap_or_else(|e| panic!("these tests need a C compiler (`{cc}`, or set CC): {e}"));
+    assert!(output.status.success(), "{cmd:?} failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    std::fs::rename(&tmp, &out).unwrap();
+    built.insert(name.to_string(), out.clone());
+    out
+}
+
+fn reduce_plugin() -> PathBuf {
+    c_plugin("reduce_plugin", "reduce_plugin.c", &[])
+}
+
+/// A spec entry for the registry: `name=path:priority`.
+fn spec(name: &str, path: &Path, priority: i32) -> String {
+    format!("{name}={}:{priority}", path.display())
+}
+
+/// The registry with both example plugins: elementwise above the reference backend, the C one below.
+fn registry_with_plugins() -> BackendRegistry {
+    let mut r = BackendRegistry::with_defaults();
+    let list = format!("{},{}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
+    assert_eq!(r.load_plugins_from_spec(&list).unwrap(), 2);
+    r
+}
+
+/// Inputs with negative and positive values (the seed's floats are in [-1, 1); scale for exp/tanh/div).
+fn random(shape: &[usize], seed: u64, scale: f32) -> Tensor {
+    let t = Tensor::random(DType::F32, shape.to_vec(), seed);
+    let v: Vec<f32> = t.as_slice::<f32>().unwrap().iter().map(|x| x * scale).collect();
+    Tensor::from_vec(shape.to_vec(), v).unwrap()
+}
+
+/// Runs `op` on `backend` and on the interpreter and compares (same shapes and dtypes; values within
+/// `rtol`·|want| + `atol`).
+fn check_against_interpreter(backend: &dyn Backend, op: Op, inputs: &[Tensor], rtol: f32, atol: f32) {
+    let what = format!("{} on {:?}", op.mnemonic(), inputs.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>());
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let want = kiln_ir::interp::eval_op(&op, &refs).unwrap();
+    let got = backend.run_with_cache(&Node::op("n", op), inputs, None, 0).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(got.outputs.len(), want.len(), "{what}");
+    for (g, w) in got.outputs.iter().zip(&want) {
+        assert_eq!((g.dtype(), g.shape()), (w.dtype(), w.shape()), "{what}");
+        for (i, (a, b)) in g.as_slice::<f32>().unwrap().iter().zip(w.as_slice::<f32>().unwrap()).enumerate() {
+            let ok = (a.is_nan() && b.is_nan()) || (a - b).abs() <= rtol * b.abs() + atol;
+            assert!(ok, "{what}: element {i}: plugin {a}, interpreter {b}");
+        }
+    }
+}
+
+#[test]
+fn rust_plugin_matches_the_interpreter_on_every_op_it_declares() {
+    let r = registry_with_plugins();
+    let ew = r.get("ew").unwrap();
+    let caps = ew.capabilities();
+    assert_eq!(caps.ops.to_string(), "add,div,exp,mul,neg,relu,sigmoid,sub,tanh");
+    assert_eq!(ew.tensor_backend_type(), "cpu");
+    let shapes: [(&[usize], &[usize]); 5] =
+        [(&[2, 3], &[2, 3]), (&[2, 3], &[3]), (&[4, 1, 3], &[2, 1]), (&[], &[5]), (&[0, 3], &[3])];
+    for kind in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+        for (i, (a, b)) in shapes.iter().enumerate() {
+            let inputs = [random(a, 10 + i as u64, 3.0), random(b, 20 + i as u64, 3.0)];
+            check_against_interpreter(ew.as_ref(), Op::Binary(kind), &inputs, 1e-6, 0.0);
+        }
+    }
+    for kind in [UnaryOp::Relu, UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid] {
+        for (i, shape) in [&[2usize, 3, 4][..], &[7], &[]].into_iter().enumerate() {
+            check_against_interpreter(ew.as_ref(), Op::Unary(kind), &[random(shape, 30 + i as u64, 4.0)], 1e-6, 1e-7);
+        }
+    }
+    // The registry routes the plugin's ops to it (priority 5) and everything else elsewhere.
+    assert_eq!(r.select(&Node::op("a", Op::Binary(BinaryOp::Add))).unwrap().name, "ew");
+    assert_eq!(r.select(&Node::op("s", Op::Unary(UnaryOp::Sin))).unwrap().name, REFERENCE_BACKEND);
+}
+
+#[test]
+fn c_plugin_matches_the_interpreter() {
+    let r = registry_with_plugins();
+    let c = r.get("reduce").unwrap();
+    assert_eq!(c.capabilities().to_string(), "tensor(matmul,softmax) token cache state-export");
+    for (m, k, n) in [(3, 4, 5), (1, 1, 1), (8, 16, 2)] {
+        let inputs = [random(&[m, k], m as u64, 2.0), random(&[k, n], n as u64, 2.0)];
+        check_against_interpreter(c.as_ref(), Op::MatMul, &inputs, 1e-5, 1e-6);
+    }
+    for (shape, axis) in [(&[2usize, 3, 5][..], -1i64), (&[4, 6], 1), (&[9], 0)] {
+        check_against_interpreter(c.as_ref(), Op::Softmax(Softmax { axis }), &[random(shape, 7, 5.0)], 1e-5, 1e-7);
+    }
+    // Priority -1: the reference backend (0) wins matmul; raising the plugin above it changes the choice.
+    assert_eq!(r.select(&Node::op("m", Op::MatMul)).unwrap().name, REFERENCE_BACKEND);
+    let mut r2 = BackendRegistry::with_defaults();
+    r2.load_plugin("reduce", &reduce_plugin(), 1).unwrap();
+    let s = r2.select(&Node::op("m", Op::MatMul)).unwrap();
+    assert_eq!((s.name.as_str(), s.priority), ("reduce", 1));
+}
+
+/// How many token states the C plugin holds, from its own exported counter (same library, same globals).
+fn live_states() -> std::ffi::c_long {
+    // SAFETY: loading the test's own plugin, already loaded by the registry.
+    let lib = unsafe { libloading::Library::new(reduce_plugin()) }.unwrap();
+    // SAFETY: the C plugin defines `long reduce_plugin_live_states(void)`.
+    unsafe { lib.get::<unsafe extern "C" fn() -> std::ffi::c_long>(b"reduce_plugin_live_states\0").unwrap()() }
+}
+
+#[test]
+fn plugin_states_flow_through_prefix_counters_export_and_import() {
+    let r = registry_with_plugins();
+    let sel = r.select(&Node::token("req", "count", true)).unwrap();
+    assert_eq!(sel.name, "reduce");
+    let backend = sel.backend;
+    let node = Node::token("req", "count", true);
+    let before = live_states();
+    let prompt = Tensor::from_vec(vec![3], vec![5i64, 6, 7]).unwrap();
+    let first = backend.run_with_cache(&node, &[prompt], None, 2).unwrap();
+    assert_eq!(first.outputs, vec![Tensor::from_vec(vec![2], vec![8i64, 9]).unwrap()]);
+    assert_eq!((first.counters.reused_prefix_len, first.counters.tokens_sent), (0, 5));
+    assert!(!first.counters.used_cached_state);
+    let state = first.state.expect("the plugin returns a state");
+    assert_eq!((state.tokens(), state.bytes()), (5, 40));
+    assert_eq!(live_states(), before + 1);
+
+    // Resume: the prompt extends the state's tokens, so 5 are reused.
+    let prompt = Tensor::from_vec(vec![6], vec![5i64, 6, 7, 8, 9, 42]).unwrap();
+    let second = backend.run_with_cache(&node, std::slice::from_ref(&prompt), Some(&state), 1).unwrap();
+    assert_eq!(second.outputs, vec![Tensor::from_vec(vec![1], vec![43i64]).unwrap()]);
+    let c = second.counters;
+    assert_eq!((c.reused_prefix_len, c.tokens_saved, c.tokens_sent, c.compute_steps), (5, 5, 2, 2));
+    assert!(c.used_cached_state);
+
+    // Export and import round-trip; the imported state resumes exactly like the original.
+    let bytes = backend.export_state(&state).expect("the C plugin's states are portable");
+    assert_eq!(bytes.len(), 40);
+    let imported = backend.import_state(&bytes).unwrap();
+    assert_eq!(imported.tokens(), 5);
+    let third = backend.run_with_cache(&node, &[prompt], Some(&imported), 1).unwrap();
+    assert_eq!((third.outputs, third.counters), (second.outputs, second.counters));
+    let err = backend.import_state(&[1, 2, 3]).unwrap_err();
+    assert!(err.to_string().contains("not a whole number of tokens"), "{err}");
+
+    // A state from another backend instance is refused, not dereferenced.
+    let other = kiln_runtime::plugin::load_plugin(&reduce_plugin()).unwrap();
+    assert!(other.export_state(&state).is_none());
+    let err = other.run_with_cache(&node, &[Tensor::from_vec(vec![1], vec![1i64]).unwrap()], Some(&state), 1);
+    assert!(matches!(&err, Err(RunError::Plugin { message, .. }) if message.contains("another backend")), "{err:?}");
+
+    // Every state is released exactly once when its last handle drops.
+    drop((state, imported, second.state, third.state));
+    assert_eq!(live_states(), before);
+}
+
+#[test]
+fn broken_plugins_are_refused_with_clear_errors() {
+    let cases = [
+        ("BAD_NO_ENTRY", "does not export `kiln_backend_entry`"),
+        ("BAD_NULL_ENTRY", "kiln_backend_entry returned null"),
+        ("BAD_VERSION", "ABI version 99 is not supported (this kiln speaks version 1)"),
+        ("BAD_SIZE", "vtable struct_size is"),
+        ("BAD_NO_RUN", "has no `run` function"),
+        ("BAD_UNKNOWN_OP", "declares op `matmull`, which is not a kiln op mnemonic"),
+    ];
+    let mut r = BackendRegistry::with_defaults();
+    for (define, needle) in cases {
+        let lib = c_plugin(&define.to_lowercase(), "bad_plugin.c", &[define]);
+        let err = r.load_plugin("broken", &lib, 3).unwrap_err();
+        let RunError::Plugin { name, message } = &err else { panic!("{define}: {err:?}") };
+        assert_eq!(name, "broken", "{define}");
+        assert!(message.contains(needle), "{define}: `{message}` should contain `{needle}`");
+        assert!(!r.has("broken"), "{define}: a refused plugin is not registered");
+        // The host keeps working.
+        let sel = r.select(&Node::op("after", Op::Binary(BinaryOp::Add))).unwrap();
+        let one = Tensor::from_vec(vec![1], vec![1.0f32]).unwrap();
+        let out =
+            sel.backend.run_with_cache(&Node::op("after", Op::Binary(BinaryOp::Add)), &[one.clone(), one], None, 0);
+        assert_eq!(out.unwrap().outputs, vec![Tensor::from_vec(vec![1], vec![2.0f32]).unwrap()]);
+    }
+    let err = r.load_plugins_from_spec("missing=/nonexistent/libmissing.so:2").unwrap_err();
+    assert!(err.to_string().contains("plugin `missing`: /nonexistent/libmissing.so: no such file"), "{err}");
+}
+
+#[test]
+fn failing_runs_become_errors_and_the_host_keeps_running() {
+    let mut r = registry_with_plugins();
+    r.load_plugin("always-fails", &c_plugin("bad_always_fails", "bad_plugin.c", &["BAD_ALWAYS_FAILS"]), -10).unwrap();
+    let x = random(&[2, 3], 1, 1.0);
+    let good = || {
+        let c = r.get("reduce").unwrap();
+        check_against_interpreter(
+            c.as_ref(),
+            Op::MatMul,
+            &[random(&[2, 3], 1, 1.0), random(&[3, 2], 2, 1.0)],
+            1e-5,
+            1e-6,
+        );
+        let ew = r.get("ew").unwrap();
+        check_against_interpreter(
+            ew.as_ref(),
+            Op::Binary(BinaryOp::Add),
+            &[random(&[2, 3], 3, 1.0), random(&[3], 4, 1.0)],
+            1e-6,
+            0.0,
+        );
+    };
+
+    // A plugin's error status is RunError::Plugin with its message.
+    let fails = r.get("always-fails").unwrap();
+    let err =
+        fails.run_with_cache(&Node::op("n7", Op::Unary(UnaryOp::Exp)), std::slice::from_ref(&x), None, 0).unwrap_err();
+    assert_eq!(
+        err,
+        RunError::Plugin {
+            name: "always-fails".into(),
+            message: "node `n7` (exp): always-fails refuses node `n7` (exp) on purpose".into()
+        }
+    );
+    good();
+
+    // The C plugin's own checks: rank, inner dims.
+    let c = r.get("reduce").unwrap();
+    let err = c.run_with_cache(&Node::op("mm", Op::MatMul), &[random(&[2, 2, 2], 1, 1.0), x.clone()], None, 0);
+    assert!(
+        matches!(&err, Err(RunError::Plugin { message, .. }) if message.contains("rank-2 operands only")),
+        "{err:?}"
+    );
+    let err = c.run_with_cache(&Node::op("mm", Op::MatMul), &[x.clone(), x.clone()], None, 0);
+    assert!(matches!(&err, Err(RunError::Plugin { message, .. }) if message.contains("inner dims differ")), "{err:?}");
+    // Unsupported status: an attribute value or dtype the plugin does not handle.
+    let err = c.run_with_cache(&Node::op("sm", Op::Softmax(Softmax { axis: 0 })), std::slice::from_ref(&x), None, 0);
+    assert!(
+        matches!(&err, Err(RunError::Unsupported { node, reason }) if node == "sm" && reason.contains("only the last axis")),
+        "{err:?}"
+    );
+    good();
+
+    // The Rust plugin: other dtypes, undeclared ops, token nodes.
+    let ew = r.get("ew").unwrap();
+    let ints = Tensor::from_vec(vec![2], vec![1i32, 2]).unwrap();
+    let err = ew.run_with_cache(&Node::op("i", Op::Binary(BinaryOp::Add)), &[ints.clone(), ints], None, 0).unwrap_err();
+    assert!(matches!(&err, RunError::Unsupported { reason, .. } if reason.contains("not f32")), "{err:?}");
+    let err =
+        ew.run_with_cache(&Node::op("g", Op::Unary(UnaryOp::Sin)), std::slice::from_ref(&x), None, 0).unwrap_err();
+    assert!(err.to_string().contains("op `sin` is not one of this plugin's"), "{err}");
+    let err = ew.run_with_cache(&Node::token("t", "m", false), &[], None, 3).unwrap_err();
+    assert!(err.to_string().contains("token nodes are not supported"), "{err}");
+    let bad = random(&[2, 2], 5, 1.0);
+    let err = ew.run_with_cache(&Node::op("b", Op::Binary(BinaryOp::Mul)), &[x.clone(), bad], None, 0).unwrap_err();
+    assert!(
+        matches!(&err, RunError::Plugin { name, message } if name == "ew" && message.contains("do not broadcast")),
+        "{err:?}"
+    );
+    good();
+}
+
+#[test]
+fn a_panic_inside_the_rust_plugin_is_contained() {
+    let r = registry_with_plugins();
+    let ew: Arc<dyn Backend> = r.get("ew").unwrap();
+    let x = random(&[4], 9, 1.0);
+    for _ in 0..3 {
+        let err =
+            ew.run_with_cache(&Node::op(PANIC_HOOK_NODE, Op::Unary(UnaryOp::Relu)), std::slice::from_ref(&x), None, 0);
+        let Err(RunError::Plugin { name, message }) = &err else { panic!("{err:?}") };
+        assert_eq!(name, "ew");
+        assert!(message.contains("panicked: deliberate panic"), "{message}");
+        // Same plugin, next node: fine.
+        check_against_interpreter(ew.as_ref(), Op::Unary(UnaryOp::Relu), std::slice::from_ref(&x), 0.0, 0.0);
+    }
+}
+
+fn kiln_backends(plugins: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.arg("backends");
+    match plugins {
+        Some(v) => cmd.env("KILN_BACKEND_PLUGINS", v),
+        None => cmd.env_remove("KILN_BACKEND_PLUGINS"),
+    };
+    cmd.output().expect("the kiln binary runs")
+}
+
+#[test]
+fn kiln_backends_reads_the_plugin_env_var() {
+    let out = kiln_backends(None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "cpu-reference  priority 0  type cpu  tensor(all ops)\n");
+
+    let list = format!("{}, {}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
+    let out = kiln_backends(Some(&list));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ew  priority 5  type cpu  tensor(add,div,exp,mul,neg,relu,sigmoid,sub,tanh)\n\
+         cpu-reference  priority 0  type cpu  tensor(all ops)\n\
+         reduce  priority -1  type cpu  tensor(matmul,softmax) token cache state-export\n"
+    );
+
+    let bad_version = c_plugin("bad_version", "bad_plugin.c", &["BAD_VERSION"]);
+    let failures = [
+        (format!("ew={}:high", elementwise_plugin().display()), "no such file".to_string()),
+        ("ew=/x.so:1.5".to_string(), "bad priority `1.5`".to_string()),
+        ("=x.so".to_string(), "empty name".to_string()),
+        (format!("{list},ew=/x.so"), "the name `ew` is used twice".to_string()),
+        ("cpu-reference=/x.so".to_string(), "`cpu-reference` is already registered".to_string()),
+        (
+            spec("old", &bad_version, 0),
+            "plugin `old`".to_string() + ": " + &bad_version.display().to_string() + ": ABI version 99",
+        ),
+    ];
+    for (value, needle) in failures {
+        let out = kiln_backends(Some(&value));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{value}: {err}");
+        assert!(err.starts_with("error: loading the plugins in KILN_BACKEND_PLUGINS: "), "{value}: {err}");
+        assert!(err.contains(&needle), "{value}: `{err}` should contain `{needle}`");
+        assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
+        assert!(out.stdout.is_empty(), "{value}: nothing listed on failure");
+    }
+}
+
+#[test]
+fn plugins_run_from_several_threads_at_once() {
+    let r = registry_with_plugins();
+    let (ew, c) = (r.get("ew").unwrap(), r.get("reduce").unwrap());
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (ew, c) = (Arc::clone(&ew), Arc::clone(&c));
+            s.spawn(move || {
+                for i in 0..25u64 {
+                    let seed = t * 100 + i;
+                    let (a, b) = (random(&[3, 4], seed, 2.0), random(&[4], seed + 1, 2.0));
+                    check_against_interpreter(ew.as_ref(), Op::Binary(BinaryOp::Mul), &[a.clone(), b], 1e-6, 0.0);
+                    let w = random(&[4, 2], seed + 2, 2.0);
+                    check_against_interpreter(c.as_ref(), Op::MatMul, &[a, w], 1e-5, 1e-6);
+                }
+            });
+        }
+    });
+}
+
+/// Outputs collected by [`collect_output`] in the raw-ABI test.
+#[derive(Default)]
+struct RawOutputs(Vec<(Vec<usize>, Vec<f32>)>);
+
+/// A minimal host allocator: f32 outputs only.
+unsafe extern "C" fn collect_output(
+    ctx: *mut std::ffi::c_void,
+    _index: u32,
+    dtype: u32,
+    rank: u32,
+    shape: *const i64,
+) -> *mut std::ffi::c_void {
+    // SAFETY: `ctx` is the test's `RawOutputs`; `shape` holds `rank` extents.
+    let (outs, dims) = unsafe { (&mut *ctx.cast::<RawOutputs>(), std::slice::from_raw_parts(shape, rank as usize)) };
+    if dtype != kiln_runtime::plugin::abi::KILN_DTYPE_F32 {
+        return std::ptr::null_mut();
+    }
+    let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+    let n = dims.iter().product();
+    outs.0.push((dims, vec![0.0; n]));
+    outs.0.last_mut().unwrap().1.as_mut_ptr().cast()
+}
+
+#[test]
+fn c_plugin_honours_strides_and_checks_the_run_args_size() {
+    use kiln_runtime::plugin::abi::*;
+    // SAFETY: the test's own C plugin, whose entry point has the ABI's type.
+    let lib = unsafe { libloading::Library::new(reduce_plugin()) }.unwrap();
+    // SAFETY: as above.
+    let entry = unsafe { *lib.get::<KilnEntryFn>(KILN_BACKEND_ENTRY_SYMBOL).unwrap() };
+    // SAFETY: the plugin returns its static vtable, built against this ABI version.
+    let vtable = unsafe { *entry() };
+    let run = vtable.run.unwrap();
+
+    // a = [[0,1,2],[3,4,5]] stored column-major (strides [1, 2]); b = [[1],[10],[100]] row-major.
+    let a_col_major = [0.0f32, 3.0, 1.0, 4.0, 2.0, 5.0];
+    let b = [1.0f32, 10.0, 100.0];
+    let (a_shape, a_strides, b_shape, b_strides) = ([2i64, 3], [1i64, 2], [3i64, 1], [1i64, 1]);
+    let descs = [
+        KilnTensorDesc {
+            dtype: KILN_DTYPE_F32,
+            rank: 2,
+            shape: a_shape.as_ptr(),
+            strides: a_strides.as_ptr(),
+            data: a_col_major.as_ptr().cast(),
+            byte_len: 24,
+        },
+        KilnTensorDesc {
+            dtype: KILN_DTYPE_F32,
+            rank: 2,
+            shape: b_shape.as_ptr(),
+            strides: b_strides.as_ptr(),
+            data: b.as_ptr().cast(),
+            byte_len: 12,
+        },
+    ];
+    let mut outs = RawOutputs::default();
+    let sink = KilnOutputSink { ctx: (&raw mut outs).cast(), alloc: Some(collect_output) };
+    let mut error = [0u8; 256];
+    let mut args = KilnRunArgs {
+        struct_size: std::mem::size_of::<KilnRunArgs>() as u32,
+        input_count: 2,
+        remaining_tokens: 0,
+        counters: KilnCounters::default(),
+        node_name: c"raw".as_ptr(),
+        kind: c"matmul".as_ptr(),
+        attrs_json: c"{\"op\":\"mat_mul\"}".as_ptr(),
+        inputs: descs.as_ptr(),
+        outputs: &sink,
+        prefix_state: std::ptr::null_mut(),
+        state_out: std::ptr::null_mut(),
+        state_bytes: 0,
+        state_tokens: 0,
+        error: error.as_mut_ptr().cast(),
+        error_cap: error.len() as u64,
+    };
+    // SAFETY: every pointer in `args` is alive for the call.
+    let status = unsafe { run(vtable.instance, &mut args) };
+    assert_eq!(status, KILN_STATUS_OK, "{}", String::from_utf8_lossy(&error));
+    assert_eq!(outs.0, vec![(vec![2, 1], vec![210.0, 543.0])]);
+
+    // A byte_len too short for the strides is caught by the plugin, not read past.
+    let mut short = descs;
+    short[0].byte_len = 20;
+    args.inputs = short.as_ptr();
+    // SAFETY: as above.
+    let status = unsafe { run(vtable.instance, &mut args) };
+    assert_eq!(status, KILN_STATUS_ERROR);
+    assert!(String::from_utf8_lossy(&error).contains("out of bounds"));
+
+    // A host with a different kiln_run_args layout is refused by the plugin.
+    args.inputs = descs.as_ptr();
+    args.struct_size += 8;
+    // SAFETY: as above; the plugin reads only `struct_size` before refusing.
+    let status = unsafe { run(vtable.instance, &mut args) };
+    assert_eq!(status, KILN_STATUS_ERROR);
+    let msg = String::from_utf8_lossy(&error);
+    assert!(msg.contains("run args are") && msg.contains("built for"), "{msg}");
+}
