@@ -2,7 +2,10 @@
 //! (f16 checkpoints widened exactly); a bad one (missing, mis-shaped or unconvertible tensor, a truncated file,
 //! a changed value of a weight the compiler folded away) is an error naming the tensor and changes nothing — the
 //! model keeps serving bit-identical outputs; a run racing a swap sees the old weights or the new, never a mix;
-//! `kiln run ARTIFACT --weights FILE` swaps, and fails cleanly on a bad checkpoint.
+//! `kiln run ARTIFACT --weights FILE` swaps, and fails cleanly on a bad checkpoint; artifacts carry the
+//! provenance that guards folded weights (and older ones without it require exactly the weights they read).
+//!
+//! Artifacts need the system `cc` to link; without one those tests print `SKIPPED: no cc`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -271,4 +274,33 @@ fn kiln_run_swaps_an_artifacts_weights() {
     assert!(!o.status.success(), "a bad checkpoint must fail");
     assert_ne!(o.status.code(), Some(101), "no panic: {err}");
     assert!(err.contains("bad.safetensors") && err.contains("weight `w1` should be f32[8,16], got f32[8,15]"), "{err}");
+}
+
+#[test]
+fn artifacts_keep_the_provenance_that_guards_folded_weights() {
+    if !have_cc() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (weights(1), weights(100));
+    let lowered = model(&a).lower(&CompileOptions::default()).unwrap();
+    assert!(lowered.provenance.folded.contains_key("dead"), "{:?}", lowered.provenance);
+    let art = dir.path().join("art");
+    kiln::Artifact::write(&lowered, &art).unwrap();
+    let loaded = kiln::Artifact::load(&art, 1).unwrap();
+    let mut changed = b.clone();
+    changed.insert("dead", Tensor::random(DType::F32, vec![2], 9));
+    let err = loaded.swap_weights(&changed).unwrap_err().to_string();
+    assert!(err.contains("tensor `dead` differs"), "{err}");
+    loaded.swap_weights(&b).unwrap();
+    assert_eq!(run_bits(&loaded), run_bits(&compile(&b)));
+    // An artifact written before provenance was recorded requires exactly the weights its program reads.
+    let manifest = art.join("manifest.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("provenance").expect("written with provenance");
+    std::fs::write(&manifest, v.to_string()).unwrap();
+    let old = kiln::Artifact::load(&art, 1).unwrap();
+    let report = old.swap_weights(&changed).unwrap();
+    assert_eq!(report.unused, ["dead"]);
+    assert_eq!(run_bits(&old), run_bits(&compile(&b)));
 }
