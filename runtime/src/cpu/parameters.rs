@@ -149,6 +149,12 @@ impl CpuParameter {
         self.packing
     }
 
+    /// The slot with `weight` bound, unvalidated (for the program's own current weights).
+    pub(crate) fn with_weight(mut self, weight: CpuWeight) -> CpuParameter {
+        self.weight = Some(weight);
+        self
+    }
+
     /// The bound weight, if any.
     pub fn weight(&self) -> Option<&CpuWeight> {
         self.weight.as_ref()

@@ -57,24 +57,23 @@ impl CpuProgram {
     pub fn parameters(&self) -> Vec<CpuParameter> {
         let set = self.weight_set();
         let packable = self.packable_operands();
-        let mut slots: BTreeMap<&str, CpuParameter> = BTreeMap::new();
+        let mut slots: BTreeMap<&str, (&kiln_ir::TensorType, Packing)> = BTreeMap::new();
         for (i, info) in self.exe.buffers.iter().enumerate() {
             let Home::Weight(name) = &info.home else { continue };
-            let packing = if packable.contains(&BufferId(i as u32)) { Packing::Gemm } else { Packing::None };
-            let slot = slots.entry(name).or_insert_with(|| CpuParameter::new(name, info.ty.clone(), Packing::None));
-            if packing == Packing::Gemm {
-                *slot = CpuParameter::new(name, info.ty.clone(), Packing::Gemm);
+            let slot = slots.entry(name).or_insert((&info.ty, Packing::None));
+            // A weight read by several steps is packed if any of them packs it.
+            if packable.contains(&BufferId(i as u32)) {
+                slot.1 = Packing::Gemm;
             }
         }
         slots
-            .into_values()
-            .map(|mut slot| {
-                if let Some(t) = set.weights.get(slot.name()) {
-                    let current = crate::cpu::CpuWeight::new(Arc::clone(t));
-                    // The program's own weights always fit their slots.
-                    let _ = CpuBackend::bind(&mut slot, current);
+            .into_iter()
+            .map(|(name, (ty, packing))| {
+                let slot = CpuParameter::new(name, ty.clone(), packing);
+                match set.weights.get(name) {
+                    Some(t) => slot.with_weight(crate::cpu::CpuWeight::new(Arc::clone(t))),
+                    None => slot,
                 }
-                slot
             })
             .collect()
     }
