@@ -35,8 +35,9 @@ pub mod weights;
 
 pub use artifact::Artifact;
 pub use kiln_runtime::cpu::CpuExecutor;
+pub use kiln_runtime::cpu::WeightFingerprint;
 pub use kiln_runtime::cpu::WeightLoadReport;
-pub use parameters::{WeightFingerprint, WeightProvenance};
+pub use parameters::WeightProvenance;
 
 /// Errors a kiln user can see.
 #[derive(Debug, thiserror::Error)]

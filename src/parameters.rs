@@ -17,36 +17,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use kiln_ir::{DType, Graph, Op};
+use kiln_ir::{Graph, Op};
 use kiln_runtime::checkpoint::{Checkpoint, CheckpointSource, MemoryCheckpoint};
-use kiln_runtime::contract::ParameterBackend;
-use kiln_runtime::cpu::{CpuBackend, DTypeRule, MaterializeOptions, Packing, WeightLoad, WeightLoadReport};
+use kiln_runtime::cpu::{WeightFingerprint, WeightLoad, WeightLoadReport};
 
 use crate::{Compiled, Error};
-
-/// A compile-time weight value, remembered without its bytes: dtype, shape and a 64-bit FNV-1a hash of the
-/// little-endian bytes (stable across processes, so artifacts can carry it).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WeightFingerprint {
-    /// The element type.
-    pub dtype: DType,
-    /// The extents.
-    pub shape: Vec<usize>,
-    /// FNV-1a of the bytes.
-    pub hash: u64,
-}
-
-impl WeightFingerprint {
-    /// The fingerprint of a tensor's dtype, shape and bytes.
-    pub fn of(dtype: DType, shape: &[usize], bytes: &[u8]) -> WeightFingerprint {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in bytes {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        WeightFingerprint { dtype, shape: shape.to_vec(), hash }
-    }
-}
 
 /// Where a compiled program's weights come from. See the module docs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -104,45 +79,11 @@ impl Compiled {
 
     /// [`Compiled::load_weights`] from any checkpoint source.
     pub fn load_weights_from(&self, source: &dyn CheckpointSource) -> Result<WeightLoadReport, Error> {
-        let origin = Path::new(source.origin());
-        let mut load = WeightLoad::default();
-        let mut errors = Vec::new();
-        if let Some(provenance) = &self.provenance {
-            load.optional = provenance.compiler_made.clone();
-            for (name, compiled) in &provenance.folded {
-                if !source.contains(name) {
-                    errors.push(format!("tensor `{name}` is missing (the model has this parameter)"));
-                    continue;
-                }
-                let lease = match source.lease(name) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        errors.push(e.to_string());
-                        continue;
-                    }
-                };
-                // Compared in the compiled dtype, so an f16 checkpoint of the same values passes as it would for
-                // a weight the program reads.
-                let options = MaterializeOptions { dtype: DTypeRule::Exactly(compiled.dtype), packing: Packing::None };
-                let same = CpuBackend::materialize(lease, &options)
-                    .and_then(CpuBackend::finish_materialization)
-                    .is_ok_and(|w| WeightFingerprint::of(w.dtype(), w.shape(), w.tensor().as_bytes()) == *compiled);
-                if !same {
-                    errors.push(format!(
-                        "tensor `{name}` differs from the value the model was compiled with, but the compiled \
-                         program does not read it (a pass folded it into other weights or removed it as unused): \
-                         recompile with these weights instead"
-                    ));
-                }
-            }
-        }
-        if !errors.is_empty() {
-            return Err(Error::Weights {
-                path: origin.display().to_string(),
-                message: format!("{}; no weight was changed", errors.join("; ")),
-            });
-        }
-        self.program.load_weights(source, &load).map_err(|e| weights_error(origin, e))
+        let load = match &self.provenance {
+            Some(p) => WeightLoad { optional: p.compiler_made.clone(), frozen: p.folded.clone(), ..Default::default() },
+            None => WeightLoad::default(),
+        };
+        self.program.load_weights(source, &load).map_err(|e| weights_error(Path::new(source.origin()), e))
     }
 }
 
@@ -151,19 +92,5 @@ fn weights_error(path: &Path, e: kiln_runtime::RunError) -> Error {
     match e {
         kiln_runtime::RunError::Checkpoint { path, message } => Error::Weights { path, message },
         e => Error::Weights { path: path.display().to_string(), message: e.to_string() },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fingerprints_tell_values_apart() {
-        let a = WeightFingerprint::of(DType::F32, &[2], &[0, 0, 0, 0, 0, 0, 128, 63]);
-        assert_eq!(a, WeightFingerprint::of(DType::F32, &[2], &[0, 0, 0, 0, 0, 0, 128, 63]));
-        assert_ne!(a, WeightFingerprint::of(DType::F32, &[2], &[0, 0, 0, 0, 0, 0, 128, 64]));
-        assert_ne!(a, WeightFingerprint::of(DType::F32, &[1, 2], &[0, 0, 0, 0, 0, 0, 128, 63]));
-        assert_ne!(a, WeightFingerprint::of(DType::I32, &[2], &[0, 0, 0, 0, 0, 0, 128, 63]));
     }
 }

@@ -112,10 +112,11 @@ fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
     if let Some(weights) = &a.model.weights {
         let report = compiled.load_weights(weights)?;
         println!(
-            "weights from {}: {} replaced, {} kept (made by the compiler), {} unused",
+            "weights from {}: {} replaced, {} kept (made by the compiler), {} unchanged (folded at compile time), {} unused",
             weights.display(),
             report.replaced.len(),
             report.kept.len(),
+            report.unchanged.len(),
             report.unused.len()
         );
     }

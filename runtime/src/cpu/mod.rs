@@ -39,7 +39,7 @@ pub use parameters::{CpuMaterialization, CpuParameter, CpuWeight, DTypeRule, Mat
 pub use submission::{CpuBackend, CpuCompletion, CpuExecutor, CpuWork, Pending};
 pub use transfer::{HostBuffer, Layout};
 use weight_set::WeightSet;
-pub use weight_set::{WeightLoad, WeightLoadReport};
+pub use weight_set::{WeightFingerprint, WeightLoad, WeightLoadReport};
 
 /// Every arena and per-run buffer starts at a multiple of this many bytes.
 const ALIGN: usize = 64;

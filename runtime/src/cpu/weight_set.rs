@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use kiln_codegen::exec::{BufferId, Home};
 use kiln_codegen::library::PackedB;
-use kiln_ir::Tensor;
+use kiln_ir::{DType, Tensor};
 
 use crate::RunError;
 use crate::checkpoint::CheckpointSource;
 use crate::contract::ParameterBackend;
-use crate::cpu::{CpuBackend, CpuParameter, CpuProgram, Packing};
+use crate::cpu::{CpuBackend, CpuParameter, CpuProgram, DTypeRule, MaterializeOptions, Packing};
 use crate::recipe::DerivedWeightRecipe;
 
 /// The weight-derived state one run reads. See the module docs.
@@ -31,6 +31,35 @@ pub(crate) struct WeightSet {
     pub(crate) packed: HashMap<BufferId, Arc<PackedB>>,
 }
 
+/// A weight value remembered without its bytes: dtype, shape and a 64-bit FNV-1a hash of the little-endian
+/// bytes (stable across processes, so artifacts can carry it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WeightFingerprint {
+    /// The element type.
+    pub dtype: DType,
+    /// The extents.
+    pub shape: Vec<usize>,
+    /// FNV-1a of the bytes.
+    pub hash: u64,
+}
+
+impl WeightFingerprint {
+    /// The fingerprint of a dtype, shape and bytes.
+    pub fn of(dtype: DType, shape: &[usize], bytes: &[u8]) -> WeightFingerprint {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        WeightFingerprint { dtype, shape: shape.to_vec(), hash }
+    }
+
+    /// The fingerprint of a tensor.
+    pub fn of_tensor(t: &Tensor) -> WeightFingerprint {
+        WeightFingerprint::of(t.dtype(), t.shape(), t.as_bytes())
+    }
+}
+
 /// What a weight load takes from where.
 #[derive(Clone, Debug, Default)]
 pub struct WeightLoad {
@@ -38,6 +67,10 @@ pub struct WeightLoad {
     pub recipes: BTreeMap<String, DerivedWeightRecipe>,
     /// Destinations the checkpoint may lack: they keep their current weight (weights the compiler made, say).
     pub optional: BTreeSet<String>,
+    /// Checkpoint tensors the program does not read (folded into other weights at compile time) that must be
+    /// present and equal these values, compared after exact conversion to the fingerprint's dtype: the program
+    /// cannot apply a new value, so a changed one is an error rather than a stale answer.
+    pub frozen: BTreeMap<String, WeightFingerprint>,
 }
 
 /// What a successful weight load did.
@@ -47,6 +80,8 @@ pub struct WeightLoadReport {
     pub replaced: Vec<String>,
     /// Optional destinations the checkpoint lacked, which kept their weights, sorted.
     pub kept: Vec<String>,
+    /// Frozen tensors found equal to their compiled values, sorted.
+    pub unchanged: Vec<String>,
     /// Checkpoint tensors no destination (nor recipe) read, sorted.
     pub unused: Vec<String>,
 }
@@ -173,6 +208,28 @@ impl CpuProgram {
             report.replaced.push(name);
             bound.push(slot);
         }
+        for (name, expected) in &load.frozen {
+            if !source.contains(name) {
+                errors.push(format!("tensor `{name}` is missing (the model has this parameter)"));
+                continue;
+            }
+            read.insert(name.clone());
+            let options = MaterializeOptions { dtype: DTypeRule::Exactly(expected.dtype), packing: Packing::None };
+            let same = source
+                .lease(name)
+                .and_then(|lease| CpuBackend::materialize(lease, &options))
+                .and_then(CpuBackend::finish_materialization)
+                .map(|w| WeightFingerprint::of_tensor(w.tensor()) == *expected);
+            match same {
+                Ok(true) => report.unchanged.push(name.clone()),
+                Ok(false) => errors.push(format!(
+                    "tensor `{name}` differs from the value the model was compiled with, but the compiled program \
+                     does not read it (a pass folded it into other weights or removed it as unused): recompile \
+                     with these weights instead"
+                )),
+                Err(e) => errors.push(strip_origin(e, source.origin())),
+            }
+        }
         if !errors.is_empty() {
             return Err(RunError::Checkpoint {
                 path: source.origin().to_string(),
@@ -234,6 +291,38 @@ mod tests {
     }
 
     #[test]
+    fn fingerprints_tell_values_apart() {
+        let a = WeightFingerprint::of(DType::F32, &[2], &[0, 0, 0, 0, 0, 0, 128, 63]);
+        assert_eq!(a, WeightFingerprint::of(DType::F32, &[2], &[0, 0, 0, 0, 0, 0, 128, 63]));
+        assert_ne!(a, WeightFingerprint::of(DType::F32, &[2], &[0, 0, 0, 0, 0, 0, 128, 64]));
+        assert_ne!(a, WeightFingerprint::of(DType::F32, &[1, 2], &[0, 0, 0, 0, 0, 0, 128, 63]));
+        assert_ne!(a, WeightFingerprint::of(DType::I32, &[2], &[0, 0, 0, 0, 0, 0, 128, 63]));
+    }
+
+    #[test]
+    fn frozen_tensors_must_keep_their_values() {
+        let (wt, b) = weights(1);
+        let p = program(&wt, &b);
+        let folded = Tensor::from_vec(vec![2], vec![0.5f32, -1.5]).unwrap();
+        let load = WeightLoad {
+            frozen: BTreeMap::from([("folded".to_string(), WeightFingerprint::of_tensor(&folded))]),
+            ..Default::default()
+        };
+        // The same values in f16 pass (compared after exact widening); different values, or none, do not.
+        let halves = Tensor::from_vec(vec![2], vec![half::f16::from_f32(0.5), half::f16::from_f32(-1.5)]).unwrap();
+        let ck = MemoryCheckpoint::new("mem").with("wt", &wt).with("b", &b).with("folded", &halves);
+        assert_eq!(p.load_weights(&ck, &load).unwrap().unchanged, ["folded"]);
+        let changed = Tensor::from_vec(vec![2], vec![0.5f32, 1.5]).unwrap();
+        let ck = MemoryCheckpoint::new("mem").with("wt", &wt).with("folded", &changed);
+        let err = p.load_weights(&ck, &load).unwrap_err().to_string();
+        // Every problem at once: the missing destination and the changed frozen tensor.
+        assert!(err.contains("tensor `b` is missing") && err.contains("tensor `folded` differs"), "{err}");
+        let ck = MemoryCheckpoint::new("mem").with("wt", &wt).with("b", &b);
+        let err = p.load_weights(&ck, &load).unwrap_err().to_string();
+        assert!(err.contains("tensor `folded` is missing"), "{err}");
+    }
+
+    #[test]
     fn load_weights_reruns_prepare_steps_and_matches_a_fresh_program() {
         let ((wt_a, b_a), (wt_b, b_b)) = (weights(1), weights(10));
         let p = program(&wt_a, &b_a);
@@ -261,6 +350,7 @@ mod tests {
         let load = WeightLoad {
             recipes: BTreeMap::from([("wt".to_string(), w)]),
             optional: BTreeSet::from(["b".to_string()]),
+            ..Default::default()
         };
         let report = p.load_weights(&ck, &load).unwrap();
         assert_eq!((report.replaced, report.kept), (vec!["wt".to_string()], vec!["b".to_string()]));
