@@ -51,6 +51,10 @@ pub struct Manifest {
     pub kernels: Vec<KernelInfo>,
     /// The executable without its kernel IR and weights.
     pub executable: Executable,
+    /// Which weights are the model's parameters and which the compiler made, for `--weights` swaps (absent in
+    /// artifacts written before it was recorded: then every weight is required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<crate::WeightProvenance>,
 }
 
 /// An input or output as the manifest lists it, for people and tools reading it.
@@ -118,6 +122,7 @@ impl Artifact {
             library_file: LIBRARY_FILE.into(),
             kernels,
             executable: exe.clone(),
+            provenance: Some(lowered.provenance.clone()),
         };
         let path = dir.join(MANIFEST_FILE);
         let text = serde_json::to_string_pretty(&manifest)
@@ -181,7 +186,7 @@ impl Artifact {
     }
 
     fn into_compiled(self, threads: usize, t0: Instant) -> Result<Compiled, Error> {
-        let Manifest { executable: mut exe, kernels, weights_file, library_file, .. } = self.manifest;
+        let Manifest { executable: mut exe, kernels, weights_file, library_file, provenance, .. } = self.manifest;
         let file = |name: &str| -> Result<PathBuf, Error> {
             // The manifest names files inside the artifact only.
             let relative = Path::new(name);
@@ -211,6 +216,7 @@ impl Artifact {
             ..Default::default()
         };
         let mut compiled = Compiled::new(exe, code, threads, report, inputs)?;
+        compiled.provenance = provenance;
         compiled.report.load = t0.elapsed();
         compiled.report.weights_load = weights_load;
         Ok(compiled)

@@ -30,10 +30,14 @@ pub mod difftest;
 pub mod dot;
 pub mod generate;
 pub mod npy;
+pub mod parameters;
 pub mod weights;
 
 pub use artifact::Artifact;
 pub use kiln_runtime::cpu::CpuExecutor;
+pub use kiln_runtime::cpu::WeightFingerprint;
+pub use kiln_runtime::cpu::WeightLoadReport;
+pub use parameters::WeightProvenance;
 
 /// Errors a kiln user can see.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +217,9 @@ pub struct Compiled {
     program: std::sync::Arc<kiln_runtime::cpu::CpuProgram>,
     report: CompileReport,
     inputs: Vec<(String, kiln_ir::TensorType)>,
+    /// Which weights are the model's and which the compiler's, for weight swaps; `None` when unknown (an
+    /// artifact written before kiln recorded it): then every weight the program reads is required.
+    provenance: Option<WeightProvenance>,
 }
 
 impl Compiled {
@@ -226,7 +233,7 @@ impl Compiled {
     ) -> Result<Compiled, Error> {
         let program = kiln_runtime::cpu::CpuProgram::new(exe, code, resolve_threads(threads))
             .map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
-        Ok(Compiled { program: std::sync::Arc::new(program), report, inputs })
+        Ok(Compiled { program: std::sync::Arc::new(program), report, inputs, provenance: None })
     }
 
     /// Runs the compiled model on named inputs; outputs come in the model's order.
@@ -490,12 +497,21 @@ impl Model {
         report.steps = executable.step_counts();
         report.fallbacks = executable.fallbacks.clone();
         report.arena_bytes = executable.arena_bytes;
-        Ok(Lowered { graph, executable, report, inputs: self.inputs() })
+        let program_weights = executable
+            .buffers
+            .iter()
+            .filter_map(|b| match &b.home {
+                kiln_codegen::exec::Home::Weight(name) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        let provenance = WeightProvenance::new(&self.graph, &program_weights);
+        Ok(Lowered { graph, executable, report, inputs: self.inputs(), provenance })
     }
 
     /// Compiles the model for `options.backend`: [`Model::lower`], then machine code in memory (JIT).
     pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
-        let Lowered { executable: exe, mut report, inputs, .. } = self.lower(options)?;
+        let Lowered { executable: exe, mut report, inputs, provenance, .. } = self.lower(options)?;
         let fail = |message: String| Error::Backend { backend: options.backend.name(), message };
         let t2 = std::time::Instant::now();
         let jit = kiln_codegen::cpu::JitModule::compile(&exe.kernels, &kiln_codegen::cpu::CpuOptions::default())
@@ -503,7 +519,9 @@ impl Model {
         let entries = (0..jit.len()).map(|i| (jit.entry(i), jit.info(i).clone())).collect();
         report.codegen = t2.elapsed();
         let code = kiln_runtime::cpu::KernelCode::Native { entries, owner: Box::new(jit) };
-        Compiled::new(exe, code, options.threads, report, inputs)
+        let mut compiled = Compiled::new(exe, code, options.threads, report, inputs)?;
+        compiled.provenance = Some(provenance);
+        Ok(compiled)
     }
 }
 
@@ -519,6 +537,8 @@ pub struct Lowered {
     pub report: CompileReport,
     /// The model's inputs, names and declared types, in order.
     pub inputs: Vec<(String, kiln_ir::TensorType)>,
+    /// Which of the executable's weights are the model's (for weight swaps).
+    pub provenance: WeightProvenance,
 }
 
 /// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).

@@ -7,10 +7,12 @@
 //! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
 
 pub mod artifact;
+pub mod checkpoint;
 pub mod contract;
 pub mod cpu;
 pub mod plugin;
 pub mod prefix_cache;
+pub mod recipe;
 pub mod registry;
 pub mod state;
 

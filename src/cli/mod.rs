@@ -55,7 +55,7 @@ pub struct ModelArgs {
     /// The model: a .kir file (weights from NAME.safetensors beside it, if present), a kiln graph .json or an
     /// .onnx file; `run` and `bench` also take an artifact directory written by `kiln compile`.
     pub model: PathBuf,
-    /// A safetensors file holding the model's weights.
+    /// A safetensors file holding the model's weights (for `run ARTIFACT_DIR`: replaces the artifact's weights).
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
     /// Static extents for an input with symbolic dims: NAME=DxDxD (repeatable; `scalar` for rank 0).

@@ -91,17 +91,35 @@ pub fn check_artifact_options(model: &super::ModelArgs, backend: Option<Backend>
     if model.weights.is_some() {
         bail!("--weights: a compiled artifact carries its weights ({})", model.model.display());
     }
+    check_artifact_backend(backend)
+}
+
+/// Checks that no backend other than the artifact's own is asked for.
+fn check_artifact_backend(backend: Option<Backend>) -> Result<()> {
     if let Some(b) = backend.filter(|b| *b != Backend::Cpu) {
         bail!("--backend {}: a compiled artifact runs on the cpu backend it was compiled for", b.name());
     }
     Ok(())
 }
 
-/// `kiln run ARTIFACT_DIR`: load the compiled artifact (no code generation) and run it.
+/// `kiln run ARTIFACT_DIR`: load the compiled artifact (no code generation) and run it. With `--weights FILE`,
+/// the checkpoint's weights replace the artifact's, atomically, before the run (a checkpoint that does not fit
+/// is an error and nothing runs).
 fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
-    check_artifact_options(&a.model, a.backend)?;
+    check_artifact_backend(a.backend)?;
     let t0 = Instant::now();
     let compiled = kiln::Artifact::load(&a.model.model, a.threads)?;
+    if let Some(weights) = &a.model.weights {
+        let report = compiled.load_weights(weights)?;
+        println!(
+            "weights from {}: {} replaced, {} kept (made by the compiler), {} unchanged (folded at compile time), {} unused",
+            weights.display(),
+            report.replaced.len(),
+            report.kept.len(),
+            report.unchanged.len(),
+            report.unused.len()
+        );
+    }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
     let t1 = Instant::now();

@@ -81,6 +81,20 @@ impl PackedB {
         self.n
     }
 
+    /// The row-major `k × n` matrix back out of the panels: exactly the values packed, bit for bit.
+    pub fn unpack(&self) -> Vec<f32> {
+        let (k, n) = (self.k, self.n);
+        let mut out = vec![0.0f32; k * n];
+        for j in 0..self.panels {
+            let (first, cols) = (j * PANEL, PANEL.min(n - j * PANEL));
+            let panel = self.panel(j);
+            for p in 0..k {
+                out[p * n + first..p * n + first + cols].copy_from_slice(&panel[p * PANEL..p * PANEL + cols]);
+            }
+        }
+        out
+    }
+
     /// Bytes of packed storage, padding included.
     pub fn bytes(&self) -> usize {
         std::mem::size_of_val(self.storage.as_slice())

@@ -6,7 +6,7 @@
 //!   ([`crate::registry`]) picks one per node by capability and priority; plugins ([`crate::plugin`]) load more
 //!   through a versioned C ABI.
 //! - capability traits for backend-native work: [`SubmissionBackend`] (executors and exact [`Completion`]s),
-//!   [`ParameterBackend`](crate::contract::parameters) (checkpoint weights), transfer and collectives. Each is
+//!   [`ParameterBackend`] (checkpoint weights), [`TransferBackend`] (host ↔ execution storage) and collectives. Each is
 //!   static (associated types, no `dyn`), because their users are generic orchestration code that must not pay
 //!   for dynamic dispatch per tensor.
 //!
@@ -15,9 +15,13 @@
 pub mod backend;
 pub mod collective;
 pub mod completion;
+pub mod parameters;
 pub mod submission;
+pub mod transfer;
 
 pub use backend::{Backend, BackendState, Capabilities, Counters, Node, NodeKind, OpSupport, RunResult, StateHandle};
 pub use collective::{CollectiveBackend, CollectiveGroup, ReduceOp};
 pub use completion::Completion;
+pub use parameters::ParameterBackend;
 pub use submission::SubmissionBackend;
+pub use transfer::TransferBackend;

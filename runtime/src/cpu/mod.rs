@@ -18,7 +18,7 @@ pub mod node;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use kiln_codegen::exec::{BufferId, Executable, Home, LibraryOp, Step};
 use kiln_codegen::kernel::{ArgRole, Extent, Kernel};
@@ -30,9 +30,16 @@ use crate::RunError;
 pub mod collective;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod parameters;
 pub mod submission;
+pub mod transfer;
+mod weight_set;
 pub use collective::LocalGroup;
+pub use parameters::{CpuMaterialization, CpuParameter, CpuWeight, DTypeRule, MaterializeOptions, Packing};
 pub use submission::{CpuBackend, CpuCompletion, CpuExecutor, CpuWork, Pending};
+pub use transfer::{HostBuffer, Layout};
+use weight_set::WeightSet;
+pub use weight_set::{WeightFingerprint, WeightLoad, WeightLoadReport};
 
 /// Every arena and per-run buffer starts at a multiple of this many bytes.
 const ALIGN: usize = 64;
@@ -122,10 +129,11 @@ pub enum KernelCode {
 pub struct CpuProgram {
     exe: Executable,
     code: KernelCode,
-    weights: HashMap<String, Arc<Tensor>>,
-    prepared: Vec<Arc<Tensor>>,
-    /// Matmul weights packed once for `library::matmul_packed_f32`, by the weight's buffer.
-    packed: HashMap<BufferId, library::PackedB>,
+    /// The weights, prepared weights and packed matmul operands every run reads: read once at the start of a
+    /// run (which keeps that set alive to its end), replaced as a whole by a weight swap.
+    current: RwLock<Arc<WeightSet>>,
+    /// Serializes weight swaps, so two concurrent swaps cannot interleave their builds.
+    swapping: Mutex<()>,
     pool: rayon::ThreadPool,
     threads: usize,
     /// The workers a run actually uses: 1 for programs too small to gain from the pool (see `SMALL_PROGRAM`).
@@ -156,19 +164,18 @@ impl CpuProgram {
         let mut program = CpuProgram {
             exe,
             code,
-            weights,
-            prepared: Vec::new(),
-            packed: HashMap::new(),
+            current: RwLock::new(Arc::new(WeightSet::default())),
+            swapping: Mutex::new(()),
             pool,
             threads,
             workers: threads,
             arenas: Mutex::new(Vec::new()),
         };
-        program.prepare()?;
         if program.static_work().is_some_and(|w| w < SMALL_PROGRAM) {
             program.workers = 1;
         }
-        program.pack_weights()?;
+        let set = program.build_weight_set(weights, &HashMap::new())?;
+        program.publish(set);
         Ok(program)
     }
 
@@ -214,8 +221,8 @@ impl CpuProgram {
         Some(total)
     }
 
-    /// Runs the prepare steps, filling the prepared weights.
-    fn prepare(&mut self) -> Result<(), RunError> {
+    /// Runs the prepare steps on `set`'s weights, filling its prepared weights.
+    fn prepare(&self, set: &mut WeightSet) -> Result<(), RunError> {
         let symbols = HashMap::new();
         let mut storage = Vec::with_capacity(self.exe.prepared.len());
         for &b in &self.exe.prepared {
@@ -223,10 +230,10 @@ impl CpuProgram {
             storage.push(AlignedBuf::zeroed(self.bytes(b, &dims))?);
         }
         if !self.exe.prepare.is_empty() {
-            let ptrs = self.pointers(&[], &symbols, None, &storage, &mut Vec::new(), None)?;
+            let ptrs = self.pointers(set, &[], &symbols, None, &storage, &mut Vec::new(), None)?;
             let sym_values = self.symbol_values(&symbols);
             for step in &self.exe.prepare {
-                self.step(step, Ptrs(&ptrs), &symbols, &sym_values)?;
+                self.step(set, step, Ptrs(&ptrs), &symbols, &sym_values)?;
             }
         }
         for (&b, buf) in self.exe.prepared.iter().zip(&storage) {
@@ -236,44 +243,106 @@ impl CpuProgram {
             let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len) };
             let t = Tensor::from_bytes(dtype, dims, bytes)
                 .ok_or_else(|| RunError::Backend("a prepared weight has the wrong size".into()))?;
-            self.prepared.push(Arc::new(t));
+            set.prepared.push(Arc::new(t));
         }
         Ok(())
     }
 
     /// The tensor behind a weight-like buffer (a weight, a constant or a prepared weight).
-    fn weight_tensor(&self, b: BufferId) -> Option<&Tensor> {
+    fn weight_tensor<'a>(&'a self, set: &'a WeightSet, b: BufferId) -> Option<&'a Tensor> {
         match &self.exe.buffers[b.0 as usize].home {
-            Home::Weight(name) => self.weights.get(name).map(|t| t.as_ref()),
+            Home::Weight(name) => set.weights.get(name).map(|t| t.as_ref()),
             Home::Constant(t) => Some(t.as_ref()),
-            Home::Prepared(k) => self.prepared.get(*k).map(|t| t.as_ref()),
+            Home::Prepared(k) => set.prepared.get(*k).map(|t| t.as_ref()),
             _ => None,
         }
     }
 
     /// Packs the right operand of every f32 matmul whose right operand is a 2-D weight and whose left operand
     /// may have few enough rows for `library::prefer_packed` (checked again at run time with the real rows).
-    fn pack_weights(&mut self) -> Result<(), RunError> {
+    /// A weight that arrives already packed (in `prepacked`, by weight name, with the same extents) is used as
+    /// it is.
+    fn pack_weights(
+        &self,
+        set: &mut WeightSet,
+        prepacked: &HashMap<String, Arc<library::PackedB>>,
+    ) -> Result<(), RunError> {
         let mut packed = HashMap::new();
+        for b in self.packable_operands() {
+            let Some(w) = self.weight_tensor(set, b) else { continue };
+            let (Some(data), [k, n]) = (w.as_slice::<f32>(), w.shape()) else { continue };
+            let given = match &self.exe.buffers[b.0 as usize].home {
+                Home::Weight(name) => prepacked.get(name).filter(|p| p.k() == *k && p.n() == *n),
+                _ => None,
+            };
+            let p = match given {
+                Some(p) => Arc::clone(p),
+                None => Arc::new(library::PackedB::pack(data, *k, *n).map_err(|e| RunError::Weights(e.to_string()))?),
+            };
+            packed.insert(b, p);
+        }
+        set.packed = packed;
+        Ok(())
+    }
+
+    /// The right operands of f32 matmuls worth packing: 2-D weight-like buffers whose left operand may have few
+    /// enough rows for `library::prefer_packed`.
+    fn packable_operands(&self) -> Vec<BufferId> {
+        let mut out = Vec::new();
         for step in &self.exe.steps {
             let Step::Library { op: LibraryOp::MatMul, inputs, .. } = step else { continue };
             let (a, b) = (inputs[0], inputs[1]);
-            if packed.contains_key(&b) {
+            if out.contains(&b) {
+                continue;
+            }
+            let info = &self.exe.buffers[b.0 as usize];
+            if !matches!(info.home, Home::Weight(_) | Home::Constant(_) | Home::Prepared(_)) {
+                continue;
+            }
+            let (Some(k), Some(n)) = (
+                info.ty.shape.0.first().and_then(|d| d.as_static()),
+                info.ty.shape.0.get(1).and_then(|d| d.as_static()),
+            ) else {
+                continue;
+            };
+            if info.ty.dtype != kiln_ir::DType::F32 || info.ty.shape.0.len() != 2 {
                 continue;
             }
             let a_ty = &self.exe.buffers[a.0 as usize].ty;
-            let Some(w) = self.weight_tensor(b) else { continue };
-            let (Some(data), [k, n]) = (w.as_slice::<f32>(), w.shape()) else { continue };
             let rows: Option<u64> =
                 a_ty.shape.0[..a_ty.shape.0.len().saturating_sub(1)].iter().map(|d| d.as_static()).product();
-            if a_ty.shape.0.len() < 2 || rows.is_some_and(|r| !library::prefer_packed(r as usize, *k, *n)) {
+            if a_ty.shape.0.len() < 2
+                || rows.is_some_and(|r| !library::prefer_packed(r as usize, k as usize, n as usize))
+            {
                 continue;
             }
-            let p = library::PackedB::pack(data, *k, *n).map_err(|e| RunError::Weights(e.to_string()))?;
-            packed.insert(b, p);
+            out.push(b);
         }
-        self.packed = packed;
-        Ok(())
+        out
+    }
+
+    /// A complete weight set from `weights`: prepare steps run and matmul operands packed on it. Nothing is
+    /// published; the running set is untouched whatever happens here.
+    fn build_weight_set(
+        &self,
+        weights: HashMap<String, Arc<Tensor>>,
+        prepacked: &HashMap<String, Arc<library::PackedB>>,
+    ) -> Result<WeightSet, RunError> {
+        let mut set = WeightSet { weights, ..WeightSet::default() };
+        self.prepare(&mut set)?;
+        self.pack_weights(&mut set, prepacked)?;
+        Ok(set)
+    }
+
+    /// Makes `set` the one new runs read. Runs in flight keep the set they started with.
+    fn publish(&self, set: WeightSet) {
+        let set = Arc::new(set);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = set;
+    }
+
+    /// The weight set runs read now.
+    fn weight_set(&self) -> Arc<WeightSet> {
+        Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn bytes(&self, b: BufferId, dims: &[usize]) -> usize {
@@ -304,17 +373,20 @@ impl CpuProgram {
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let given = self.check_inputs(inputs)?;
         let symbols = self.bind_symbols(&given)?;
+        // Read once: a weight swap during this run does not change what it reads.
+        let set = self.weight_set();
+        let set = set.as_ref();
         let arena = self.take_arena()?;
         let mut dynamic = Vec::new();
         let result = (|| {
             let mut results = HashMap::new();
-            let ptrs = self.pointers(&given, &symbols, Some(&arena), &[], &mut dynamic, Some(&mut results))?;
+            let ptrs = self.pointers(set, &given, &symbols, Some(&arena), &[], &mut dynamic, Some(&mut results))?;
             let sym_values = self.symbol_values(&symbols);
             let shared = Ptrs(&ptrs);
             let mut steps = || -> Result<(), RunError> {
                 for step in &self.exe.steps {
                     let t = std::time::Instant::now();
-                    self.step(step, shared, &symbols, &sym_values)?;
+                    self.step(set, step, shared, &symbols, &sym_values)?;
                     if let Some(times) = times.as_deref_mut() {
                         times.push(t.elapsed());
                     }
@@ -431,6 +503,7 @@ impl CpuProgram {
     /// A pointer for every buffer of the executable.
     fn pointers(
         &self,
+        set: &WeightSet,
         given: &[&Tensor],
         symbols: &HashMap<String, u64>,
         arena: Option<&AlignedBuf>,
@@ -445,12 +518,12 @@ impl CpuProgram {
                     Some(t) => t.as_bytes().as_ptr().cast_mut(),
                     None => std::ptr::null_mut(),
                 },
-                Home::Weight(name) => match self.weights.get(name) {
+                Home::Weight(name) => match set.weights.get(name) {
                     Some(t) => t.as_bytes().as_ptr().cast_mut(),
                     None => return Err(RunError::Weights(format!("weight `{name}` is not bound"))),
                 },
                 Home::Constant(t) => t.as_bytes().as_ptr().cast_mut(),
-                Home::Prepared(k) => match (self.prepared.get(*k), prepared.get(*k)) {
+                Home::Prepared(k) => match (set.prepared.get(*k), prepared.get(*k)) {
                     (Some(t), _) => t.as_bytes().as_ptr().cast_mut(),
                     (None, Some(buf)) => buf.as_ptr(),
                     (None, None) => std::ptr::null_mut(),
@@ -493,6 +566,7 @@ impl CpuProgram {
 
     fn step(
         &self,
+        set: &WeightSet,
         step: &Step,
         ptrs: Ptrs<'_>,
         symbols: &HashMap<String, u64>,
@@ -501,9 +575,9 @@ impl CpuProgram {
         match step {
             Step::Kernel { kernel, args } => self.launch(*kernel, args, ptrs, symbols, sym_values),
             Step::Library { op, inputs, output, epilogue } => {
-                self.library(op, inputs, *output, ptrs, symbols)?;
+                self.library(set, op, inputs, *output, ptrs, symbols)?;
                 match epilogue {
-                    Some(e) => self.step(e, ptrs, symbols, sym_values),
+                    Some(e) => self.step(set, e, ptrs, symbols, sym_values),
                     None => Ok(()),
                 }
             }
@@ -556,6 +630,7 @@ impl CpuProgram {
 
     fn library(
         &self,
+        set: &WeightSet,
         op: &LibraryOp,
         inputs: &[BufferId],
         output: BufferId,
@@ -600,7 +675,7 @@ impl CpuProgram {
             LibraryOp::MatMul => {
                 let (ad, bd) = (dims(inputs[0])?, dims(inputs[1])?);
                 let rows: usize = ad[..ad.len().saturating_sub(1)].iter().product();
-                match self.packed.get(&inputs[1]) {
+                match set.packed.get(&inputs[1]) {
                     Some(p) if ad.len() >= 2 && library::prefer_packed(rows, p.k(), p.n()) => {
                         library::matmul_packed_f32(f32s(inputs[0], &ad), rows, p, out, None, par)
                     }
