@@ -355,13 +355,38 @@ fn a_panic_inside_the_rust_plugin_is_contained() {
 }
 
 fn kiln_backends(plugins: Option<&str>) -> std::process::Output {
+    kiln_backends_with(plugins, &[])
+}
+
+fn kiln_backends_with(plugins: Option<&str>, args: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.arg("backends");
+    cmd.arg("backends").args(args);
     match plugins {
         Some(v) => cmd.env("KILN_BACKEND_PLUGINS", v),
         None => cmd.env_remove("KILN_BACKEND_PLUGINS"),
     };
     cmd.output().expect("the kiln binary runs")
+}
+
+#[test]
+fn both_plugins_loaded_from_the_env_var_run_nodes_that_match_the_interpreter() {
+    let list = format!("{}, {}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
+    let out = kiln_backends_with(Some(&list), &["--check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("check ew: 9 sample ops match the interpreter (add,sub,mul,div,relu,neg,exp,tanh,sigmoid)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("check reduce: 2 sample ops match the interpreter (matmul,softmax)"), "{stdout}");
+    assert!(stdout.contains("check cpu-reference: 11 sample ops match the interpreter"), "{stdout}");
+    // A plugin whose every run fails is reported, and the command fails.
+    let failing = c_plugin("always_fails_check", "bad_plugin.c", &["BAD_ALWAYS_FAILS"]);
+    let out = kiln_backends_with(Some(&spec("failing", &failing, 0)), &["--check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("check failing: FAILED"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sample node(s) failed"));
 }
 
 #[test]
