@@ -174,7 +174,7 @@ pub struct RunOptions {
 /// How to compile a model ([`Model::compile`]).
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
-    /// The target: [`Backend::Cpu`] (the interpreter needs no compilation; CUDA is not built yet).
+    /// The target: [`Backend::Cpu`] (the interpreter needs no compilation; CUDA cannot run programs yet).
     pub backend: Backend,
     /// The pass pipeline run before code generation (`cpu-default`, `O0`…`O3`, or any pipeline string).
     pub pipeline: String,
@@ -311,6 +311,19 @@ impl Request {
     /// Waits for the run; its outputs in the model's order.
     pub fn wait(self) -> Result<Vec<(String, Tensor)>, Error> {
         self.pending.wait().map_err(run_error)
+    }
+}
+
+/// Why a model cannot run on CUDA here: no driver or device (probed without panicking), or — with a device — that
+/// running programs on it is not built yet.
+fn cuda_unavailable() -> String {
+    match kiln_runtime::cuda::CudaDevice::open(0) {
+        Err(kiln_runtime::RunError::NoDevice { reason, .. }) => reason,
+        Err(e) => e.to_string(),
+        Ok(device) => format!(
+            "found device 0 ({}), but running programs on CUDA is not built yet; use --backend cpu",
+            device.name()
+        ),
     }
 }
 
@@ -456,10 +469,7 @@ impl Model {
                     self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
                 compiled.run(inputs)
             }
-            b @ Backend::Cuda => Err(Error::Backend {
-                backend: b.name(),
-                message: "this backend is not built yet; run with --backend cpu or interp".into(),
-            }),
+            b @ Backend::Cuda => Err(Error::Backend { backend: b.name(), message: cuda_unavailable() }),
         }
     }
 
@@ -478,8 +488,12 @@ impl Model {
     ) -> Result<Lowered, Error> {
         let backend = options.backend;
         let fail = |message: String| Error::Backend { backend: backend.name(), message };
-        if backend != Backend::Cpu {
-            return Err(fail("only the cpu backend compiles today".into()));
+        match backend {
+            Backend::Cpu => {}
+            Backend::Cuda => return Err(fail(cuda_unavailable())),
+            Backend::Interp => {
+                return Err(fail("the interpreter runs graphs as they are; there is nothing to compile".into()));
+            }
         }
         kiln_ir::verify_weights_bound(&self.graph)
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;

@@ -10,6 +10,7 @@ pub mod artifact;
 pub mod checkpoint;
 pub mod contract;
 pub mod cpu;
+pub mod cuda;
 pub mod plugin;
 pub mod prefix_cache;
 pub mod recipe;
@@ -90,6 +91,14 @@ pub enum RunError {
     /// A collective operation failed.
     #[error("collective: {0}")]
     Collective(String),
+    /// A device backend has no usable device here (no driver, no device, a failing driver).
+    #[error("{backend}: {reason}")]
+    NoDevice {
+        /// The backend (`cuda`).
+        backend: String,
+        /// What is missing.
+        reason: String,
+    },
     /// Submitted work failed or could not be submitted.
     #[error("submission: {0}")]
     Submission(String),
