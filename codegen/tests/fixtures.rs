@@ -50,6 +50,7 @@ fn lowerable_fixtures_match_the_interpreter() {
     assert_eq!(
         refused,
         [
+            "conv3x3_layers",
             "conv_pool",
             "fusion",
             "lstm_gru",

@@ -13,11 +13,13 @@ mod conv;
 mod matmul;
 mod packed;
 mod pool;
+mod winograd;
 
 pub use conv::conv_f32;
 pub use matmul::{matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
+pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies};
 
 use kiln_ir::DType;
 use kiln_ir::op::{Op, PoolKind};

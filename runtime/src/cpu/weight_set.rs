@@ -29,6 +29,8 @@ pub(crate) struct WeightSet {
     pub(crate) prepared: Vec<Arc<Tensor>>,
     /// Matmul right operands packed for `library::matmul_packed_f32`, by buffer.
     pub(crate) packed: HashMap<BufferId, Arc<PackedB>>,
+    /// 3×3 conv weights in the Winograd domain for `library::conv_winograd_f32`, by buffer.
+    pub(crate) winograd: HashMap<BufferId, Arc<kiln_codegen::library::WinogradWeights>>,
 }
 
 /// A weight value remembered without its bytes: dtype, shape and a 64-bit FNV-1a hash of the little-endian
