@@ -18,20 +18,16 @@
 //! These bounds are checked on dense sweeps by the emitter's tests. Results may therefore differ from the scalar
 //! tail (and the interpreter) in the last bit or two; everything else the vector form computes is exact.
 
-// The coefficients are written as published, so they can be checked against their source.
-#![allow(clippy::excessive_precision)]
-
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::DType;
 use kiln_ir::op::UnaryOp;
 
 use super::emit::{EResult, Emitter};
-
-/// Cody–Waite split of ln 2: `C1` is exact in few bits, `C1 + C2` is ln 2 to beyond f32 precision.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const LOG2_E: f32 = std::f32::consts::LOG2_E;
+use crate::approx::{
+    ERF_P, ERF_Q, ERF_SATURATE, ERF_T, EXP_P, EXP_RANGE, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE,
+    TANH_SMALL,
+};
 
 impl Emitter<'_, '_> {
     /// The inline approximation of `k` on `x`, if there is one for this target.
@@ -42,7 +38,7 @@ impl Emitter<'_, '_> {
         }
         Some(match k {
             UnaryOp::Exp => {
-                let ok = self.in_range(x, -87.0, 88.0);
+                let ok = self.in_range(x, EXP_RANGE.0, EXP_RANGE.1);
                 self.guarded(k, x, ok, |e, x| e.vexp(x))
             }
             UnaryOp::Sigmoid => {
@@ -56,11 +52,11 @@ impl Emitter<'_, '_> {
                 })
             }
             UnaryOp::Tanh => {
-                let ok = self.in_range(x, -9.0, 9.0);
+                let ok = self.in_range(x, -TANH_SATURATE, TANH_SATURATE);
                 self.guarded(k, x, ok, |e, x| e.vtanh(x))
             }
             UnaryOp::Erf => {
-                let ok = self.in_range(x, -3.9, 3.9);
+                let ok = self.in_range(x, -ERF_SATURATE, ERF_SATURATE);
                 self.guarded(k, x, ok, |e, x| e.verf(x))
             }
             UnaryOp::Log => {
@@ -145,8 +141,7 @@ impl Emitter<'_, '_> {
         let a = self.b.ins().fmul(n, lo);
         let r = self.b.ins().fsub(r, a);
         let z = self.b.ins().fmul(r, r);
-        let p = self
-            .horner(r, &[1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1]);
+        let p = self.horner(r, &EXP_P);
         let p = self.b.ins().fmul(p, z);
         let p = self.b.ins().fadd(p, r);
         let one = self.vconst(1.0);
@@ -166,7 +161,7 @@ impl Emitter<'_, '_> {
         let ax = self.b.ins().fabs(x);
         // Small magnitudes: x + x^3 P(x^2).
         let z = self.b.ins().fmul(x, x);
-        let p = self.horner(z, &[-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1]);
+        let p = self.horner(z, &TANH_P);
         let p = self.b.ins().fmul(p, z);
         let p = self.b.ins().fmul(p, x);
         let small = self.b.ins().fadd(p, x);
@@ -183,7 +178,7 @@ impl Emitter<'_, '_> {
         let negative = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
         let neg_big = self.b.ins().fneg(big);
         let big = self.select_mask(negative, neg_big, big);
-        let limit = self.vconst(0.625);
+        let limit = self.vconst(TANH_SMALL);
         let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, limit);
         self.select_mask(is_small, small, big)
     }
@@ -192,27 +187,16 @@ impl Emitter<'_, '_> {
     fn verf(&mut self, x: Value) -> Value {
         // Below 1 in magnitude: x P(x^2).
         let z = self.b.ins().fmul(x, x);
-        let p = self.horner(
-            z,
-            &[
-                7.853_861_353_153_693e-5,
-                -8.010_193_625_184_903e-4,
-                5.188_327_685_732_524e-3,
-                -2.685_381_193_529_856e-2,
-                1.128_358_514_861_418e-1,
-                -3.761_262_582_423_300e-1,
-                1.128_379_165_726_710,
-            ],
-        );
+        let p = self.horner(z, &ERF_P);
         let small = self.b.ins().fmul(p, x);
         // Above: 1 - Q(t) e^(-x^2) with t = 1 / (1 + p|x|) (Abramowitz and Stegun 7.1.26), with x's sign.
         let ax = self.b.ins().fabs(x);
         let one = self.vconst(1.0);
-        let pc = self.vconst(0.327_591_1);
+        let pc = self.vconst(ERF_T);
         let d = self.b.ins().fmul(pc, ax);
         let d = self.b.ins().fadd(one, d);
         let t = self.b.ins().fdiv(one, d);
-        let q = self.horner(t, &[1.061_405_429, -1.453_152_027, 1.421_413_741, -0.284_496_736, 0.254_829_592, 0.0]);
+        let q = self.horner(t, &ERF_Q);
         let nz = self.b.ins().fneg(z);
         let e = self.vexp(nz);
         let qe = self.b.ins().fmul(q, e);
@@ -250,20 +234,7 @@ impl Emitter<'_, '_> {
         let dec = self.select_mask(below, one, zero);
         let e = self.b.ins().fsub(e, dec);
         let z = self.b.ins().fmul(r, r);
-        let p = self.horner(
-            r,
-            &[
-                7.037_683_6e-2,
-                -1.151_461e-1,
-                1.167_699_9e-1,
-                -1.242_014_1e-1,
-                1.424_932_3e-1,
-                -1.666_805_8e-1,
-                2.000_071_4e-1,
-                -2.499_999_4e-1,
-                3.333_333_1e-1,
-            ],
-        );
+        let p = self.horner(r, &LOG_P);
         let p = self.b.ins().fmul(p, r);
         let y = self.b.ins().fmul(p, z);
         let lo = self.vconst(LN2_LO);

@@ -1,0 +1,344 @@
+//! Transcendental functions and 16-bit float conversions as plain LLVM IR, for a target without libdevice.
+//!
+//! `exp`, `log`, `tanh` and `erf` on f32 evaluate the polynomials of [`crate::approx`] — the ones the CPU
+//! emitter's vector loops use — on the whole f32 range: where the CPU's vector form falls back to the exact
+//! scalar function (NaN, infinities, subnormal or overflowing results, subnormal `log` arguments), these
+//! handle the case inline: arguments are clamped before range reduction (so no float→int conversion ever sees
+//! a NaN or an out-of-range value), `2^n` is applied as two normal factors (so subnormal results are produced
+//! by the last multiplication), `log` rescales subnormal arguments by 2^23, and special values are selected at
+//! the end. Horner steps use `llvm.fma` (one rounding per step), as the CPU does where it has FMA.
+//!
+//! The f16 and bf16 conversions are the `half` crate's (the interpreter's) algorithms in integer arithmetic:
+//! round to nearest even, overflow to infinity, subnormals, NaN kept NaN.
+
+use inkwell::values::{FloatValue, IntValue};
+use inkwell::{FloatPredicate, IntPredicate};
+
+use super::emit::{KernelEmitter, R};
+use crate::approx::{
+    ERF_P, ERF_Q, ERF_SATURATE, ERF_T, EXP_P, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
+};
+
+/// Arguments of `exp` are clamped to this range: below it the result is 0, above it infinity.
+const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
+
+impl<'ctx> KernelEmitter<'_, 'ctx> {
+    fn f(&self, v: f32) -> FloatValue<'ctx> {
+        self.ctx.f32_type().const_float(f64::from(v))
+    }
+
+    fn i32c(&self, v: u32) -> IntValue<'ctx> {
+        self.ctx.i32_type().const_int(u64::from(v), false)
+    }
+
+    fn fsel(&mut self, c: IntValue<'ctx>, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "fsel")?.into_float_value())
+    }
+
+    fn isel(&mut self, c: IntValue<'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "isel")?.into_int_value())
+    }
+
+    fn fcmp_f(&mut self, p: FloatPredicate, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_float_compare(p, a, b, "fc")?)
+    }
+
+    fn icmp(&mut self, p: IntPredicate, a: IntValue<'ctx>, b: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        Ok(self.b.build_int_compare(p, a, b, "ic")?)
+    }
+
+    fn fmul(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_mul(a, b, "m")?)
+    }
+
+    fn fadd(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_add(a, b, "a")?)
+    }
+
+    fn fsub(&mut self, a: FloatValue<'ctx>, b: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        Ok(self.b.build_float_sub(a, b, "s")?)
+    }
+
+    /// `p(x)` by Horner's rule with fused steps, coefficients highest degree first.
+    fn horner(&mut self, x: FloatValue<'ctx>, coeffs: &[f32]) -> R<FloatValue<'ctx>> {
+        let mut acc = self.f(coeffs[0]);
+        for &c in &coeffs[1..] {
+            let c = self.f(c);
+            acc = self
+                .call("llvm.fma.f32", &[acc.into(), x.into(), c.into()], self.ctx.f32_type().into())?
+                .into_float_value();
+        }
+        Ok(acc)
+    }
+
+    /// `x` with the sign of `sign_of` when that is negative (`-0` and NaN keep `x`).
+    fn with_sign(&mut self, x: FloatValue<'ctx>, sign_of: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let zero = self.f(0.0);
+        let negative = self.fcmp_f(FloatPredicate::OLT, sign_of, zero)?;
+        let n = self.b.build_float_neg(x, "n")?;
+        self.fsel(negative, n, x)
+    }
+
+    /// `e^x` on f32.
+    pub(super) fn exp_f32(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let nan = self.fcmp_f(FloatPredicate::UNO, x, x)?;
+        let (lo, hi) = (self.f(EXP_CLAMP.0), self.f(EXP_CLAMP.1));
+        let below = self.fcmp_f(FloatPredicate::OLT, x, lo)?;
+        let xc = self.fsel(below, lo, x)?;
+        let above = self.fcmp_f(FloatPredicate::OGT, xc, hi)?;
+        let xc = self.fsel(above, hi, xc)?;
+        let zero = self.f(0.0);
+        let xc = self.fsel(nan, zero, xc)?;
+        let log2e = self.f(LOG2_E);
+        let t = self.fmul(xc, log2e)?;
+        let n = self.fintrinsic("roundeven", t)?;
+        let hi_part = self.f(LN2_HI);
+        let a = self.fmul(n, hi_part)?;
+        let r = self.fsub(xc, a)?;
+        let lo_part = self.f(LN2_LO);
+        let a = self.fmul(n, lo_part)?;
+        let r = self.fsub(r, a)?;
+        let z = self.fmul(r, r)?;
+        let p = self.horner(r, &EXP_P)?;
+        let p = self.fmul(p, z)?;
+        let p = self.fadd(p, r)?;
+        let one = self.f(1.0);
+        let p = self.fadd(p, one)?;
+        // 2^n as two normal factors: n is in [-150, 129] after the clamp.
+        let ni = self.b.build_float_to_signed_int(n, self.ctx.i32_type(), "ni")?;
+        let n1 = self.b.build_right_shift(ni, self.i32c(1), true, "n1")?;
+        let n2 = self.b.build_int_sub(ni, n1, "n2")?;
+        let s1 = self.pow2(n1)?;
+        let s2 = self.pow2(n2)?;
+        let v = self.fmul(p, s1)?;
+        let v = self.fmul(v, s2)?;
+        self.fsel(nan, x, v)
+    }
+
+    /// `2^n` for `n` in [-126, 127], from its exponent bits.
+    fn pow2(&mut self, n: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let e = self.b.build_int_add(n, self.i32c(127), "e")?;
+        let e = self.b.build_left_shift(e, self.i32c(23), "e")?;
+        Ok(self.b.build_bit_cast(e, self.ctx.f32_type(), "p2")?.into_float_value())
+    }
+
+    /// `ln x` on f32.
+    pub(super) fn log_f32(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let min_normal = self.f(f32::MIN_POSITIVE);
+        let sub = self.fcmp_f(FloatPredicate::OLT, x, min_normal)?;
+        let scale = self.f(8_388_608.0); // 2^23
+        let scaled = self.fmul(x, scale)?;
+        let xs = self.fsel(sub, scaled, x)?;
+        let (adj, zero) = (self.f(23.0), self.f(0.0));
+        let eadj = self.fsel(sub, adj, zero)?;
+        // xs = m * 2^e with m in [0.5, 1).
+        let bits = self.b.build_bit_cast(xs, self.ctx.i32_type(), "bits")?.into_int_value();
+        let e = self.b.build_right_shift(bits, self.i32c(23), false, "e")?;
+        let e = self.b.build_int_sub(e, self.i32c(126), "e")?;
+        let m = self.b.build_and(bits, self.i32c(0x807F_FFFF), "m")?;
+        let m = self.b.build_or(m, self.i32c(0x3F00_0000), "m")?;
+        let m = self.b.build_bit_cast(m, self.ctx.f32_type(), "m")?.into_float_value();
+        let ef = self.b.build_signed_int_to_float(e, self.ctx.f32_type(), "ef")?;
+        let ef = self.fsub(ef, eadj)?;
+        // Below sqrt(1/2), use 2m - 1 and e - 1, so the reduced argument lies in [sqrt(1/2) - 1, sqrt(2) - 1).
+        let sqrt_half = self.f(std::f32::consts::FRAC_1_SQRT_2);
+        let below = self.fcmp_f(FloatPredicate::OLT, m, sqrt_half)?;
+        let one = self.f(1.0);
+        let m2 = self.fadd(m, m)?;
+        let shifted = self.fsel(below, m2, m)?;
+        let r = self.fsub(shifted, one)?;
+        let dec = self.fsel(below, one, zero)?;
+        let ef = self.fsub(ef, dec)?;
+        let z = self.fmul(r, r)?;
+        let p = self.horner(r, &LOG_P)?;
+        let p = self.fmul(p, r)?;
+        let y = self.fmul(p, z)?;
+        let lo = self.f(LN2_LO);
+        let t = self.fmul(ef, lo)?;
+        let y = self.fadd(y, t)?;
+        let h = self.f(0.5);
+        let t = self.fmul(z, h)?;
+        let y = self.fsub(y, t)?;
+        let y = self.fadd(r, y)?;
+        let hi = self.f(LN2_HI);
+        let t = self.fmul(ef, hi)?;
+        let y = self.fadd(y, t)?;
+        // Special arguments: 0 → -inf, +inf → +inf, negative → NaN, NaN → itself.
+        let is0 = self.fcmp_f(FloatPredicate::OEQ, x, zero)?;
+        let ninf = self.f(f32::NEG_INFINITY);
+        let y = self.fsel(is0, ninf, y)?;
+        let inf = self.f(f32::INFINITY);
+        let is_inf = self.fcmp_f(FloatPredicate::OEQ, x, inf)?;
+        let y = self.fsel(is_inf, inf, y)?;
+        let neg = self.fcmp_f(FloatPredicate::OLT, x, zero)?;
+        let nan = self.f(f32::NAN);
+        let y = self.fsel(neg, nan, y)?;
+        let is_nan = self.fcmp_f(FloatPredicate::UNO, x, x)?;
+        self.fsel(is_nan, x, y)
+    }
+
+    /// `tanh x` on f32.
+    pub(super) fn tanh_f32(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let ax = self.fintrinsic("fabs", x)?;
+        // Small magnitudes: x + x^3 P(x^2).
+        let z = self.fmul(x, x)?;
+        let p = self.horner(z, &TANH_P)?;
+        let p = self.fmul(p, z)?;
+        let p = self.fmul(p, x)?;
+        let small = self.fadd(p, x)?;
+        // Large magnitudes: 1 - 2 / (e^(2|x|) + 1), ±1 beyond saturation, with x's sign (NaN stays NaN).
+        let sat = self.f(TANH_SATURATE);
+        let saturated = self.fcmp_f(FloatPredicate::OGT, ax, sat)?;
+        let xc = self.fsel(saturated, sat, ax)?;
+        let two_x = self.fadd(xc, xc)?;
+        let e = self.exp_f32(two_x)?;
+        let (one, two) = (self.f(1.0), self.f(2.0));
+        let d = self.fadd(e, one)?;
+        let q = self.b.build_float_div(two, d, "q")?;
+        let big = self.fsub(one, q)?;
+        let big = self.fsel(saturated, one, big)?;
+        let big = self.with_sign(big, x)?;
+        let limit = self.f(TANH_SMALL);
+        let is_small = self.fcmp_f(FloatPredicate::OLT, ax, limit)?;
+        self.fsel(is_small, small, big)
+    }
+
+    /// `erf x` on f32.
+    pub(super) fn erf_f32(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        // Below 1 in magnitude: x P(x^2).
+        let z = self.fmul(x, x)?;
+        let p = self.horner(z, &ERF_P)?;
+        let small = self.fmul(p, x)?;
+        // Above: 1 - Q(t) e^(-x^2) with t = 1 / (1 + p|x|), ±1 beyond saturation, with x's sign.
+        let ax = self.fintrinsic("fabs", x)?;
+        let sat = self.f(ERF_SATURATE);
+        let saturated = self.fcmp_f(FloatPredicate::OGT, ax, sat)?;
+        let xc = self.fsel(saturated, sat, ax)?;
+        let one = self.f(1.0);
+        let pc = self.f(ERF_T);
+        let d = self.fmul(pc, xc)?;
+        let d = self.fadd(one, d)?;
+        let t = self.b.build_float_div(one, d, "t")?;
+        let q = self.horner(t, &ERF_Q)?;
+        let z2 = self.fmul(xc, xc)?;
+        let nz = self.b.build_float_neg(z2, "nz")?;
+        let e = self.exp_f32(nz)?;
+        let qe = self.fmul(q, e)?;
+        let big = self.fsub(one, qe)?;
+        let big = self.fsel(saturated, one, big)?;
+        let big = self.with_sign(big, x)?;
+        let is_small = self.fcmp_f(FloatPredicate::OLT, ax, one)?;
+        self.fsel(is_small, small, big)
+    }
+
+    /// The f16 bits (i16) of f32 `x`, rounded to nearest even.
+    pub(super) fn f32_to_f16_bits(&mut self, x: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        let bits = self.b.build_bit_cast(x, self.ctx.i32_type(), "bits")?.into_int_value();
+        let sign = self.b.build_and(bits, self.i32c(0x8000_0000), "sign")?;
+        let hsign = self.b.build_right_shift(sign, self.i32c(16), false, "hsign")?;
+        let exp = self.b.build_and(bits, self.i32c(0x7F80_0000), "exp")?;
+        let man = self.b.build_and(bits, self.i32c(0x007F_FFFF), "man")?;
+        let zero = self.i32c(0);
+        // Infinity or NaN (a NaN keeps a mantissa bit).
+        let is_special = self.icmp(IntPredicate::EQ, exp, self.i32c(0x7F80_0000))?;
+        let man_nz = self.icmp(IntPredicate::NE, man, zero)?;
+        let nan_bit = self.isel(man_nz, self.i32c(0x0200), zero)?;
+        let man_hi = self.b.build_right_shift(man, self.i32c(13), false, "man_hi")?;
+        let special = self.b.build_or(hsign, self.i32c(0x7C00), "sp")?;
+        let special = self.b.build_or(special, nan_bit, "sp")?;
+        let special = self.b.build_or(special, man_hi, "sp")?;
+        // The f16 exponent (signed).
+        let e = self.b.build_right_shift(exp, self.i32c(23), false, "e")?;
+        let half_exp = self.b.build_int_sub(e, self.i32c(127 - 15), "hexp")?;
+        let overflow = self.icmp(IntPredicate::SGE, half_exp, self.i32c(0x1F))?;
+        let inf = self.b.build_or(hsign, self.i32c(0x7C00), "inf")?;
+        // Normal: round the mantissa at bit 13 (a carry may reach the exponent, up to infinity).
+        let he = self.b.build_left_shift(half_exp, self.i32c(10), "he")?;
+        let normal = self.b.build_or(hsign, he, "nrm")?;
+        let normal = self.b.build_or(normal, man_hi, "nrm")?;
+        let round = self.round_up(man, self.i32c(0x1000))?;
+        let normal = self.b.build_int_add(normal, round, "nrm")?;
+        // Subnormal: shift the mantissa with its hidden bit by 14 - half_exp (>= 14), zero beyond 24.
+        let shift = self.b.build_int_sub(self.i32c(14), half_exp, "shift")?;
+        let underflow = self.icmp(IntPredicate::SGT, shift, self.i32c(24))?;
+        let in_range = self.icmp(IntPredicate::ULT, shift, self.i32c(25))?;
+        let shift = self.isel(in_range, shift, self.i32c(24))?;
+        let m = self.b.build_or(man, self.i32c(0x0080_0000), "m")?;
+        let hm = self.b.build_right_shift(m, shift, false, "hm")?;
+        let rshift = self.b.build_int_sub(shift, self.i32c(1), "rshift")?;
+        let round_bit = self.b.build_left_shift(self.i32c(1), rshift, "rbit")?;
+        let round = self.round_up(m, round_bit)?;
+        let hm = self.b.build_int_add(hm, round, "hm")?;
+        let subnormal = self.b.build_or(hsign, hm, "sub")?;
+        let subnormal = self.isel(underflow, hsign, subnormal)?;
+        let is_sub = self.icmp(IntPredicate::SLE, half_exp, zero)?;
+        let v = self.isel(is_sub, subnormal, normal)?;
+        let v = self.isel(overflow, inf, v)?;
+        let v = self.isel(is_special, special, v)?;
+        Ok(self.b.build_int_truncate(v, self.ctx.i16_type(), "f16")?)
+    }
+
+    /// 1 when the bits of `man` below and at `round_bit` round the kept part up (nearest, ties to even), else 0.
+    fn round_up(&mut self, man: IntValue<'ctx>, round_bit: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let zero = self.i32c(0);
+        let rb = self.b.build_and(man, round_bit, "rb")?;
+        let has_rb = self.icmp(IntPredicate::NE, rb, zero)?;
+        // 3 * round_bit - 1: the bits below the round bit and the lowest kept bit.
+        let three = self.b.build_int_mul(round_bit, self.i32c(3), "three")?;
+        let mask = self.b.build_int_sub(three, self.i32c(1), "mask")?;
+        let rest = self.b.build_and(man, mask, "rest")?;
+        let has_rest = self.icmp(IntPredicate::NE, rest, zero)?;
+        let up = self.b.build_and(has_rb, has_rest, "up")?;
+        Ok(self.b.build_int_z_extend(up, self.ctx.i32_type(), "up")?)
+    }
+
+    /// The f32 value of f16 bits (i16).
+    pub(super) fn f16_bits_to_f32(&mut self, h: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let h = self.b.build_int_z_extend(h, self.ctx.i32_type(), "h")?;
+        let sign = self.b.build_and(h, self.i32c(0x8000), "sign")?;
+        let sign = self.b.build_left_shift(sign, self.i32c(16), "sign")?;
+        let exp = self.b.build_right_shift(h, self.i32c(10), false, "exp")?;
+        let exp = self.b.build_and(exp, self.i32c(0x1F), "exp")?;
+        let man = self.b.build_and(h, self.i32c(0x3FF), "man")?;
+        let man13 = self.b.build_left_shift(man, self.i32c(13), "man13")?;
+        // Normal.
+        let e = self.b.build_int_add(exp, self.i32c(127 - 15), "e")?;
+        let e = self.b.build_left_shift(e, self.i32c(23), "e")?;
+        let normal = self.b.build_or(sign, e, "n")?;
+        let normal = self.b.build_or(normal, man13, "n")?;
+        // Infinity or NaN.
+        let special = self.b.build_or(sign, self.i32c(0x7F80_0000), "sp")?;
+        let special = self.b.build_or(special, man13, "sp")?;
+        // Zero or subnormal: man * 2^-24, exactly.
+        let mf = self.b.build_unsigned_int_to_float(man, self.ctx.f32_type(), "mf")?;
+        let scale = self.f(1.0 / 16_777_216.0);
+        let sub = self.fmul(mf, scale)?;
+        let sub = self.b.build_bit_cast(sub, self.ctx.i32_type(), "sub")?.into_int_value();
+        let sub = self.b.build_or(sub, sign, "sub")?;
+        let is_sub = self.icmp(IntPredicate::EQ, exp, self.i32c(0))?;
+        let is_special = self.icmp(IntPredicate::EQ, exp, self.i32c(0x1F))?;
+        let v = self.isel(is_sub, sub, normal)?;
+        let v = self.isel(is_special, special, v)?;
+        Ok(self.b.build_bit_cast(v, self.ctx.f32_type(), "f")?.into_float_value())
+    }
+
+    /// The bf16 bits (i16) of f32 `x`, rounded to nearest even (NaN stays NaN).
+    pub(super) fn f32_to_bf16_bits(&mut self, x: FloatValue<'ctx>) -> R<IntValue<'ctx>> {
+        let bits = self.b.build_bit_cast(x, self.ctx.i32_type(), "bits")?.into_int_value();
+        let abs = self.b.build_and(bits, self.i32c(0x7FFF_FFFF), "abs")?;
+        let is_nan = self.icmp(IntPredicate::UGT, abs, self.i32c(0x7F80_0000))?;
+        let hi = self.b.build_right_shift(bits, self.i32c(16), false, "hi")?;
+        let nan = self.b.build_or(hi, self.i32c(0x40), "nan")?;
+        let round = self.round_up(bits, self.i32c(0x8000))?;
+        let v = self.b.build_int_add(hi, round, "r")?;
+        let v = self.isel(is_nan, nan, v)?;
+        Ok(self.b.build_int_truncate(v, self.ctx.i16_type(), "bf16")?)
+    }
+
+    /// The f32 value of bf16 bits (i16).
+    pub(super) fn bf16_bits_to_f32(&mut self, h: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let h = self.b.build_int_z_extend(h, self.ctx.i32_type(), "h")?;
+        let v = self.b.build_left_shift(h, self.i32c(16), "v")?;
+        Ok(self.b.build_bit_cast(v, self.ctx.f32_type(), "f")?.into_float_value())
+    }
+}

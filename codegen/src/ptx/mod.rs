@@ -1,0 +1,260 @@
+//! `codegen::ptx`: the NVPTX emitter. It translates the kernel IR (and nothing else) to LLVM IR through inkwell
+//! (LLVM 19), and LLVM's NVPTX backend turns that into PTX text for `nvptx64-nvidia-cuda`, `sm_80` or `sm_90`,
+//! pinned to PTX ISA 7.8 (`+ptx78`) so CUDA 11.8's `ptxas` accepts it.
+//!
+//! # Kernels and launch geometry
+//! Each kernel becomes one `.entry` (the `ptx_kernel` calling convention and the `nvvm.annotations` mark LLVM 19
+//! reads). Its parameters are the launch buffers ([`Kernel::launch_args`], global pointers, in order), then the
+//! kernel's symbols as i64 ([`PtxParam`]). `Constant` buffers become read-only globals of the module.
+//!
+//! The top-level block is split into parts exactly as the CPU emitter splits it (`cpu::parts`): a parallel part
+//! (a top-level `Parallel`/`Vectorizable` loop) flattens its perfectly nested parallel loops (whose extents do
+//! not depend on each other) into one linear index and runs it as a grid-stride loop
+//! (`for i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x`); inner loops, reduction
+//! loops included, stay sequential loops of one thread. A serial part runs on global thread 0 only. Top-level
+//! `Let`s and `Acc`s a part needs are re-run by every thread (they are scalar set-up). One block size, chosen
+//! when compiling ([`PtxOptions::block_size`]), is recorded with the grid rule in [`PtxKernelInfo`].
+//!
+//! # Semantics
+//! Element semantics are `kiln_ir::interp::scalar`'s, as in the CPU emitter: integer division by zero gives 0,
+//! shifts by out-of-range amounts follow the interpreter, float→int casts saturate (NaN → 0), `max`/`min` are
+//! IEEE 754-2019 maximum/minimum, 16-bit floats are computed in f32 and rounded after every operation (with
+//! integer bit arithmetic, so no libcall and no hardware conversion is needed). No fast-math flag is ever set.
+//! There is no libdevice: `exp`, `log`, `tanh`, `sigmoid` and `erf` on f32 are the polynomial approximations
+//! of [`crate::approx`] (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
+//! results and arguments) by [`math`]. What is not implemented yet — these functions on f64, the trigonometric
+//! and hyperbolic families, general `pow`, float `mod`/`rem`, integer `pow`, casts from f64 or i64 to 16-bit
+//! floats — is a [`PtxError::Unsupported`] naming the kernel and the construct.
+//!
+//! # Validation without a GPU
+//! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads
+//! (`tid`, `ctaid`, `ntid`, `nctaid`) calling host functions, JIT-compiles it with LLVM's MCJIT and runs an
+//! emulated grid: blocks in turn, the threads of a block in turn (no kernel uses barriers or shared memory yet).
+
+mod emit;
+pub mod emulate;
+mod math;
+mod scalar;
+
+use inkwell::OptimizationLevel;
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use kiln_ir::DType;
+
+use crate::kernel::{ArgId, IExpr, Kernel};
+
+/// The target triple PTX is generated for.
+pub const PTX_TRIPLE: &str = "nvptx64-nvidia-cuda";
+
+/// The target features: PTX ISA 7.8, the newest CUDA 11.8's `ptxas` reads.
+pub const PTX_FEATURES: &str = "+ptx78";
+
+/// The GPU architecture PTX is generated for.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum PtxArch {
+    /// Ampere (A100): `sm_80`.
+    #[default]
+    Sm80,
+    /// Hopper (H100, H200): `sm_90`.
+    Sm90,
+}
+
+impl PtxArch {
+    /// The LLVM CPU name and `ptxas -arch` value: `sm_80` or `sm_90`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PtxArch::Sm80 => "sm_80",
+            PtxArch::Sm90 => "sm_90",
+        }
+    }
+
+    /// Every architecture the emitter targets.
+    pub const ALL: [PtxArch; 2] = [PtxArch::Sm80, PtxArch::Sm90];
+}
+
+/// How kernels are compiled to PTX.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PtxOptions {
+    /// The architecture.
+    pub arch: PtxArch,
+    /// Threads per block every launch uses (a multiple of 32, at most 1024).
+    pub block_size: u32,
+}
+
+impl Default for PtxOptions {
+    fn default() -> Self {
+        PtxOptions { arch: PtxArch::Sm80, block_size: DEFAULT_BLOCK_SIZE }
+    }
+}
+
+/// The default threads per block.
+pub const DEFAULT_BLOCK_SIZE: u32 = 256;
+
+/// The most blocks a launch uses: grid-stride loops cover larger iteration spaces.
+pub const MAX_BLOCKS: u32 = 65_535;
+
+/// A parameter of an entry, in order.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum PtxParam {
+    /// A launch buffer: a global pointer to its first element.
+    Buffer {
+        /// The kernel argument (its position in [`Kernel::args`]).
+        arg: u32,
+        /// Its name.
+        name: String,
+        /// Its element type.
+        dtype: DType,
+    },
+    /// A kernel symbol's value, as i64.
+    Symbol {
+        /// Its position in [`Kernel::symbols`].
+        index: usize,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// What a runtime needs to launch one entry.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PtxKernelInfo {
+    /// The entry's name in the PTX module.
+    pub entry: String,
+    /// The kernel's name.
+    pub kernel: String,
+    /// The parameters, in order.
+    pub params: Vec<PtxParam>,
+    /// Threads per block (the x dimension; y and z are 1).
+    pub block_size: u32,
+    /// Work items of each part (the flattened trip count of a parallel part, 1 for a serial one), over the
+    /// kernel's symbols.
+    pub work: Vec<IExpr>,
+}
+
+impl PtxKernelInfo {
+    /// The launch geometry rule: `(blocks, threads per block)`, with `blocks = clamp(ceil(max work / block
+    /// size), 1, MAX_BLOCKS)`; any grid is correct (the loops are grid-stride), this one gives every work item
+    /// its own thread up to the cap.
+    pub fn launch_geometry(&self, symbols: &[i64]) -> Result<(u32, u32), String> {
+        let mut most = 1i64;
+        for w in &self.work {
+            most = most.max(w.eval(&|_| None, symbols)?);
+        }
+        let blocks = (most as u64).div_ceil(u64::from(self.block_size)).clamp(1, u64::from(MAX_BLOCKS));
+        Ok((blocks as u32, self.block_size))
+    }
+}
+
+/// A compiled PTX module: its text and one [`PtxKernelInfo`] per kernel, in order.
+#[derive(Clone, Debug)]
+pub struct PtxModule {
+    /// The PTX assembly.
+    pub ptx: String,
+    /// How to launch each kernel.
+    pub kernels: Vec<PtxKernelInfo>,
+}
+
+/// Why kernels could not be compiled to PTX (or emulated).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PtxError {
+    /// The kernel uses a construct the NVPTX emitter does not implement yet.
+    #[error("kernel `{kernel}`: the NVPTX emitter does not support {what} yet")]
+    Unsupported {
+        /// The kernel.
+        kernel: String,
+        /// The construct and dtype.
+        what: String,
+    },
+    /// The kernel breaks an invariant of the kernel IR.
+    #[error("kernel `{kernel}` is malformed: {what}")]
+    Malformed {
+        /// The kernel.
+        kernel: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// LLVM refused the module or failed to generate code.
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    /// Options out of range.
+    #[error("invalid PTX options: {0}")]
+    Options(String),
+}
+
+impl From<inkwell::builder::BuilderError> for PtxError {
+    fn from(e: inkwell::builder::BuilderError) -> Self {
+        PtxError::Llvm(e.to_string())
+    }
+}
+
+/// Compiles `kernels` into one PTX module.
+pub fn compile(kernels: &[Kernel], options: &PtxOptions) -> Result<PtxModule, PtxError> {
+    check_options(options)?;
+    Target::initialize_nvptx(&InitializationConfig::default());
+    let triple = TargetTriple::create(PTX_TRIPLE);
+    let target = Target::from_triple(&triple).map_err(|e| PtxError::Llvm(e.to_string()))?;
+    let machine = target
+        .create_target_machine(
+            &triple,
+            options.arch.name(),
+            PTX_FEATURES,
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| PtxError::Llvm(format!("no target machine for {PTX_TRIPLE} {}", options.arch.name())))?;
+    let ctx = Context::create();
+    let (module, infos) = emit::build_module(&ctx, kernels, emit::Flavor::Nvptx, options.block_size)?;
+    module.set_triple(&triple);
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    optimize(&module, &machine)?;
+    let buffer =
+        machine.write_to_memory_buffer(&module, FileType::Assembly).map_err(|e| PtxError::Llvm(e.to_string()))?;
+    let ptx = String::from_utf8_lossy(buffer.as_slice()).trim_end_matches('\0').to_string();
+    Ok(PtxModule { ptx, kernels: infos })
+}
+
+/// The textual LLVM IR of `kernels` for NVPTX, before optimization (for inspection and tests).
+pub fn llvm_ir(kernels: &[Kernel], options: &PtxOptions) -> Result<String, PtxError> {
+    check_options(options)?;
+    let ctx = Context::create();
+    let (module, _) = emit::build_module(&ctx, kernels, emit::Flavor::Nvptx, options.block_size)?;
+    Ok(module.print_to_string().to_string())
+}
+
+fn check_options(options: &PtxOptions) -> Result<(), PtxError> {
+    let b = options.block_size;
+    if b == 0 || b % 32 != 0 || b > 1024 {
+        return Err(PtxError::Options(format!("block size {b} is not a multiple of 32 in 32..=1024")));
+    }
+    Ok(())
+}
+
+/// Verifies `module` and runs LLVM's O2 pipeline on it (promoting accumulators to registers, hoisting index
+/// arithmetic); no fast-math flag exists in the IR, so this preserves every result bit.
+fn optimize(module: &inkwell::module::Module<'_>, machine: &TargetMachine) -> Result<(), PtxError> {
+    module.verify().map_err(|e| PtxError::Llvm(format!("invalid module: {e}")))?;
+    module.run_passes("default<O2>", machine, PassBuilderOptions::create()).map_err(|e| PtxError::Llvm(e.to_string()))
+}
+
+/// The entry name of a kernel: its name with every character outside `[A-Za-z0-9_]` replaced by `_`, prefixed
+/// so it never starts with a digit, and suffixed with its position when that would collide.
+fn entry_name(kernel: &str, index: usize, taken: &mut std::collections::HashSet<String>) -> String {
+    let mut s: String = kernel.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert_str(0, "k_");
+    }
+    if !taken.insert(s.clone()) {
+        s = format!("{s}_{index}");
+        taken.insert(s.clone());
+    }
+    s
+}
+
+/// The parameters of `k`'s entry, in order.
+fn params(k: &Kernel) -> Vec<PtxParam> {
+    k.launch_args()
+        .map(|(ArgId(arg), a)| PtxParam::Buffer { arg, name: a.name.clone(), dtype: a.dtype })
+        .chain(k.symbols.iter().enumerate().map(|(index, name)| PtxParam::Symbol { index, name: name.clone() }))
+        .collect()
+}
