@@ -341,4 +341,42 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let v = self.b.build_left_shift(h, self.i32c(16), "v")?;
         Ok(self.b.build_bit_cast(v, self.ctx.f32_type(), "f")?.into_float_value())
     }
+
+    /// `d` rounded to f32 with round-to-odd (truncate, then set the last bit when inexact): rounding that again
+    /// to f16 or bf16 gives the single correctly rounded result, as the CPU runtime's `f64_to_f32_round_odd`.
+    pub(super) fn f64_to_f32_odd(&mut self, d: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let t = self.b.build_float_trunc(d, self.ctx.f32_type(), "t")?;
+        let back = self.b.build_float_ext(t, self.ctx.f64_type(), "back")?;
+        // Ordered: a NaN is "exact" and stays itself.
+        let inexact = self.fcmp_f(FloatPredicate::ONE, back, d)?;
+        let ab = self.fintrinsic("fabs", back)?;
+        let ad = self.fintrinsic("fabs", d)?;
+        let too_big = self.fcmp_f(FloatPredicate::OGT, ab, ad)?;
+        self.odd(t, inexact, too_big)
+    }
+
+    /// The i64 `v` rounded to f32 with round-to-odd (see [`Self::f64_to_f32_odd`]).
+    pub(super) fn i64_to_f32_odd(&mut self, v: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let t = self.b.build_signed_int_to_float(v, self.ctx.f32_type(), "t")?;
+        let back = self.call("llvm.fptosi.sat.i64.f32", &[t.into()], i64t.into())?.into_int_value();
+        let inexact = self.icmp(IntPredicate::NE, back, v)?;
+        // (Saturation only hides 2^63 rounded from i64::MAX, which then is exact enough: it is the answer.)
+        let nonneg = self.icmp(IntPredicate::SGE, v, i64t.const_zero())?;
+        let above = self.icmp(IntPredicate::SGT, back, v)?;
+        let below = self.icmp(IntPredicate::SLT, back, v)?;
+        let too_big = self.isel(nonneg, above, below)?;
+        self.odd(t, inexact, too_big)
+    }
+
+    /// Round-to-odd from a round-to-nearest `t`: step its magnitude down one ulp when it rounded away from zero,
+    /// then set the last mantissa bit when inexact.
+    fn odd(&mut self, t: FloatValue<'ctx>, inexact: IntValue<'ctx>, too_big: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let bits = self.b.build_bit_cast(t, self.ctx.i32_type(), "bits")?.into_int_value();
+        let down = self.b.build_int_sub(bits, self.i32c(1), "down")?;
+        let bits = self.isel(too_big, down, bits)?;
+        let odd = self.b.build_or(bits, self.i32c(1), "odd")?;
+        let bits = self.isel(inexact, odd, bits)?;
+        Ok(self.b.build_bit_cast(bits, self.ctx.f32_type(), "f")?.into_float_value())
+    }
 }

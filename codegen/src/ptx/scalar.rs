@@ -385,7 +385,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 DType::F32 => x.into(),
                 DType::F64 => self.b.build_float_ext(x, self.ctx.f64_type(), "f64")?.into(),
                 DType::F16 | DType::BF16 if from_f64 => {
-                    return Err(self.unsupported(format!("a cast from {from} to {to}")));
+                    let t = self.f64_to_f32_odd(x)?;
+                    self.round_to(t.into(), to)?
                 }
                 // Exact f32 values: one rounding.
                 DType::F16 | DType::BF16 => self.round_to(x.into(), to)?,
@@ -418,13 +419,10 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         };
         Ok(match to {
             DType::F32 | DType::F64 => self.b.build_signed_int_to_float(wide, to_ty.into_float_type(), "itof")?.into(),
-            DType::F16 => {
-                // Exact in f32 below 2^24; from there on the value is beyond f16's range (65504) either way, so
-                // the double rounding cannot differ.
-                let f = self.b.build_signed_int_to_float(wide, self.ctx.f32_type(), "itof")?;
-                self.round_to(f.into(), to)?
+            DType::F16 | DType::BF16 => {
+                let t = self.i64_to_f32_odd(wide)?;
+                self.round_to(t.into(), to)?
             }
-            DType::BF16 => return Err(self.unsupported(format!("a cast from {from} to {to}"))),
             DType::I64 => wide.into(),
             _ => self.b.build_int_truncate(wide, to_ty.into_int_type(), "narrow")?.into(),
         })

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use kiln_codegen::cpu::{CpuOptions, JitModule, KernelFn, KernelInfo};
 use kiln_codegen::kernel::{self, ArgRole, Extent, Kernel, LowerOptions, SpacePolicy};
 use kiln_ir::op::Op;
-use kiln_ir::{Dim, Graph, NodeId, Tensor};
+use kiln_ir::tensor::Data;
+use kiln_ir::{DType, Dim, Graph, NodeId, Tensor};
 
 /// Every node but the graph's inputs and parameters.
 pub fn whole_group(g: &Graph) -> Vec<NodeId> {
@@ -233,4 +234,71 @@ fn compare_to(case: &str, got: &Tensor, want: &Tensor, k: &Kernel, tolerance: f6
             || (g - w).abs() <= tolerance * g.abs().max(w.abs());
         assert!(ok, "{case}: element {i} is {g}, the {oracle} gives {w}\n{}", kernel::print(k));
     }
+}
+
+pub const FLOATS: &[f64] = &[
+    f64::NAN,
+    1.5,
+    f64::INFINITY,
+    -2.5,
+    f64::NEG_INFINITY,
+    -0.0,
+    0.5,
+    0.0,
+    2.5,
+    3.0e38,
+    -1e-30,
+    88.5,
+    -100.0,
+    0.3,
+    -0.7,
+    1e-40,
+    65504.0,
+    70000.0,
+    -3.5,
+    1.0 + 1.0 / 2048.0,
+    7.25,
+];
+
+pub const INTS: &[i64] = &[i64::MIN, i64::MAX, -1, 0, 1, 7, -7, 3, 100, -100, 64, 8, 31, 32, 63, -128, 127, 255, 200];
+
+/// A tensor cycling through the edge values of its dtype, starting at `seed`.
+pub fn edge_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = if dtype.is_float() {
+        Data::from_f64_iter(dtype, (0..n).map(|i| FLOATS[(i + seed) % FLOATS.len()]))
+    } else {
+        Data::from_i64_iter(dtype, (0..n).map(|i| INTS[(i + seed) % INTS.len()]))
+    };
+    Tensor::new(shape, data).unwrap()
+}
+
+/// Divisors and exponents without zeros, -1 or negatives (which the evaluator reports as errors).
+pub fn safe_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
+    const SAFE: &[i64] = &[3, 2, 5, 7, 1, 100, 9, 13, 4];
+    let n: usize = shape.iter().product();
+    Tensor::new(shape, Data::from_i64_iter(dtype, (0..n).map(|i| SAFE[(i + seed) % SAFE.len()]))).unwrap()
+}
+
+/// Launch arguments of `k` for `symbols`: inputs named `d*` get [`safe_tensor`] values, other inputs
+/// [`edge_tensor`] values (from `seed`), outputs zeros.
+pub fn edge_args(k: &Kernel, symbols: &[i64], seed: usize) -> Vec<Tensor> {
+    k.launch_args()
+        .enumerate()
+        .map(|(i, (_, a))| {
+            let shape: Vec<usize> = a
+                .shape
+                .iter()
+                .map(|e| match e {
+                    Extent::Const(c) => *c as usize,
+                    Extent::Sym(s) => symbols[*s] as usize,
+                })
+                .collect();
+            match a.role {
+                ArgRole::Input if a.name.starts_with('d') => safe_tensor(a.dtype, shape, seed + i),
+                ArgRole::Input => edge_tensor(a.dtype, shape, seed + 3 * i),
+                _ => Tensor::zeros(a.dtype, shape),
+            }
+        })
+        .collect()
 }
