@@ -47,24 +47,14 @@ fn fixture_kernels() -> Vec<(String, Vec<Kernel>)> {
     out
 }
 
-/// `ptxas`, if available.
-fn ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("KILN_PTXAS") {
-        return Some(PathBuf::from(p));
-    }
-    let cached = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/ptxas/ptxas");
-    cached.is_file().then_some(cached)
-}
-
 #[test]
 fn every_fixture_kernel_compiles_to_ptx_that_ptxas_assembles() {
-    let ptxas = ptxas();
+    let ptxas = ptx::ptxas::find();
     if ptxas.is_none() {
         eprintln!(
             "SKIPPED: ptxas not found (run scripts/get-ptxas.sh or set KILN_PTXAS); PTX is emitted but not assembled"
         );
     }
-    let tmp = tempfile::tempdir().unwrap();
     let (mut modules, mut kernels, mut assembled) = (0, 0, 0);
     for (name, ks) in fixture_kernels() {
         for arch in PtxArch::ALL {
@@ -79,22 +69,7 @@ fn every_fixture_kernel_compiles_to_ptx_that_ptxas_assembles() {
             modules += 1;
             kernels += ks.len();
             if let Some(ptxas) = &ptxas {
-                let file = tmp.path().join(format!("{name}.{}.ptx", arch.name()));
-                std::fs::write(&file, &m.ptx).unwrap();
-                let out = std::process::Command::new(ptxas)
-                    .arg(format!("-arch={}", arch.name()))
-                    .arg(&file)
-                    .arg("-o")
-                    .arg(tmp.path().join("out.cubin"))
-                    .output()
-                    .unwrap_or_else(|e| panic!("running {}: {e}", ptxas.display()));
-                assert!(
-                    out.status.success(),
-                    "{name}: ptxas -arch={} refused the PTX:\n{}\n{}",
-                    arch.name(),
-                    String::from_utf8_lossy(&out.stderr),
-                    m.ptx
-                );
+                ptx::ptxas::assemble(ptxas, &m.ptx, arch, &name).unwrap_or_else(|e| panic!("{name}: {e}\n{}", m.ptx));
                 assembled += 1;
             }
         }

@@ -34,6 +34,7 @@
 mod emit;
 pub mod emulate;
 mod math;
+pub mod ptxas;
 mod scalar;
 
 use inkwell::OptimizationLevel;
@@ -55,8 +56,10 @@ pub const PTX_FEATURES: &str = "+ptx78";
 pub enum PtxArch {
     /// Ampere (A100): `sm_80`.
     #[default]
+    #[serde(rename = "sm_80")]
     Sm80,
     /// Hopper (H100, H200): `sm_90`.
+    #[serde(rename = "sm_90")]
     Sm90,
 }
 
@@ -71,6 +74,16 @@ impl PtxArch {
 
     /// Every architecture the emitter targets.
     pub const ALL: [PtxArch; 2] = [PtxArch::Sm80, PtxArch::Sm90];
+}
+
+impl std::str::FromStr for PtxArch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PtxArch, String> {
+        PtxArch::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| format!("unknown GPU architecture `{s}` (expected sm_80 or sm_90)"))
+    }
 }
 
 /// How kernels are compiled to PTX.
