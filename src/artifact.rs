@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use kiln_codegen::cpu::{self, CpuOptions, CpuTarget, KernelInfo};
 use kiln_codegen::exec::Executable;
+#[cfg(feature = "ptx")]
 use kiln_codegen::ptx::{self, PtxArch, PtxKernelInfo, PtxOptions};
 use serde::{Deserialize, Serialize};
 
@@ -38,7 +39,12 @@ const LIBRARY_FILE: &str = "kernels.so";
 /// The PTX module of a CUDA artifact, inside its directory.
 pub const PTX_FILE: &str = "kernels.ptx";
 
+/// The target triple of a CUDA artifact (`codegen::ptx::PTX_TRIPLE`, known here without the `ptx` feature so
+/// that any kiln recognizes such an artifact).
+const CUDA_TRIPLE: &str = "nvptx64-nvidia-cuda";
+
 /// The target of a CUDA artifact.
+#[cfg(feature = "ptx")]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CudaTarget {
     /// `nvptx64-nvidia-cuda`.
@@ -52,6 +58,7 @@ pub struct CudaTarget {
 }
 
 /// `manifest.json` of a CUDA artifact: as [`Manifest`], with the PTX module in place of the CPU library.
+#[cfg(feature = "ptx")]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CudaManifest {
     /// [`FORMAT_VERSION`] of the kiln that wrote it.
@@ -165,6 +172,7 @@ impl Artifact {
         Ok(Artifact { dir: dir.to_path_buf(), manifest })
     }
 
+    #[cfg(feature = "ptx")]
     /// Writes `lowered` as a CUDA artifact into `dir` (created if missing): the kernels compiled to PTX for
     /// `options.arch`, the weights, and a [`CudaManifest`], written last. Returns the manifest.
     pub fn write_cuda(lowered: &Lowered, dir: &Path, options: &PtxOptions) -> Result<CudaManifest, Error> {
@@ -180,7 +188,7 @@ impl Artifact {
             format_version: FORMAT_VERSION,
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
             target: CudaTarget {
-                triple: ptx::PTX_TRIPLE.into(),
+                triple: CUDA_TRIPLE.into(),
                 arch: options.arch,
                 ptx_isa: "7.8".into(),
                 block_size: options.block_size,
@@ -222,7 +230,7 @@ impl Artifact {
                 ),
             ));
         }
-        if value.pointer("/target/triple").and_then(|t| t.as_str()) == Some(ptx::PTX_TRIPLE) {
+        if value.pointer("/target/triple").and_then(|t| t.as_str()) == Some(CUDA_TRIPLE) {
             let arch = value.pointer("/target/arch").and_then(|a| a.as_str()).unwrap_or("?");
             return Err(artifact_error(
                 &path,

@@ -258,6 +258,7 @@ fn cli_compile_then_run_matches_running_the_model() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("compiled artifact"));
 }
 
+#[cfg(feature = "ptx")]
 #[test]
 fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_run_refuses_it_clearly() {
     let root = tempfile::tempdir().unwrap();

@@ -8,7 +8,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use kiln::{Artifact, Backend, CompileOptions};
-use kiln_codegen::ptx::{PtxArch, PtxOptions};
 
 use super::ModelArgs;
 use super::opt::PipelineArgs;
@@ -23,7 +22,7 @@ pub struct CompileArgs {
     target: Backend,
     /// The GPU architecture of `--target cuda` (and of `--emit ptx`): sm_80 or sm_90.
     #[arg(long, default_value = "sm_80")]
-    arch: PtxArch,
+    arch: String,
     /// The artifact directory to write (created if missing).
     #[arg(long, short = 'o', value_name = "DIR")]
     output: PathBuf,
@@ -60,10 +59,8 @@ pub fn run(a: CompileArgs) -> Result<()> {
     let options = CompileOptions { backend: a.target, pipeline, threads: 0 };
     let lowered = model.lower_instrumented(&options, &mut a.passes.instrumentation())?;
     let dir = &a.output;
-    let ptx_options = PtxOptions { arch: a.arch, ..PtxOptions::default() };
     let summary = if a.target == Backend::Cuda {
-        let m = Artifact::write_cuda(&lowered, dir, &ptx_options)?;
-        format!("{} ({}, PTX ISA {})", m.target.triple, m.target.arch.name(), m.target.ptx_isa)
+        cuda::write_artifact(&lowered, dir, &a.arch)?
     } else {
         let artifact = Artifact::write(&lowered, dir)?;
         let m = artifact.manifest();
@@ -82,10 +79,7 @@ pub fn run(a: CompileArgs) -> Result<()> {
                 }
                 write(&dir.join("kernels.s"), &text)?;
             }
-            Emit::Ptx => {
-                let module = kiln_codegen::ptx::compile(&lowered.executable.kernels, &ptx_options)?;
-                write(&dir.join(kiln::artifact::PTX_FILE), &module.ptx)?;
-            }
+            Emit::Ptx => write(&dir.join(kiln::artifact::PTX_FILE), &cuda::ptx(&lowered, &a.arch)?)?,
             Emit::Dot => {
                 let path = dir.join("graph.dot");
                 write(&path, &kiln::dot::to_dot(&lowered.graph))?;
@@ -120,5 +114,49 @@ fn render_svg(dot: &Path, svg: &Path) -> Result<()> {
             bail!("graphviz `dot` failed on {}: {}", dot.display(), String::from_utf8_lossy(&out.stderr).trim())
         }
         Ok(_) => Ok(()),
+    }
+}
+
+/// The CUDA target, with the NVPTX emitter (feature `ptx`).
+#[cfg(feature = "ptx")]
+mod cuda {
+    use std::path::Path;
+
+    use anyhow::{Result, anyhow};
+    use kiln::{Artifact, Lowered};
+    use kiln_codegen::ptx::{self, PtxOptions};
+
+    fn options(arch: &str) -> Result<PtxOptions> {
+        Ok(PtxOptions { arch: arch.parse().map_err(|e: String| anyhow!("--arch: {e}"))?, ..PtxOptions::default() })
+    }
+
+    /// Writes the CUDA artifact; returns the target's description.
+    pub fn write_artifact(lowered: &Lowered, dir: &Path, arch: &str) -> Result<String> {
+        let m = Artifact::write_cuda(lowered, dir, &options(arch)?)?;
+        Ok(format!("{} ({}, PTX ISA {})", m.target.triple, m.target.arch.name(), m.target.ptx_isa))
+    }
+
+    /// The kernels as PTX for `arch`.
+    pub fn ptx(lowered: &Lowered, arch: &str) -> Result<String> {
+        Ok(ptx::compile(&lowered.executable.kernels, &options(arch)?)?.ptx)
+    }
+}
+
+/// The CUDA target in a kiln built without the NVPTX emitter.
+#[cfg(not(feature = "ptx"))]
+mod cuda {
+    use std::path::Path;
+
+    use anyhow::{Result, bail};
+    use kiln::Lowered;
+
+    const MISSING: &str = "this kiln is built without the NVPTX emitter (cargo feature `ptx`, which needs LLVM 19)";
+
+    pub fn write_artifact(_: &Lowered, _: &Path, _: &str) -> Result<String> {
+        bail!("--target cuda: {MISSING}")
+    }
+
+    pub fn ptx(_: &Lowered, _: &str) -> Result<String> {
+        bail!("--emit ptx: {MISSING}")
     }
 }

@@ -358,7 +358,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                     return Err(self.malformed(format!("store of {vd} into arg{} of {d}", arg.0)));
                 }
                 let ptr = self.address(arg.0 as usize, index)?;
-                let m = self.to_memory(v, d)?;
+                let m = self.memory_form(v, d)?;
                 self.b.build_store(ptr, m)?;
                 Ok(())
             }
@@ -577,7 +577,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
     }
 
     /// A register value of dtype `d` in its memory form.
-    fn to_memory(&mut self, v: BasicValueEnum<'ctx>, d: DType) -> R<BasicValueEnum<'ctx>> {
+    fn memory_form(&mut self, v: BasicValueEnum<'ctx>, d: DType) -> R<BasicValueEnum<'ctx>> {
         Ok(match d {
             DType::Bool => self.b.build_int_z_extend(v.into_int_value(), self.ctx.i8_type(), "byte")?.into(),
             DType::F16 => self.f32_to_f16_bits(v.into_float_value())?.into(),

@@ -237,7 +237,7 @@ pub fn llvm_ir(kernels: &[Kernel], options: &PtxOptions) -> Result<String, PtxEr
 
 fn check_options(options: &PtxOptions) -> Result<(), PtxError> {
     let b = options.block_size;
-    if b == 0 || b % 32 != 0 || b > 1024 {
+    if b == 0 || !b.is_multiple_of(32) || b > 1024 {
         return Err(PtxError::Options(format!("block size {b} is not a multiple of 32 in 32..=1024")));
     }
     Ok(())
