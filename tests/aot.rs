@@ -204,6 +204,14 @@ fn kiln(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("the kiln binary runs")
 }
 
+/// A temporary directory holding `small.kir` and its weights, `small.safetensors`.
+fn small_model_dir() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("small.kir"), SMALL).unwrap();
+    kiln::weights::save(&root.path().join("small.safetensors"), &small_model().graph().weights).unwrap();
+    root
+}
+
 fn ok(o: &std::process::Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "stdout:\n{out}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -215,11 +223,8 @@ fn cli_compile_then_run_matches_running_the_model() {
     if !have_cc() {
         return;
     }
-    let root = tempfile::tempdir().unwrap();
+    let root = small_model_dir();
     let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
-    let model = small_model();
-    std::fs::write(p("small.kir"), SMALL).unwrap();
-    kiln::weights::save(&root.path().join("small.safetensors"), &model.graph().weights).unwrap();
 
     let out = ok(&kiln(&[
         "compile",
@@ -261,11 +266,8 @@ fn cli_compile_then_run_matches_running_the_model() {
 #[cfg(feature = "ptx")]
 #[test]
 fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_run_refuses_it_clearly() {
-    let root = tempfile::tempdir().unwrap();
+    let root = small_model_dir();
     let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
-    let model = small_model();
-    std::fs::write(p("small.kir"), SMALL).unwrap();
-    kiln::weights::save(&root.path().join("small.safetensors"), &model.graph().weights).unwrap();
 
     let out = ok(&kiln(&[
         "compile",

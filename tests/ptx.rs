@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use kiln_codegen::kernel::{self, ArgRole, Extent, Kernel};
+use kiln_codegen::kernel::{self, ArgRole, Kernel};
 use kiln_codegen::ptx::{self, PtxArch, PtxOptions, emulate};
 use kiln_ir::{Dim, Tensor};
 
@@ -33,14 +33,7 @@ fn inputs_and_results(k: &Kernel, symbols: &[i64]) -> (Vec<Tensor>, Vec<Tensor>)
             .launch_args()
             .enumerate()
             .map(|(i, (_, a))| {
-                let shape: Vec<usize> = a
-                    .shape
-                    .iter()
-                    .map(|e| match e {
-                        Extent::Const(c) => *c as usize,
-                        Extent::Sym(s) => symbols[*s] as usize,
-                    })
-                    .collect();
+                let shape = a.dims(symbols);
                 match a.role {
                     ArgRole::Input => Tensor::random(a.dtype, shape, seed * 100 + i as u64),
                     _ => Tensor::zeros(a.dtype, shape),

@@ -179,16 +179,8 @@ fn f64_and_half_floats() {
 
 #[test]
 fn casts_between_every_pair_of_dtypes() {
-    let dtypes = ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"];
-    for from in dtypes {
-        let mut body = String::new();
-        let mut outputs = String::new();
-        for (i, to) in dtypes.iter().enumerate() {
-            body.push_str(&format!("  %{} = cast %0 {{to={to}}} : {to}[n]\n", i + 1));
-            outputs.push_str(&format!("  output \"to_{to}\" = %{}\n", i + 1));
-        }
-        let text = format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}{outputs}}}");
-        check_graph(&format!("casts from {from}"), &text, &[1, 7, 19]);
+    for from in common::DTYPE_NAMES {
+        check_graph(&format!("casts from {from}"), &common::casts_graph(from), &[1, 7, 19]);
     }
 }
 

@@ -12,7 +12,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{Buffers, edge_args, lower_whole};
-use kiln_codegen::kernel::{self, ArgRole, Extent, Kernel};
+use kiln_codegen::kernel::{self, ArgRole, Kernel};
 use kiln_codegen::ptx::{self, PtxArch, PtxOptions, emulate};
 use kiln_ir::Tensor;
 
@@ -83,14 +83,7 @@ fn random_args(k: &Kernel, symbols: &[i64], seed: u64) -> Vec<Tensor> {
     k.launch_args()
         .enumerate()
         .map(|(i, (_, a))| {
-            let shape: Vec<usize> = a
-                .shape
-                .iter()
-                .map(|e| match e {
-                    Extent::Const(c) => *c as usize,
-                    Extent::Sym(s) => symbols[*s] as usize,
-                })
-                .collect();
+            let shape = a.dims(symbols);
             match a.role {
                 ArgRole::Input => Tensor::random(a.dtype, shape, seed * 100 + i as u64),
                 _ => Tensor::zeros(a.dtype, shape),
@@ -295,19 +288,9 @@ fn integer_kinds_on_extremes() {
 }
 
 #[test]
-fn casts_between_dtypes() {
-    let dtypes = ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"];
-    for from in dtypes {
-        let mut body = String::new();
-        for (i, to) in dtypes.iter().enumerate() {
-            body.push_str(&format!(
-                "  %{} = cast %0 {{to={to}}} : {to}[n]\n  output \"to_{to}\" = %{}\n",
-                i + 1,
-                i + 1
-            ));
-        }
-        let text = format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}}}");
-        check_graph(&format!("casts from {from}"), &text, &[1, 7, 19]);
+fn casts_between_every_pair_of_dtypes() {
+    for from in common::DTYPE_NAMES {
+        check_graph(&format!("casts from {from}"), &common::casts_graph(from), &[1, 7, 19]);
     }
 }
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use kiln_codegen::cpu::{CpuOptions, JitModule, KernelFn, KernelInfo};
-use kiln_codegen::kernel::{self, ArgRole, Extent, Kernel, LowerOptions, SpacePolicy};
+use kiln_codegen::kernel::{self, ArgRole, Kernel, LowerOptions, SpacePolicy};
 use kiln_ir::op::Op;
 use kiln_ir::tensor::Data;
 use kiln_ir::{DType, Dim, Graph, NodeId, Tensor};
@@ -58,17 +58,7 @@ pub fn check_kernel(case: &str, g: &Graph, k: &Kernel, bindings: &[(&str, u64)])
             .launch_args()
             .map(|(_, a)| match a.role {
                 ArgRole::Input => inputs.get(&a.name).unwrap_or_else(|| panic!("{case}: no input {}", a.name)).clone(),
-                _ => {
-                    let shape = a
-                        .shape
-                        .iter()
-                        .map(|e| match e {
-                            Extent::Const(n) => *n as usize,
-                            Extent::Sym(s) => symbols[*s] as usize,
-                        })
-                        .collect();
-                    Tensor::zeros(a.dtype, shape)
-                }
+                _ => Tensor::zeros(a.dtype, a.dims(&symbols)),
             })
             .collect();
         check_jit(case, k, &args, &symbols);
@@ -286,14 +276,7 @@ pub fn edge_args(k: &Kernel, symbols: &[i64], seed: usize) -> Vec<Tensor> {
     k.launch_args()
         .enumerate()
         .map(|(i, (_, a))| {
-            let shape: Vec<usize> = a
-                .shape
-                .iter()
-                .map(|e| match e {
-                    Extent::Const(c) => *c as usize,
-                    Extent::Sym(s) => symbols[*s] as usize,
-                })
-                .collect();
+            let shape = a.dims(symbols);
             match a.role {
                 ArgRole::Input if a.name.starts_with('d') => safe_tensor(a.dtype, shape, seed + i),
                 ArgRole::Input => edge_tensor(a.dtype, shape, seed + 3 * i),
@@ -301,4 +284,18 @@ pub fn edge_args(k: &Kernel, symbols: &[i64], seed: usize) -> Vec<Tensor> {
             }
         })
         .collect()
+}
+
+/// Every dtype, by name.
+pub const DTYPE_NAMES: [&str; 9] = ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"];
+
+/// A graph casting its input `x` of dtype `from` (symbolic length `n`) to every dtype, one output each.
+pub fn casts_graph(from: &str) -> String {
+    let mut body = String::new();
+    let mut outputs = String::new();
+    for (i, to) in DTYPE_NAMES.iter().enumerate() {
+        body.push_str(&format!("  %{} = cast %0 {{to={to}}} : {to}[n]\n", i + 1));
+        outputs.push_str(&format!("  output \"to_{to}\" = %{}\n", i + 1));
+    }
+    format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}{outputs}}}")
 }
