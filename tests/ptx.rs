@@ -61,8 +61,8 @@ fn buffers(args: &[Tensor]) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// Checks one model's kernels; returns how many there are.
-fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result<usize, String> {
+/// Checks one model's kernels; returns how many there are, and how many run a row per warp.
+fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result<(usize, usize), String> {
     let inputs = common::read_manifest(&dir.join("inputs"));
     let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
     let model = kiln::Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
@@ -106,7 +106,7 @@ fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result
                     .map_err(|e| format!("kernel {} output {}: {e}\n{}", k.name, a.name, kernel::print(k)))?;
             }
         }
-        Ok(ks.len())
+        Ok((ks.len(), (0..ks.len()).filter(|&i| m.info(i).warp_cooperative).count()))
     })
     .map_err(|e| e.to_string())?
 }
@@ -125,8 +125,8 @@ fn reference_model_kernels_assemble_and_match_the_evaluator_in_emulation() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let t0 = std::time::Instant::now();
         match check_model(dir, ptxas.as_deref()) {
-            Ok(n) => eprintln!(
-                "{name}: {n} kernels: PTX{} and emulation ok in {:.1} s",
+            Ok((n, c)) => eprintln!(
+                "{name}: {n} kernels ({c} warp-cooperative): PTX{} and emulation ok in {:.1} s",
                 if ptxas.is_some() { " assembled for sm_80 and sm_90" } else { "" },
                 t0.elapsed().as_secs_f64()
             ),

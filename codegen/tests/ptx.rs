@@ -132,8 +132,8 @@ fn compare_emulated(
 }
 
 /// Runs every kernel of `ks` in emulation on random inputs and compares with the evaluator; returns how many
-/// kernels were compared.
-fn check_emulated(name: &str, ks: &[Kernel]) -> usize {
+/// kernels were compared, and how many of them run warp-cooperatively.
+fn check_emulated(name: &str, ks: &[Kernel]) -> (usize, usize) {
     emulate::with_emulated(ks, 64, |m| {
         for (i, k) in ks.iter().enumerate() {
             let symbols: Vec<i64> = k.symbols.iter().map(|s| symbol_value(s)).collect();
@@ -149,7 +149,7 @@ fn check_emulated(name: &str, ks: &[Kernel]) -> usize {
                 .unwrap_or_else(|| panic!("{case}: the evaluator refuses 8 random input sets\n{}", kernel::print(k)));
             compare_emulated(m, i, k, &args, &want, &symbols, &case);
         }
-        ks.len()
+        (ks.len(), (0..ks.len()).filter(|&i| m.info(i).warp_cooperative).count())
     })
     .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -179,12 +179,15 @@ fn check_graph(case: &str, text: &str, sizes: &[i64]) {
 
 #[test]
 fn emulated_ptx_code_matches_the_evaluator_on_every_fixture_kernel() {
-    let mut kernels = 0;
+    let (mut kernels, mut cooperative) = (0, 0);
     for (name, ks) in fixture_kernels() {
-        kernels += check_emulated(&name, &ks);
+        let (n, c) = check_emulated(&name, &ks);
+        kernels += n;
+        cooperative += c;
     }
-    eprintln!("{kernels} emulated kernels match the evaluator (each under two grids)");
+    eprintln!("{kernels} emulated kernels match the evaluator (each under two grids), {cooperative} warp-cooperative");
     assert!(kernels > 40);
+    assert!(cooperative >= 5, "row reductions run a row per warp");
 }
 
 /// A graph of `ops` (`name` or `name rhs`) on inputs `x`, `y` and divisor `d` of `dt`, one output each.

@@ -88,8 +88,15 @@ pub(crate) fn build_module<'ctx>(
     let mut infos = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         let entry = super::entry_name(&k.name, i, &mut taken);
-        let work = KernelEmitter::emit(ctx, &module, k, &entry, flavor)?;
-        infos.push(PtxKernelInfo { entry, kernel: k.name.clone(), params: super::params(k), block_size, work });
+        let (work, warp_cooperative) = KernelEmitter::emit(ctx, &module, k, &entry, flavor)?;
+        infos.push(PtxKernelInfo {
+            entry,
+            kernel: k.name.clone(),
+            params: super::params(k),
+            block_size,
+            work,
+            warp_cooperative,
+        });
     }
     Ok((module, infos))
 }
@@ -117,12 +124,21 @@ pub(super) struct KernelEmitter<'a, 'ctx> {
     pub loops: HashMap<LoopVar, IntValue<'ctx>>,
     pub lets: HashMap<Var, (BasicValueEnum<'ctx>, DType)>,
     pub accs: HashMap<AccVar, AccSlot<'ctx>>,
+    /// Whether some part runs warp-cooperatively.
+    pub cooperative: bool,
     entry_block: BasicBlock<'ctx>,
 }
 
 impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
-    /// Emits `k` as function `entry` (and its host wrapper for [`Flavor::Host`]); returns the work of each part.
-    fn emit(ctx: &'ctx Context, module: &'a Module<'ctx>, k: &'a Kernel, entry: &str, flavor: Flavor) -> R<Vec<IExpr>> {
+    /// Emits `k` as function `entry` (and its host wrapper for [`Flavor::Host`]); returns the work of each part
+    /// and whether some part runs warp-cooperatively.
+    fn emit(
+        ctx: &'ctx Context,
+        module: &'a Module<'ctx>,
+        k: &'a Kernel,
+        entry: &str,
+        flavor: Flavor,
+    ) -> R<(Vec<IExpr>, bool)> {
         let space = match flavor {
             Flavor::Nvptx => AddressSpace::from(1u16),
             Flavor::Host => AddressSpace::default(),
@@ -187,6 +203,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             loops: HashMap::new(),
             lets: HashMap::new(),
             accs: HashMap::new(),
+            cooperative: false,
             entry_block,
         };
         let work = e.body()?;
@@ -194,7 +211,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         if flavor == Flavor::Host {
             e.host_wrapper(entry)?;
         }
-        Ok(work)
+        Ok((work, e.cooperative))
     }
 
     /// The kernel body: each part mapped onto the grid.
@@ -241,6 +258,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             return Err(self.malformed("a parallel part is not one loop".into()));
         };
         let (nest, body) = flatten(outer);
+        let cooperative = super::warp::eligible(body);
         let mut total = i64t.const_int(1, false);
         let mut extents = Vec::new();
         let mut work = IExpr::Const(1);
@@ -261,22 +279,40 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                 _ => IExpr::times(work, clamped),
             };
         }
+        if cooperative {
+            // One row per warp (see `warp`): rows grid-stride over the grid's warps.
+            self.cooperative = true;
+            let five = i64t.const_int(5, false);
+            let lane = self.b.build_and(gtid, i64t.const_int(super::warp::WARP - 1, false), "lane")?;
+            let warp = self.b.build_right_shift(gtid, five, false, "warp")?;
+            let warps = self.b.build_right_shift(stride, five, false, "warps")?;
+            self.counted_loop(warp, total, warps, "rows", |e, i| {
+                e.bind_nest(&nest, &extents, i)?;
+                e.warp_row(body, lane)
+            })?;
+            return Ok(IExpr::times(work, IExpr::Const(super::warp::WARP as i64)));
+        }
         self.counted_loop(gtid, total, stride, "grid", |e, i| {
-            // Innermost fastest: peel each loop's index off the linear one.
-            let mut rest = i;
-            for (k, ((var, _), extent)) in nest.iter().zip(&extents).enumerate().rev() {
-                let v = if k == 0 {
-                    rest
-                } else {
-                    let v = e.b.build_int_unsigned_rem(rest, *extent, "idx")?;
-                    rest = e.b.build_int_unsigned_div(rest, *extent, "rest")?;
-                    v
-                };
-                e.loops.insert(*var, v);
-            }
+            e.bind_nest(&nest, &extents, i)?;
             e.block(body)
         })?;
         Ok(work)
+    }
+
+    /// Binds the variables of a flattened nest from linear index `i`, innermost fastest.
+    fn bind_nest(&mut self, nest: &[(LoopVar, &IExpr)], extents: &[IntValue<'ctx>], i: IntValue<'ctx>) -> R<()> {
+        let mut rest = i;
+        for (k, ((var, _), extent)) in nest.iter().zip(extents).enumerate().rev() {
+            let v = if k == 0 {
+                rest
+            } else {
+                let v = self.b.build_int_unsigned_rem(rest, *extent, "idx")?;
+                rest = self.b.build_int_unsigned_div(rest, *extent, "rest")?;
+                v
+            };
+            self.loops.insert(*var, v);
+        }
+        Ok(())
     }
 
     /// `for i = start; i < end; i += step { body(i) }` (signed comparison).
@@ -309,11 +345,11 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         Ok(())
     }
 
-    fn block(&mut self, b: &Block) -> R<()> {
+    pub(super) fn block(&mut self, b: &Block) -> R<()> {
         b.0.iter().try_for_each(|s| self.stmt(s))
     }
 
-    fn stmt(&mut self, s: &Stmt) -> R<()> {
+    pub(super) fn stmt(&mut self, s: &Stmt) -> R<()> {
         match s {
             // Inner loops of every kind run sequentially in one thread, in increasing index order (so
             // reductions fold as the interpreter folds them).

@@ -1,16 +1,18 @@
 //! Host emulation of the NVPTX emitter's kernels: the same LLVM IR the PTX comes from ([`super::emit`] with
 //! the host flavor: address space 0, and each special-register read — `tid.x`, `ctaid.x`, `ntid.x`,
 //! `nctaid.x` — a call of a host function), optimized by the same pipeline, JIT-compiled for the host by LLVM's
-//! MCJIT, and run over an emulated grid: the blocks in turn, and within a block its threads in turn, each to
-//! completion. That order is exact for today's kernels, which use no barriers, shared memory or warp shuffles
-//! (threads only ever write disjoint elements); a block-cooperative reduction would need the threads of a block
-//! run phase by phase between barriers instead.
+//! MCJIT, and run over an emulated grid: the blocks in turn. Within a block, a kernel whose threads only ever
+//! write disjoint elements runs its threads in turn, each to completion; a warp-cooperative kernel
+//! ([`PtxKernelInfo::warp_cooperative`]) runs them concurrently, one OS thread each, and its warp shuffles
+//! (`shfl.sync.bfly`, a host function here) exchange values through a per-warp slot array between two barriers,
+//! so every lane sees its partner's value of the same step, as on the GPU.
 //!
 //! This is how the GPU code path is checked against the reference evaluator on a machine without a GPU: the
 //! grid mapping, index arithmetic, the math and every element semantic are the ones the PTX carries; only
 //! instruction selection differs.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::sync::{Arc, Barrier, Mutex};
 
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
@@ -18,6 +20,7 @@ use inkwell::execution_engine::ExecutionEngine;
 use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine};
 
 use super::emit::{self, EMU_WRAPPER_PREFIX, Flavor, Sreg};
+use super::warp::{EMU_SHUFFLE, WARP};
 use super::{PtxError, PtxKernelInfo};
 use crate::kernel::Kernel;
 
@@ -33,6 +36,30 @@ pub struct Grid {
 thread_local! {
     /// The emulated thread's special registers, in [`Sreg::ALL`] order.
     static SREGS: Cell<[u32; 4]> = const { Cell::new([0; 4]) };
+    /// The emulated thread's warp, in a cooperative launch.
+    static WARP_EXCHANGE: RefCell<Option<Arc<WarpExchange>>> = const { RefCell::new(None) };
+}
+
+/// Where the lanes of one emulated warp trade values.
+struct WarpExchange {
+    barrier: Barrier,
+    slots: Mutex<[u32; WARP as usize]>,
+}
+
+/// `shfl.sync.bfly.b32` for an emulated lane: publish `v`, wait for the warp, read lane `lane ^ lane_mask`'s,
+/// wait again so no slot is overwritten before every lane has read it.
+extern "C" fn shfl_bfly_i32(v: u32, lane_mask: u32) -> u32 {
+    let lane = (tid_x() % WARP as u32) as usize;
+    WARP_EXCHANGE.with(|w| {
+        let w = w.borrow();
+        // Only cooperative launches run kernels that shuffle (`launch` checks the kernel's info).
+        let Some(x) = w.as_ref() else { return v };
+        x.slots.lock().unwrap_or_else(|e| e.into_inner())[lane] = v;
+        x.barrier.wait();
+        let r = x.slots.lock().unwrap_or_else(|e| e.into_inner())[lane ^ (lane_mask as usize % WARP as usize)];
+        x.barrier.wait();
+        r
+    })
 }
 
 extern "C" fn tid_x() -> u32 {
@@ -103,6 +130,9 @@ pub fn with_emulated<T>(
             engine.add_global_mapping(&f, host_function(r) as usize);
         }
     }
+    if let Some(f) = module.get_function(EMU_SHUFFLE) {
+        engine.add_global_mapping(&f, shfl_bfly_i32 as *const () as usize);
+    }
     let mut wrappers = Vec::new();
     for info in &infos {
         let name = format!("{EMU_WRAPPER_PREFIX}{}", info.entry);
@@ -125,8 +155,44 @@ impl EmulatedModule<'_> {
     /// # Safety
     /// `buffers` must hold one pointer per launch argument of the kernel, each valid for its whole buffer (read
     /// for inputs, written for outputs) at the shape `symbols` give, and `symbols` one value per kernel symbol.
+    ///
+    /// # Panics
+    /// For a warp-cooperative kernel, when `grid.threads` is not a multiple of 32.
     pub unsafe fn launch(&self, index: usize, buffers: &[*mut u8], symbols: &[i64], grid: Grid) {
         let f = self.wrappers[index];
+        if self.infos[index].warp_cooperative {
+            assert!(
+                grid.threads.is_multiple_of(WARP as u32),
+                "a warp-cooperative launch needs whole warps, not {grid:?}"
+            );
+            // Raw pointers are not `Send`; the threads only pass them on to the kernel, within this call.
+            let (bufs, syms) = (buffers.as_ptr() as usize, symbols.as_ptr() as usize);
+            for block in 0..grid.blocks {
+                let warps: Vec<Arc<WarpExchange>> = (0..grid.threads / WARP as u32)
+                    .map(|_| {
+                        Arc::new(WarpExchange {
+                            barrier: Barrier::new(WARP as usize),
+                            slots: Mutex::new([0; WARP as usize]),
+                        })
+                    })
+                    .collect();
+                std::thread::scope(|s| {
+                    for thread in 0..grid.threads {
+                        let warp = Arc::clone(&warps[(thread / WARP as u32) as usize]);
+                        std::thread::Builder::new()
+                            .stack_size(1 << 20)
+                            .spawn_scoped(s, move || {
+                                SREGS.with(|r| r.set([thread, block, grid.threads, grid.blocks]));
+                                WARP_EXCHANGE.with(|w| *w.borrow_mut() = Some(warp));
+                                // SAFETY: as for the sequential launch below; the call returns before `launch`.
+                                unsafe { f(bufs as *const *mut u8, syms as *const i64) };
+                            })
+                            .expect("an emulated GPU thread starts");
+                    }
+                });
+            }
+            return;
+        }
         for block in 0..grid.blocks {
             for thread in 0..grid.threads {
                 SREGS.with(|s| s.set([thread, block, grid.threads, grid.blocks]));

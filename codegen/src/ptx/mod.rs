@@ -36,6 +36,7 @@ pub mod emulate;
 mod math;
 pub mod ptxas;
 mod scalar;
+mod warp;
 
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
@@ -139,9 +140,12 @@ pub struct PtxKernelInfo {
     pub params: Vec<PtxParam>,
     /// Threads per block (the x dimension; y and z are 1).
     pub block_size: u32,
-    /// Work items of each part (the flattened trip count of a parallel part, 1 for a serial one), over the
-    /// kernel's symbols.
+    /// Threads each part wants (the flattened trip count of a parallel part — times 32 for one that runs a
+    /// row per warp —, 1 for a serial one), over the kernel's symbols.
     pub work: Vec<IExpr>,
+    /// Whether some part runs one row per warp with warp shuffles: the 32 lanes of a warp must run together
+    /// (as they do on a GPU; the emulator then runs a block's threads concurrently).
+    pub warp_cooperative: bool,
 }
 
 impl PtxKernelInfo {

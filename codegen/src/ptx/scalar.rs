@@ -448,15 +448,26 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 self.b.build_store(slot.position, new_pos)?;
                 self.b.build_select(replace, v, cur, "best")?
             }
+            op => self.fold(op, cur, v, d)?,
+        };
+        self.b.build_store(slot.value, folded)?;
+        Ok(())
+    }
+
+    /// `cur` combined with `v` by a value-only op (not an arg op), both of dtype `d`: the step of sequential
+    /// updates and of the warp's combining tree alike.
+    pub(super) fn fold(&mut self, op: AccOp, cur: V<'ctx>, v: V<'ctx>, d: DType) -> R<V<'ctx>> {
+        Ok(match op {
             AccOp::Sum => self.binary(BinaryOp::Add, cur, v, d)?.0,
             AccOp::Prod => self.binary(BinaryOp::Mul, cur, v, d)?.0,
             AccOp::Max if d == DType::Bool => self.b.build_or(cur.into_int_value(), v.into_int_value(), "or")?.into(),
             AccOp::Min if d == DType::Bool => self.b.build_and(cur.into_int_value(), v.into_int_value(), "and")?.into(),
             AccOp::Max => self.binary(BinaryOp::Max, cur, v, d)?.0,
             AccOp::Min => self.binary(BinaryOp::Min, cur, v, d)?.0,
-        };
-        self.b.build_store(slot.value, folded)?;
-        Ok(())
+            AccOp::ArgMax { .. } | AccOp::ArgMin { .. } => {
+                return Err(self.malformed(format!("{op:?} folded without a position")));
+            }
+        })
     }
 
     /// Whether candidate `c` displaces `best` (NaN is the extreme value; ties go to the later position when
