@@ -350,3 +350,36 @@ fn unsupported_constructs_are_errors_naming_kernel_and_construct() {
         ptx::compile(std::slice::from_ref(&k), &PtxOptions { block_size: 100, ..PtxOptions::default() }).unwrap_err();
     assert!(e.to_string().contains("block size 100"), "{e}");
 }
+
+#[test]
+fn warp_cooperative_rows_match_on_edge_values() {
+    let text = r#"graph "g" {
+      %0 = input {name="x"} : f32[n,77]
+      %1 = reduce %0 {kind=sum, axes=[1], keep_dims=false} : f32[n]
+      %2 = reduce %0 {kind=max, axes=[1], keep_dims=false} : f32[n]
+      %3 = softmax %0 {axis=1} : f32[n,77]
+      %4 = input {name="h"} : f16[n,40]
+      %5 = reduce %4 {kind=sum, axes=[1], keep_dims=false} : f16[n]
+      %6 = input {name="w"} : f64[n,33]
+      %7 = reduce %6 {kind=min, axes=[1], keep_dims=false} : f64[n]
+      %8 = input {name="i"} : i64[n,50]
+      %9 = reduce %8 {kind=sum, axes=[1], keep_dims=false} : i64[n]
+      %10 = input {name="b"} : bool[n,45]
+      %11 = reduce %10 {kind=max, axes=[1], keep_dims=false} : bool[n]
+      %12 = input {name="c"} : i8[n,64]
+      %13 = reduce %12 {kind=prod, axes=[1], keep_dims=false} : i8[n]
+      output "sum" = %1
+      output "max" = %2
+      output "softmax" = %3
+      output "hsum" = %5
+      output "wmin" = %7
+      output "isum" = %9
+      output "any" = %11
+      output "iprod" = %13
+    }"#;
+    let g = kiln_ir::parse(text).unwrap();
+    let k = lower_whole(&g, "rows").unwrap();
+    let info = &ptx::compile(std::slice::from_ref(&k), &PtxOptions::default()).unwrap().kernels[0];
+    assert!(info.warp_cooperative, "row reductions run a row per warp\n{}", kernel::print(&k));
+    check_graph("warp rows", text, &[0, 1, 2, 5, 9]);
+}

@@ -1,4 +1,4 @@
-//! Host emulation of the NVPTX emitter's kernels: the same LLVM IR the PTX comes from ([`super::emit`] with
+//! Host emulation of the NVPTX emitter's kernels: the same LLVM IR the PTX comes from (`ptx::emit` with
 //! the host flavor: address space 0, and each special-register read — `tid.x`, `ctaid.x`, `ntid.x`,
 //! `nctaid.x` — a call of a host function), optimized by the same pipeline, JIT-compiled for the host by LLVM's
 //! MCJIT, and run over an emulated grid: the blocks in turn. Within a block, a kernel whose threads only ever

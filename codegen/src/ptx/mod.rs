@@ -11,7 +11,8 @@
 //! (a top-level `Parallel`/`Vectorizable` loop) flattens its perfectly nested parallel loops (whose extents do
 //! not depend on each other) into one linear index and runs it as a grid-stride loop
 //! (`for i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x`); inner loops, reduction
-//! loops included, stay sequential loops of one thread. A serial part runs on global thread 0 only. Top-level
+//! loops included, stay sequential loops of one thread — unless the nest's body reduces, when it runs one row per
+//! warp with shuffles (`warp`). A serial part runs on global thread 0 only. Top-level
 //! `Let`s and `Acc`s a part needs are re-run by every thread (they are scalar set-up). One block size, chosen
 //! when compiling ([`PtxOptions::block_size`]), is recorded with the grid rule in [`PtxKernelInfo`].
 //!
@@ -21,15 +22,15 @@
 //! IEEE 754-2019 maximum/minimum, 16-bit floats are computed in f32 and rounded after every operation (with
 //! integer bit arithmetic, so no libcall and no hardware conversion is needed). No fast-math flag is ever set.
 //! There is no libdevice: `exp`, `log`, `tanh`, `sigmoid` and `erf` on f32 are the polynomial approximations
-//! of [`crate::approx`] (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
-//! results and arguments) by [`math`]. What is not implemented yet — these functions on f64, the trigonometric
+//! of `codegen::approx` (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
+//! results and arguments) by `math`. What is not implemented yet — these functions on f64, the trigonometric
 //! and hyperbolic families, general `pow`, float `mod`/`rem`, integer `pow`, casts from f64 or i64 to 16-bit
 //! floats — is a [`PtxError::Unsupported`] naming the kernel and the construct.
 //!
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads
 //! (`tid`, `ctaid`, `ntid`, `nctaid`) calling host functions, JIT-compiles it with LLVM's MCJIT and runs an
-//! emulated grid: blocks in turn, the threads of a block in turn (no kernel uses barriers or shared memory yet).
+//! emulated grid: blocks in turn, the threads of a block in turn, or concurrently for a warp-cooperative kernel.
 
 mod emit;
 pub mod emulate;
