@@ -276,3 +276,51 @@ fn params(k: &Kernel) -> Vec<PtxParam> {
         .chain(k.symbols.iter().enumerate().map(|(index, name)| PtxParam::Symbol { index, name: name.clone() }))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(work: Vec<IExpr>, block_size: u32) -> PtxKernelInfo {
+        PtxKernelInfo {
+            entry: "k".into(),
+            kernel: "k".into(),
+            params: Vec::new(),
+            block_size,
+            work,
+            warp_cooperative: false,
+        }
+    }
+
+    #[test]
+    fn launch_geometry_covers_the_largest_part_up_to_the_block_cap() {
+        let n = IExpr::max(IExpr::Sym(0), IExpr::Const(0));
+        let k = info(vec![IExpr::Const(1), IExpr::times(n, IExpr::Const(3))], 128);
+        assert_eq!(k.launch_geometry(&[0]).unwrap(), (1, 128));
+        assert_eq!(k.launch_geometry(&[1]).unwrap(), (1, 128));
+        assert_eq!(k.launch_geometry(&[43]).unwrap(), (2, 128));
+        assert_eq!(k.launch_geometry(&[1 << 30]).unwrap(), (MAX_BLOCKS, 128));
+        assert!(k.launch_geometry(&[]).unwrap_err().contains("s0"));
+    }
+
+    #[test]
+    fn entry_names_are_ptx_identifiers_and_distinct() {
+        let mut taken = std::collections::HashSet::new();
+        assert_eq!(entry_name("fused/add.relu", 0, &mut taken), "fused_add_relu");
+        assert_eq!(entry_name("fused/add-relu", 1, &mut taken), "fused_add_relu_1");
+        assert_eq!(entry_name("3d", 2, &mut taken), "k_3d");
+        assert_eq!(entry_name("", 3, &mut taken), "k_");
+    }
+
+    #[test]
+    fn block_sizes_are_whole_warps_up_to_1024() {
+        for ok in [32, 96, 256, 1024] {
+            assert!(check_options(&PtxOptions { block_size: ok, ..PtxOptions::default() }).is_ok());
+        }
+        for bad in [0, 31, 100, 2048] {
+            assert!(check_options(&PtxOptions { block_size: bad, ..PtxOptions::default() }).is_err());
+        }
+        assert_eq!("sm_90".parse::<PtxArch>(), Ok(PtxArch::Sm90));
+        assert!("sm_75".parse::<PtxArch>().unwrap_err().contains("sm_80 or sm_90"));
+    }
+}
