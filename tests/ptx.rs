@@ -61,7 +61,7 @@ fn buffers(args: &[Tensor]) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// Checks one model's kernels; returns how many there are, and how many run a row per warp.
+/// Checks one model's kernels; returns how many there are, and how many reduce cooperatively.
 fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result<(usize, usize), String> {
     let inputs = common::read_manifest(&dir.join("inputs"));
     let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
@@ -106,7 +106,7 @@ fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result
                     .map_err(|e| format!("kernel {} output {}: {e}\n{}", k.name, a.name, kernel::print(k)))?;
             }
         }
-        Ok((ks.len(), (0..ks.len()).filter(|&i| m.info(i).warp_cooperative).count()))
+        Ok((ks.len(), (0..ks.len()).filter(|&i| m.info(i).cooperative).count()))
     })
     .map_err(|e| e.to_string())?
 }
@@ -126,7 +126,7 @@ fn reference_model_kernels_assemble_and_match_the_evaluator_in_emulation() {
         let t0 = std::time::Instant::now();
         match check_model(dir, ptxas.as_deref()) {
             Ok((n, c)) => eprintln!(
-                "{name}: {n} kernels ({c} warp-cooperative): PTX{} and emulation ok in {:.1} s",
+                "{name}: {n} kernels ({c} cooperative): PTX{} and emulation ok in {:.1} s",
                 if ptxas.is_some() { " assembled for sm_80 and sm_90" } else { "" },
                 t0.elapsed().as_secs_f64()
             ),

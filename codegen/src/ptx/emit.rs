@@ -88,14 +88,14 @@ pub(crate) fn build_module<'ctx>(
     let mut infos = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         let entry = super::entry_name(&k.name, i, &mut taken);
-        let (work, warp_cooperative) = KernelEmitter::emit(ctx, &module, k, &entry, flavor)?;
+        let (work, cooperative) = KernelEmitter::emit(ctx, &module, k, &entry, flavor)?;
         infos.push(PtxKernelInfo {
             entry,
             kernel: k.name.clone(),
             params: super::params(k),
             block_size,
             work,
-            warp_cooperative,
+            cooperative,
         });
     }
     Ok((module, infos))
@@ -224,6 +224,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         let base = self.b.build_int_nuw_mul(ctaid, ntid, "base")?;
         let gtid = self.b.build_int_add(base, tid, "gtid")?;
         let stride = self.b.build_int_nuw_mul(ntid, nctaid, "stride")?;
+        let regs = GridRegs { tid, ctaid, ntid, gtid, stride };
         let mut work = Vec::new();
         for part in &parts {
             // Scalar set-up every part needs (re-run per part, as on the CPU).
@@ -232,14 +233,31 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             for s in &part.prologue {
                 self.stmt(s)?;
             }
-            work.push(self.part(part, gtid, stride)?);
+            work.push(self.part(part, &regs)?);
         }
         Ok(work)
     }
 
-    /// One part: a grid-stride loop over its flattened parallel nest, or its statements on thread 0.
-    fn part(&mut self, part: &Part<'_>, gtid: IntValue<'ctx>, stride: IntValue<'ctx>) -> R<IExpr> {
+    /// One part: a grid-stride loop over its flattened parallel nest, or its statements on thread 0 (or on
+    /// block 0, cooperatively, when they reduce).
+    fn part(&mut self, part: &Part<'_>, regs: &GridRegs<'ctx>) -> R<IExpr> {
+        let GridRegs { tid, ctaid, ntid, gtid, stride } = *regs;
         let i64t = self.ctx.i64_type();
+        if !part.parallel && super::warp::eligible(part.body.iter().copied()) {
+            // The whole top-level work is a reduction: block 0 runs it with all its threads.
+            self.cooperative = true;
+            let zero = i64t.const_zero();
+            let first = self.b.build_int_compare(IntPredicate::EQ, ctaid, zero, "block0")?;
+            let then = self.ctx.append_basic_block(self.func, "block_reduce");
+            let done = self.ctx.append_basic_block(self.func, "block_reduce_done");
+            self.b.build_conditional_branch(first, then, done)?;
+            self.b.position_at_end(then);
+            let coop = self.block_scope(tid, ntid)?;
+            self.cooperative_row(&part.body, &coop)?;
+            self.b.build_unconditional_branch(done)?;
+            self.b.position_at_end(done);
+            return Ok(IExpr::Const(1));
+        }
         if !part.parallel {
             let zero = i64t.const_zero();
             let first = self.b.build_int_compare(IntPredicate::EQ, gtid, zero, "leader")?;
@@ -258,17 +276,10 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             return Err(self.malformed("a parallel part is not one loop".into()));
         };
         let (nest, body) = flatten(outer);
-        let cooperative = super::warp::eligible(body);
-        let mut total = i64t.const_int(1, false);
-        let mut extents = Vec::new();
+        let cooperative = super::warp::eligible(&body.0);
+        let (total, extents) = self.nest_extents(&nest)?;
         let mut work = IExpr::Const(1);
         for (_, extent) in &nest {
-            let e = self.iexpr(extent)?;
-            let zero = i64t.const_zero();
-            let neg = self.b.build_int_compare(IntPredicate::SLT, e, zero, "neg")?;
-            let e = self.b.build_select(neg, zero, e, "extent")?.into_int_value();
-            total = self.b.build_int_mul(total, e, "total")?;
-            extents.push(e);
             let clamped = match extent.as_const() {
                 Some(c) => IExpr::Const(c.max(0)),
                 None => IExpr::max((*extent).clone(), IExpr::Const(0)),
@@ -283,12 +294,13 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             // One row per warp (see `warp`): rows grid-stride over the grid's warps.
             self.cooperative = true;
             let five = i64t.const_int(5, false);
-            let lane = self.b.build_and(gtid, i64t.const_int(super::warp::WARP - 1, false), "lane")?;
             let warp = self.b.build_right_shift(gtid, five, false, "warp")?;
             let warps = self.b.build_right_shift(stride, five, false, "warps")?;
+            let coop = self.warp_scope(gtid)?;
+            let stmts: Vec<&Stmt> = body.0.iter().collect();
             self.counted_loop(warp, total, warps, "rows", |e, i| {
                 e.bind_nest(&nest, &extents, i)?;
-                e.warp_row(body, lane)
+                e.cooperative_row(&stmts, &coop)
             })?;
             return Ok(IExpr::times(work, IExpr::Const(super::warp::WARP as i64)));
         }
@@ -299,8 +311,29 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         Ok(work)
     }
 
+    /// The extents of a flattened nest (negative ones as 0) and their product.
+    pub(super) fn nest_extents(&mut self, nest: &[(LoopVar, &IExpr)]) -> R<(IntValue<'ctx>, Vec<IntValue<'ctx>>)> {
+        let i64t = self.ctx.i64_type();
+        let mut total = i64t.const_int(1, false);
+        let mut extents = Vec::new();
+        for (_, extent) in nest {
+            let e = self.iexpr(extent)?;
+            let zero = i64t.const_zero();
+            let neg = self.b.build_int_compare(IntPredicate::SLT, e, zero, "neg")?;
+            let e = self.b.build_select(neg, zero, e, "extent")?.into_int_value();
+            total = self.b.build_int_mul(total, e, "total")?;
+            extents.push(e);
+        }
+        Ok((total, extents))
+    }
+
     /// Binds the variables of a flattened nest from linear index `i`, innermost fastest.
-    fn bind_nest(&mut self, nest: &[(LoopVar, &IExpr)], extents: &[IntValue<'ctx>], i: IntValue<'ctx>) -> R<()> {
+    pub(super) fn bind_nest(
+        &mut self,
+        nest: &[(LoopVar, &IExpr)],
+        extents: &[IntValue<'ctx>],
+        i: IntValue<'ctx>,
+    ) -> R<()> {
         let mut rest = i;
         for (k, ((var, _), extent)) in nest.iter().zip(extents).enumerate().rev() {
             let v = if k == 0 {
@@ -633,17 +666,33 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
     }
 }
 
+/// The special registers (as i64) and the global thread index and count.
+#[derive(Copy, Clone)]
+struct GridRegs<'ctx> {
+    tid: IntValue<'ctx>,
+    ctaid: IntValue<'ctx>,
+    ntid: IntValue<'ctx>,
+    gtid: IntValue<'ctx>,
+    stride: IntValue<'ctx>,
+}
+
 /// The perfectly nested parallel loops starting at `outer` whose extents do not depend on each other's
 /// variables, and the innermost body.
 fn flatten(outer: &Stmt) -> (Vec<(LoopVar, &IExpr)>, &Block) {
+    flatten_where(outer, |k| matches!(k, LoopKind::Parallel | LoopKind::Vectorizable))
+}
+
+/// The perfectly nested loops starting at `outer` whose inner loops are of a kind `inner_kind` accepts and whose
+/// extents do not depend on each other's variables, and the innermost body.
+pub(super) fn flatten_where(outer: &Stmt, inner_kind: impl Fn(LoopKind) -> bool) -> (Vec<(LoopVar, &IExpr)>, &Block) {
     let mut nest = Vec::new();
     let mut cur = outer;
     loop {
         let Stmt::For { var, extent, body, .. } = cur else { unreachable!("flatten starts at a loop") };
         nest.push((*var, extent));
         match body.0.as_slice() {
-            [inner @ Stmt::For { kind: LoopKind::Parallel | LoopKind::Vectorizable, extent, .. }]
-                if !nest.iter().any(|(v, _)| mentions(extent, *v)) =>
+            [inner @ Stmt::For { kind, extent, .. }]
+                if inner_kind(*kind) && !nest.iter().any(|(v, _)| mentions(extent, *v)) =>
             {
                 cur = inner;
             }

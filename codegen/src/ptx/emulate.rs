@@ -3,9 +3,11 @@
 //! `nctaid.x` — a call of a host function), optimized by the same pipeline, JIT-compiled for the host by LLVM's
 //! MCJIT, and run over an emulated grid: the blocks in turn. Within a block, a kernel whose threads only ever
 //! write disjoint elements runs its threads in turn, each to completion; a warp-cooperative kernel
-//! ([`PtxKernelInfo::warp_cooperative`]) runs them concurrently, one OS thread each, and its warp shuffles
+//! ([`PtxKernelInfo::cooperative`]) runs them concurrently, one OS thread each: its warp shuffles
 //! (`shfl.sync.bfly`, a host function here) exchange values through a per-warp slot array between two barriers,
-//! so every lane sees its partner's value of the same step, as on the GPU.
+//! so every lane sees its partner's value of the same step, and its block barriers (`bar.sync 0`, likewise) wait
+//! for every thread of the block, as on the GPU. Blocks run in turn, so the kernel's shared memory (a plain
+//! global here) is the running block's.
 //!
 //! This is how the GPU code path is checked against the reference evaluator on a machine without a GPU: the
 //! grid mapping, index arithmetic, the math and every element semantic are the ones the PTX carries; only
@@ -20,7 +22,7 @@ use inkwell::execution_engine::ExecutionEngine;
 use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine};
 
 use super::emit::{self, EMU_WRAPPER_PREFIX, Flavor, Sreg};
-use super::warp::{EMU_SHUFFLE, WARP};
+use super::warp::{EMU_BARRIER, EMU_SHUFFLE, WARP};
 use super::{PtxError, PtxKernelInfo};
 use crate::kernel::Kernel;
 
@@ -38,6 +40,18 @@ thread_local! {
     static SREGS: Cell<[u32; 4]> = const { Cell::new([0; 4]) };
     /// The emulated thread's warp, in a cooperative launch.
     static WARP_EXCHANGE: RefCell<Option<Arc<WarpExchange>>> = const { RefCell::new(None) };
+    /// The emulated thread's block barrier, in a cooperative launch.
+    static BLOCK_BARRIER: RefCell<Option<Arc<Barrier>>> = const { RefCell::new(None) };
+}
+
+/// `bar.sync 0` for an emulated thread: wait for every thread of the block.
+extern "C" fn barrier0() {
+    BLOCK_BARRIER.with(|b| {
+        // Only cooperative launches run kernels with barriers (`launch` checks the kernel's info).
+        if let Some(b) = b.borrow().as_ref() {
+            b.wait();
+        }
+    });
 }
 
 /// Where the lanes of one emulated warp trade values.
@@ -133,6 +147,9 @@ pub fn with_emulated<T>(
     if let Some(f) = module.get_function(EMU_SHUFFLE) {
         engine.add_global_mapping(&f, shfl_bfly_i32 as *const () as usize);
     }
+    if let Some(f) = module.get_function(EMU_BARRIER) {
+        engine.add_global_mapping(&f, barrier0 as *const () as usize);
+    }
     let mut wrappers = Vec::new();
     for info in &infos {
         let name = format!("{EMU_WRAPPER_PREFIX}{}", info.entry);
@@ -160,7 +177,7 @@ impl EmulatedModule<'_> {
     /// For a warp-cooperative kernel, when `grid.threads` is not a multiple of 32.
     pub unsafe fn launch(&self, index: usize, buffers: &[*mut u8], symbols: &[i64], grid: Grid) {
         let f = self.wrappers[index];
-        if self.infos[index].warp_cooperative {
+        if self.infos[index].cooperative {
             assert!(
                 grid.threads.is_multiple_of(WARP as u32),
                 "a warp-cooperative launch needs whole warps, not {grid:?}"
@@ -176,14 +193,17 @@ impl EmulatedModule<'_> {
                         })
                     })
                     .collect();
+                let barrier = Arc::new(Barrier::new(grid.threads as usize));
                 std::thread::scope(|s| {
                     for thread in 0..grid.threads {
                         let warp = Arc::clone(&warps[(thread / WARP as u32) as usize]);
+                        let barrier = Arc::clone(&barrier);
                         std::thread::Builder::new()
                             .stack_size(1 << 20)
                             .spawn_scoped(s, move || {
                                 SREGS.with(|r| r.set([thread, block, grid.threads, grid.blocks]));
                                 WARP_EXCHANGE.with(|w| *w.borrow_mut() = Some(warp));
+                                BLOCK_BARRIER.with(|b| *b.borrow_mut() = Some(barrier));
                                 // SAFETY: as for the sequential launch below; the call returns before `launch`.
                                 unsafe { f(bufs as *const *mut u8, syms as *const i64) };
                             })

@@ -144,9 +144,10 @@ pub struct PtxKernelInfo {
     /// Threads each part wants (the flattened trip count of a parallel part — times 32 for one that runs a
     /// row per warp —, 1 for a serial one), over the kernel's symbols.
     pub work: Vec<IExpr>,
-    /// Whether some part runs one row per warp with warp shuffles: the 32 lanes of a warp must run together
-    /// (as they do on a GPU; the emulator then runs a block's threads concurrently).
-    pub warp_cooperative: bool,
+    /// Whether some part reduces cooperatively (a row per warp with warp shuffles, or a block with shared
+    /// memory and barriers): the threads of a block must run together, as they do on a GPU (the emulator then
+    /// runs them concurrently).
+    pub cooperative: bool,
 }
 
 impl PtxKernelInfo {
@@ -288,7 +289,7 @@ mod tests {
             params: Vec::new(),
             block_size,
             work,
-            warp_cooperative: false,
+            cooperative: false,
         }
     }
 

@@ -1,9 +1,17 @@
-//! Warp-cooperative rows: a parallel nest whose body reduces (a softmax, a layer norm, a row sum) runs one row
-//! per warp instead of one row per thread. The 32 lanes split each inner loop of the row — lane `l` takes
+//! Cooperative reductions. A parallel nest whose body reduces (a softmax, a layer norm, a row sum) runs one row
+//! per warp instead of one row per thread; a serial part that reduces (the whole top-level work is a reduction,
+//! such as a sum over a whole tensor) runs on block 0 with all its threads.
+//!
+//! Per warp: The 32 lanes split each inner loop of the row — lane `l` takes
 //! iterations `l, l + 32, …` — and after each reduction loop they combine their partial accumulators with a
 //! butterfly of warp shuffles (`shfl.sync.bfly`, offsets 16, 8, 4, 2, 1), after which every lane holds the row's
 //! result and goes on with it; stores outside inner loops are made by lane 0. Rows are distributed over the
 //! grid's warps with a grid-stride loop.
+//!
+//! For a block, the threads split the loops by their index in the block, each warp combines as above, lane 0 of
+//! every warp puts its warp's value in shared memory, and after a barrier every warp loads the (at most 32)
+//! values and combines them with the same butterfly, so every thread holds the block's value; a second barrier
+//! frees the shared slots for the next reduction. Stores are made by thread 0.
 //!
 //! Folding order changes (lane-strided partials, then a tree), which the kernel IR allows for reduction loops
 //! (`LoopKind::Reduction`): floats are no longer bit-exact with the sequential fold. The ops are commutative, so
@@ -13,12 +21,13 @@
 
 use std::collections::HashSet;
 
-use inkwell::IntPredicate;
-use inkwell::values::{BasicValueEnum, IntValue};
+use inkwell::module::Linkage;
+use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate};
 use kiln_ir::DType;
 
 use super::emit::{Flavor, KernelEmitter, R};
-use crate::kernel::{AccVar, Block, Expr, LoopKind, Stmt};
+use crate::kernel::{AccOp, AccVar, Block, Expr, LoopKind, Stmt};
 
 /// Lanes of a warp.
 pub(crate) const WARP: u64 = 32;
@@ -26,11 +35,15 @@ pub(crate) const WARP: u64 = 32;
 /// The host function standing in for `shfl.sync.bfly.b32` in the emulation module.
 pub(crate) const EMU_SHUFFLE: &str = "kiln_emu_shfl_bfly_i32";
 
-/// Whether the row body `b` (the innermost body of a flattened parallel nest) runs warp-cooperatively.
-pub(super) fn eligible(b: &Block) -> bool {
+/// The host function standing in for `bar.sync 0` in the emulation module.
+pub(crate) const EMU_BARRIER: &str = "kiln_emu_barrier";
+
+/// Whether the statements `stmts` (a row: the innermost body of a flattened parallel nest, or a serial part)
+/// run cooperatively.
+pub(super) fn eligible<'s>(stmts: impl IntoIterator<Item = &'s Stmt>) -> bool {
     let mut arg_accs = HashSet::new();
     let mut reduces = false;
-    for s in &b.0 {
+    for s in stmts {
         match s {
             Stmt::Let { .. } | Stmt::Store { .. } => {}
             Stmt::Acc { var, op, .. } => {
@@ -40,7 +53,8 @@ pub(super) fn eligible(b: &Block) -> bool {
             }
             Stmt::Update { .. } => return false,
             Stmt::For { kind: LoopKind::Serial, .. } => return false,
-            Stmt::For { kind: LoopKind::Reduction, body, .. } => {
+            Stmt::For { kind: LoopKind::Reduction, .. } => {
+                let (_, body) = reduction_nest(s);
                 let updated = updated_accs(body);
                 let ok = body.0.iter().all(|s| match s {
                     Stmt::Let { value, .. } => !reads_any(value, &updated),
@@ -62,6 +76,29 @@ pub(super) fn eligible(b: &Block) -> bool {
         }
     }
     reduces
+}
+
+/// Who cooperates on a row, as seen by this thread.
+pub(super) struct Coop<'ctx> {
+    /// This thread's index among the cooperating threads (its lane, or its index in the block).
+    index: IntValue<'ctx>,
+    /// How many threads cooperate.
+    count: IntValue<'ctx>,
+    /// For a block: this thread's lane, its warp in the block, the block's warps, the shared slots.
+    block: Option<BlockScope<'ctx>>,
+}
+
+struct BlockScope<'ctx> {
+    lane: IntValue<'ctx>,
+    warp: IntValue<'ctx>,
+    warps: IntValue<'ctx>,
+    shared: PointerValue<'ctx>,
+}
+
+/// A reduction loop and the perfectly nested reduction loops inside it (a reduction over several axes), and the
+/// innermost body: the threads split the nest's flattened iteration space.
+fn reduction_nest(s: &Stmt) -> (Vec<(crate::kernel::LoopVar, &crate::kernel::IExpr)>, &Block) {
+    super::emit::flatten_where(s, |k| k == LoopKind::Reduction)
 }
 
 /// The accumulators a loop body updates, in first-update order.
@@ -88,29 +125,91 @@ fn reads_any(e: &Expr, accs: &[AccVar]) -> bool {
 }
 
 impl<'ctx> KernelEmitter<'_, 'ctx> {
-    /// Emits an eligible row body for the warp whose lane this thread is.
-    pub(super) fn warp_row(&mut self, b: &Block, lane: IntValue<'ctx>) -> R<()> {
+    /// The cooperation of the warp of global thread `gtid`.
+    pub(super) fn warp_scope(&mut self, gtid: IntValue<'ctx>) -> R<Coop<'ctx>> {
         let i64t = self.ctx.i64_type();
-        let step = i64t.const_int(WARP, false);
-        for s in &b.0 {
+        let lane = self.b.build_and(gtid, i64t.const_int(WARP - 1, false), "lane")?;
+        Ok(Coop { index: lane, count: i64t.const_int(WARP, false), block: None })
+    }
+
+    /// The cooperation of a block, for thread `tid` of `ntid` (a multiple of 32, at most 1024).
+    pub(super) fn block_scope(&mut self, tid: IntValue<'ctx>, ntid: IntValue<'ctx>) -> R<Coop<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let five = i64t.const_int(5, false);
+        let lane = self.b.build_and(tid, i64t.const_int(WARP - 1, false), "lane")?;
+        let warp = self.b.build_right_shift(tid, five, false, "warp")?;
+        let warps = self.b.build_right_shift(ntid, five, false, "warps")?;
+        let shared = self.shared_slots()?;
+        Ok(Coop { index: tid, count: ntid, block: Some(BlockScope { lane, warp, warps, shared }) })
+    }
+
+    /// The kernel's 32 shared-memory slots of 8 bytes (address space 3 on the GPU; a plain global when
+    /// emulating, where the blocks run in turn).
+    fn shared_slots(&mut self) -> R<PointerValue<'ctx>> {
+        let name = format!("{}_shared", self.func.get_name().to_string_lossy());
+        if let Some(g) = self.module.get_global(&name) {
+            return Ok(g.as_pointer_value());
+        }
+        let ty = self.ctx.i64_type().array_type(WARP as u32);
+        let g = match self.flavor {
+            Flavor::Nvptx => {
+                let g = self.module.add_global(ty, Some(AddressSpace::from(3u16)), &name);
+                g.set_initializer(&ty.get_undef());
+                g
+            }
+            Flavor::Host => {
+                let g = self.module.add_global(ty, None, &name);
+                g.set_initializer(&ty.const_zero());
+                g
+            }
+        };
+        g.set_linkage(Linkage::Internal);
+        g.set_alignment(8);
+        Ok(g.as_pointer_value())
+    }
+
+    /// `bar.sync 0` (a host function when emulating).
+    fn barrier(&mut self) -> R<()> {
+        let name = match self.flavor {
+            Flavor::Nvptx => "llvm.nvvm.barrier0",
+            Flavor::Host => EMU_BARRIER,
+        };
+        let f = self
+            .module
+            .get_function(name)
+            .unwrap_or_else(|| self.module.add_function(name, self.ctx.void_type().fn_type(&[], false), None));
+        self.b.build_call(f, &[], "")?;
+        Ok(())
+    }
+
+    /// Emits the eligible statements `stmts` of a row, split over the threads of `coop`.
+    pub(super) fn cooperative_row(&mut self, stmts: &[&Stmt], coop: &Coop<'ctx>) -> R<()> {
+        let i64t = self.ctx.i64_type();
+        for s in stmts {
             match s {
                 Stmt::Let { .. } | Stmt::Acc { .. } => self.stmt(s)?,
                 Stmt::Store { .. } => {
                     let zero = i64t.const_zero();
-                    let first = self.b.build_int_compare(IntPredicate::EQ, lane, zero, "lane0")?;
-                    let then = self.ctx.append_basic_block(self.func, "lane0_store");
-                    let done = self.ctx.append_basic_block(self.func, "lane0_done");
+                    let first = self.b.build_int_compare(IntPredicate::EQ, coop.index, zero, "leader")?;
+                    let then = self.ctx.append_basic_block(self.func, "leader_store");
+                    let done = self.ctx.append_basic_block(self.func, "leader_done");
                     self.b.build_conditional_branch(first, then, done)?;
                     self.b.position_at_end(then);
                     self.stmt(s)?;
                     self.b.build_unconditional_branch(done)?;
                     self.b.position_at_end(done);
                 }
-                Stmt::For { var, extent, kind, body } => {
-                    let n = self.iexpr(extent)?;
+                Stmt::For { kind, .. } => {
+                    let (nest, body) = if *kind == LoopKind::Reduction {
+                        reduction_nest(s)
+                    } else {
+                        let Stmt::For { var, extent, body, .. } = s else { unreachable!("a loop") };
+                        (vec![(*var, extent)], body)
+                    };
+                    let (n, extents) = self.nest_extents(&nest)?;
                     let accs = if *kind == LoopKind::Reduction { updated_accs(body) } else { Vec::new() };
-                    // Each lane folds its iterations from the identity; the value before the loop is folded in
-                    // once, after the warp has combined the partials.
+                    // Each thread folds its iterations from the identity; the value before the loop is folded in
+                    // once, after the threads have combined their partials.
                     let mut before = Vec::new();
                     for a in &accs {
                         let slot = self.accs[a];
@@ -119,27 +218,74 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                         let identity = self.scalar_const(slot.op.identity(slot.dtype))?;
                         self.b.build_store(slot.value, identity)?;
                     }
-                    let var = *var;
-                    self.counted_loop(lane, n, step, &format!("lane_i{}", var.0), |e, i| {
-                        e.loops.insert(var, i);
+                    self.counted_loop(coop.index, n, coop.count, "coop", |e, i| {
+                        e.bind_nest(&nest, &extents, i)?;
                         e.block(body)
                     })?;
                     for (a, pre) in accs.iter().zip(before) {
                         let slot = self.accs[a];
                         let ty = self.reg_type(slot.dtype);
-                        let mut v = self.b.build_load(ty, slot.value, "partial")?;
-                        for offset in [16u64, 8, 4, 2, 1] {
-                            let other = self.shuffle_xor(v, slot.dtype, offset)?;
-                            v = self.fold(slot.op, v, other, slot.dtype)?;
+                        let partial = self.b.build_load(ty, slot.value, "partial")?;
+                        let mut v = self.warp_all_reduce(slot.op, partial, slot.dtype)?;
+                        if let Some(block) = &coop.block {
+                            v = self.block_all_reduce(block, slot.op, v, slot.dtype)?;
                         }
                         let v = self.fold(slot.op, pre, v, slot.dtype)?;
                         self.b.build_store(slot.value, v)?;
                     }
                 }
-                Stmt::Update { .. } => return Err(self.malformed("an update outside a loop in a warp row".into())),
+                Stmt::Update { .. } => {
+                    return Err(self.malformed("an update outside a loop in a cooperative row".into()));
+                }
             }
         }
         Ok(())
+    }
+
+    /// The warp's values of `v` combined by `op`, in every lane.
+    fn warp_all_reduce(&mut self, op: AccOp, v: BasicValueEnum<'ctx>, d: DType) -> R<BasicValueEnum<'ctx>> {
+        let mut v = v;
+        for offset in [16u64, 8, 4, 2, 1] {
+            let other = self.shuffle_xor(v, d, offset)?;
+            v = self.fold(op, v, other, d)?;
+        }
+        Ok(v)
+    }
+
+    /// The block's values of `warp_value` (each warp's combined value) combined by `op`, in every thread.
+    fn block_all_reduce(
+        &mut self,
+        block: &BlockScope<'ctx>,
+        op: AccOp,
+        warp_value: BasicValueEnum<'ctx>,
+        d: DType,
+    ) -> R<BasicValueEnum<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let ty = self.reg_type(d);
+        let zero = i64t.const_zero();
+        let slot_of = |e: &mut Self, i: IntValue<'ctx>| -> R<PointerValue<'ctx>> {
+            // SAFETY: `i` is below 32, the slots' count (a warp index or a lane).
+            Ok(unsafe { e.b.build_in_bounds_gep(i64t, block.shared, &[i], "slot")? })
+        };
+        let first = self.b.build_int_compare(IntPredicate::EQ, block.lane, zero, "lane0")?;
+        let then = self.ctx.append_basic_block(self.func, "publish");
+        let done = self.ctx.append_basic_block(self.func, "published");
+        self.b.build_conditional_branch(first, then, done)?;
+        self.b.position_at_end(then);
+        let p = slot_of(self, block.warp)?;
+        self.b.build_store(p, warp_value)?;
+        self.b.build_unconditional_branch(done)?;
+        self.b.position_at_end(done);
+        self.barrier()?;
+        // Every warp combines the published values the same way, so every thread ends with the same bits.
+        let present = self.b.build_int_compare(IntPredicate::ULT, block.lane, block.warps, "present")?;
+        let p = slot_of(self, block.lane)?;
+        let loaded = self.b.build_load(ty, p, "published")?;
+        let identity = self.scalar_const(op.identity(d))?;
+        let v = self.b.build_select(present, loaded, identity, "mine")?;
+        let v = self.warp_all_reduce(op, v, d)?;
+        self.barrier()?;
+        Ok(v)
     }
 
     /// The value `v` (of dtype `d`) of the lane `lane ^ offset`.
