@@ -132,7 +132,7 @@ fn compare_emulated(
 }
 
 /// Runs every kernel of `ks` in emulation on random inputs and compares with the evaluator; returns how many
-/// kernels were compared, and how many of them run warp-cooperatively.
+/// kernels were compared, and how many of them run cooperatively.
 fn check_emulated(name: &str, ks: &[Kernel]) -> (usize, usize) {
     emulate::with_emulated(ks, 64, |m| {
         for (i, k) in ks.iter().enumerate() {

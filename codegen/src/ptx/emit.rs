@@ -124,14 +124,14 @@ pub(super) struct KernelEmitter<'a, 'ctx> {
     pub loops: HashMap<LoopVar, IntValue<'ctx>>,
     pub lets: HashMap<Var, (BasicValueEnum<'ctx>, DType)>,
     pub accs: HashMap<AccVar, AccSlot<'ctx>>,
-    /// Whether some part runs warp-cooperatively.
+    /// Whether some part runs cooperatively.
     pub cooperative: bool,
     entry_block: BasicBlock<'ctx>,
 }
 
 impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
     /// Emits `k` as function `entry` (and its host wrapper for [`Flavor::Host`]); returns the work of each part
-    /// and whether some part runs warp-cooperatively.
+    /// and whether some part runs cooperatively.
     fn emit(
         ctx: &'ctx Context,
         module: &'a Module<'ctx>,

@@ -2,7 +2,7 @@
 //! the host flavor: address space 0, and each special-register read — `tid.x`, `ctaid.x`, `ntid.x`,
 //! `nctaid.x` — a call of a host function), optimized by the same pipeline, JIT-compiled for the host by LLVM's
 //! MCJIT, and run over an emulated grid: the blocks in turn. Within a block, a kernel whose threads only ever
-//! write disjoint elements runs its threads in turn, each to completion; a warp-cooperative kernel
+//! write disjoint elements runs its threads in turn, each to completion; a cooperative kernel
 //! ([`PtxKernelInfo::cooperative`]) runs them concurrently, one OS thread each: its warp shuffles
 //! (`shfl.sync.bfly`, a host function here) exchange values through a per-warp slot array between two barriers,
 //! so every lane sees its partner's value of the same step, and its block barriers (`bar.sync 0`, likewise) wait
@@ -174,14 +174,11 @@ impl EmulatedModule<'_> {
     /// for inputs, written for outputs) at the shape `symbols` give, and `symbols` one value per kernel symbol.
     ///
     /// # Panics
-    /// For a warp-cooperative kernel, when `grid.threads` is not a multiple of 32.
+    /// For a cooperative kernel, when `grid.threads` is not a multiple of 32.
     pub unsafe fn launch(&self, index: usize, buffers: &[*mut u8], symbols: &[i64], grid: Grid) {
         let f = self.wrappers[index];
         if self.infos[index].cooperative {
-            assert!(
-                grid.threads.is_multiple_of(WARP as u32),
-                "a warp-cooperative launch needs whole warps, not {grid:?}"
-            );
+            assert!(grid.threads.is_multiple_of(WARP as u32), "a cooperative launch needs whole warps, not {grid:?}");
             // Raw pointers are not `Send`; the threads only pass them on to the kernel, within this call.
             let (bufs, syms) = (buffers.as_ptr() as usize, symbols.as_ptr() as usize);
             for block in 0..grid.blocks {

@@ -12,7 +12,8 @@
 //! not depend on each other) into one linear index and runs it as a grid-stride loop
 //! (`for i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x`); inner loops, reduction
 //! loops included, stay sequential loops of one thread — unless the nest's body reduces, when it runs one row per
-//! warp with shuffles (`warp`). A serial part runs on global thread 0 only. Top-level
+//! warp with shuffles (`warp`). A serial part runs on global thread 0 only, or on block 0 with all its threads
+//! (shuffles, shared memory, barriers) when it reduces. Top-level
 //! `Let`s and `Acc`s a part needs are re-run by every thread (they are scalar set-up). One block size, chosen
 //! when compiling ([`PtxOptions::block_size`]), is recorded with the grid rule in [`PtxKernelInfo`].
 //!
@@ -30,7 +31,7 @@
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads
 //! (`tid`, `ctaid`, `ntid`, `nctaid`) calling host functions, JIT-compiles it with LLVM's MCJIT and runs an
-//! emulated grid: blocks in turn, the threads of a block in turn, or concurrently for a warp-cooperative kernel.
+//! emulated grid: blocks in turn, the threads of a block in turn, or concurrently for a cooperative kernel.
 
 mod emit;
 pub mod emulate;
