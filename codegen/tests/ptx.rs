@@ -74,6 +74,12 @@ fn every_fixture_kernel_compiles_to_ptx_that_ptxas_assembles() {
             }
         }
     }
+    let (_, ks) = &fixture_kernels()[0];
+    let ir = ptx::llvm_ir(ks, &PtxOptions::default()).unwrap();
+    assert!(
+        ir.contains("ptx_kernel") && ir.contains("!nvvm.annotations") && ir.contains("llvm.nvvm.read.ptx.sreg.tid.x"),
+        "{ir}"
+    );
     eprintln!("{modules} PTX modules ({kernels} kernels) emitted, {assembled} assembled by ptxas");
     assert!(kernels > 40, "the fixtures' kernels");
 }
