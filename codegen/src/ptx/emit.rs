@@ -678,7 +678,7 @@ struct GridRegs<'ctx> {
 
 /// The perfectly nested parallel loops starting at `outer` whose extents do not depend on each other's
 /// variables, and the innermost body.
-fn flatten(outer: &Stmt) -> (Vec<(LoopVar, &IExpr)>, &Block) {
+pub(super) fn flatten(outer: &Stmt) -> (Vec<(LoopVar, &IExpr)>, &Block) {
     flatten_where(outer, |k| matches!(k, LoopKind::Parallel | LoopKind::Vectorizable))
 }
 

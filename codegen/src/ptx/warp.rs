@@ -15,9 +15,10 @@
 //!
 //! Folding order changes (lane-strided partials, then a tree), which the kernel IR allows for reduction loops
 //! (`LoopKind::Reduction`): floats are no longer bit-exact with the sequential fold. The ops are commutative, so
-//! every lane ends with the same bits. Eligible rows: every inner loop is innermost (no nested loops), a
-//! reduction loop only updates accumulators of value ops (no arg-max/min) and never reads them, no inner
-//! parallel loop updates an accumulator, and no `Serial` loop; anything else keeps one thread per row.
+//! every lane ends with the same bits. Eligible rows: every inner loop is a perfect nest of one kind (reduction
+//! or parallel; its flattened iteration space is split), a reduction only updates accumulators of value ops (no
+//! arg-max/min) and never reads them, no parallel loop updates an accumulator, and no `Serial` loop; anything
+//! else keeps one thread per row (or thread 0 for a serial part).
 
 use std::collections::HashSet;
 
@@ -68,7 +69,8 @@ pub(super) fn eligible<'s>(stmts: impl IntoIterator<Item = &'s Stmt>) -> bool {
                 }
                 reduces = true;
             }
-            Stmt::For { body, .. } => {
+            Stmt::For { .. } => {
+                let (_, body) = super::emit::flatten(s);
                 if !body.0.iter().all(|s| matches!(s, Stmt::Let { .. } | Stmt::Store { .. })) {
                     return false;
                 }
@@ -200,12 +202,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                     self.b.position_at_end(done);
                 }
                 Stmt::For { kind, .. } => {
-                    let (nest, body) = if *kind == LoopKind::Reduction {
-                        reduction_nest(s)
-                    } else {
-                        let Stmt::For { var, extent, body, .. } = s else { unreachable!("a loop") };
-                        (vec![(*var, extent)], body)
-                    };
+                    let (nest, body) =
+                        if *kind == LoopKind::Reduction { reduction_nest(s) } else { super::emit::flatten(s) };
                     let (n, extents) = self.nest_extents(&nest)?;
                     let accs = if *kind == LoopKind::Reduction { updated_accs(body) } else { Vec::new() };
                     // Each thread folds its iterations from the identity; the value before the loop is folded in
