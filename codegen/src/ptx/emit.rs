@@ -246,30 +246,14 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         if !part.parallel && super::warp::eligible(part.body.iter().copied()) {
             // The whole top-level work is a reduction: block 0 runs it with all its threads.
             self.cooperative = true;
-            let zero = i64t.const_zero();
-            let first = self.b.build_int_compare(IntPredicate::EQ, ctaid, zero, "block0")?;
-            let then = self.ctx.append_basic_block(self.func, "block_reduce");
-            let done = self.ctx.append_basic_block(self.func, "block_reduce_done");
-            self.b.build_conditional_branch(first, then, done)?;
-            self.b.position_at_end(then);
-            let coop = self.block_scope(tid, ntid)?;
-            self.cooperative_row(&part.body, &coop)?;
-            self.b.build_unconditional_branch(done)?;
-            self.b.position_at_end(done);
+            self.when_zero(ctaid, "block_reduce", |e| {
+                let coop = e.block_scope(tid, ntid)?;
+                e.cooperative_row(&part.body, &coop)
+            })?;
             return Ok(IExpr::Const(1));
         }
         if !part.parallel {
-            let zero = i64t.const_zero();
-            let first = self.b.build_int_compare(IntPredicate::EQ, gtid, zero, "leader")?;
-            let then = self.ctx.append_basic_block(self.func, "serial");
-            let done = self.ctx.append_basic_block(self.func, "serial_done");
-            self.b.build_conditional_branch(first, then, done)?;
-            self.b.position_at_end(then);
-            for s in &part.body {
-                self.stmt(s)?;
-            }
-            self.b.build_unconditional_branch(done)?;
-            self.b.position_at_end(done);
+            self.when_zero(gtid, "serial", |e| part.body.iter().try_for_each(|s| e.stmt(s)))?;
             return Ok(IExpr::Const(1));
         }
         let [outer] = part.body.as_slice() else {
@@ -345,6 +329,20 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             };
             self.loops.insert(*var, v);
         }
+        Ok(())
+    }
+
+    /// `if x == 0 { body }`.
+    pub(super) fn when_zero(&mut self, x: IntValue<'ctx>, name: &str, body: impl FnOnce(&mut Self) -> R<()>) -> R<()> {
+        let zero = x.get_type().const_zero();
+        let first = self.b.build_int_compare(IntPredicate::EQ, x, zero, "is0")?;
+        let then = self.ctx.append_basic_block(self.func, name);
+        let done = self.ctx.append_basic_block(self.func, &format!("{name}_done"));
+        self.b.build_conditional_branch(first, then, done)?;
+        self.b.position_at_end(then);
+        body(self)?;
+        self.b.build_unconditional_branch(done)?;
+        self.b.position_at_end(done);
         Ok(())
     }
 

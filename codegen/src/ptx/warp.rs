@@ -186,21 +186,10 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
 
     /// Emits the eligible statements `stmts` of a row, split over the threads of `coop`.
     pub(super) fn cooperative_row(&mut self, stmts: &[&Stmt], coop: &Coop<'ctx>) -> R<()> {
-        let i64t = self.ctx.i64_type();
         for s in stmts {
             match s {
                 Stmt::Let { .. } | Stmt::Acc { .. } => self.stmt(s)?,
-                Stmt::Store { .. } => {
-                    let zero = i64t.const_zero();
-                    let first = self.b.build_int_compare(IntPredicate::EQ, coop.index, zero, "leader")?;
-                    let then = self.ctx.append_basic_block(self.func, "leader_store");
-                    let done = self.ctx.append_basic_block(self.func, "leader_done");
-                    self.b.build_conditional_branch(first, then, done)?;
-                    self.b.position_at_end(then);
-                    self.stmt(s)?;
-                    self.b.build_unconditional_branch(done)?;
-                    self.b.position_at_end(done);
-                }
+                Stmt::Store { .. } => self.when_zero(coop.index, "leader_store", |e| e.stmt(s))?,
                 Stmt::For { kind, .. } => {
                     let (nest, body) =
                         if *kind == LoopKind::Reduction { reduction_nest(s) } else { super::emit::flatten(s) };
@@ -260,20 +249,15 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
     ) -> R<BasicValueEnum<'ctx>> {
         let i64t = self.ctx.i64_type();
         let ty = self.reg_type(d);
-        let zero = i64t.const_zero();
         let slot_of = |e: &mut Self, i: IntValue<'ctx>| -> R<PointerValue<'ctx>> {
             // SAFETY: `i` is below 32, the slots' count (a warp index or a lane).
             Ok(unsafe { e.b.build_in_bounds_gep(i64t, block.shared, &[i], "slot")? })
         };
-        let first = self.b.build_int_compare(IntPredicate::EQ, block.lane, zero, "lane0")?;
-        let then = self.ctx.append_basic_block(self.func, "publish");
-        let done = self.ctx.append_basic_block(self.func, "published");
-        self.b.build_conditional_branch(first, then, done)?;
-        self.b.position_at_end(then);
-        let p = slot_of(self, block.warp)?;
-        self.b.build_store(p, warp_value)?;
-        self.b.build_unconditional_branch(done)?;
-        self.b.position_at_end(done);
+        self.when_zero(block.lane, "publish", |e| {
+            let p = slot_of(e, block.warp)?;
+            e.b.build_store(p, warp_value)?;
+            Ok(())
+        })?;
         self.barrier()?;
         // Every warp combines the published values the same way, so every thread ends with the same bits.
         let present = self.b.build_int_compare(IntPredicate::ULT, block.lane, block.warps, "present")?;
