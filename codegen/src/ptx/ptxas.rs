@@ -28,7 +28,11 @@ pub fn find() -> Option<PathBuf> {
 pub fn assemble(ptxas: &Path, ptx: &str, arch: PtxArch, name: &str) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!("kiln-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let stem: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    // A fresh name per call: concurrent calls (tests run in parallel) never share a file.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut stem: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    stem.push_str(&format!("_{call}"));
     let input = dir.join(format!("{stem}.{}.ptx", arch.name()));
     let output = dir.join(format!("{stem}.{}.cubin", arch.name()));
     std::fs::write(&input, ptx).map_err(|e| format!("{}: {e}", input.display()))?;
