@@ -1,6 +1,6 @@
 //! Transcendental functions and 16-bit float conversions as plain LLVM IR, for a target without libdevice.
 //!
-//! `exp`, `log`, `tanh` and `erf` on f32 evaluate the polynomials of [`crate::approx`] — the ones the CPU
+//! `exp`, `log`, `tanh` and `erf` on f32 (and `pow`, through them) evaluate the polynomials of [`crate::approx`] — the ones the CPU
 //! emitter's vector loops use — on the whole f32 range: where the CPU's vector form falls back to the exact
 //! scalar function (NaN, infinities, subnormal or overflowing results, subnormal `log` arguments), these
 //! handle the case inline: arguments are clamped before range reduction (so no float→int conversion ever sees
@@ -113,6 +113,53 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let v = self.fmul(p, s1)?;
         let v = self.fmul(v, s2)?;
         self.fsel(nan, x, v)
+    }
+
+    /// `x^y` on f32 with C's `powf` special cases, as `e^(y ln|x|)` with the sign of an odd integer power of a
+    /// negative base (relative error below 3e-5).
+    pub(super) fn pow_f32(&mut self, x: FloatValue<'ctx>, y: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let (zero, one) = (self.f(0.0), self.f(1.0));
+        let ax = self.fintrinsic("fabs", x)?;
+        let l = self.log_f32(ax)?;
+        let t = self.fmul(y, l)?;
+        let r = self.exp_f32(t)?;
+        // y an integer (infinities count as even ones), and odd: |y| < 2^24 and its lowest bit set.
+        let fy = self.fintrinsic("floor", y)?;
+        let integer = self.fcmp_f(FloatPredicate::OEQ, fy, y)?;
+        let ay = self.fintrinsic("fabs", y)?;
+        let small = self.fcmp_f(FloatPredicate::OLT, ay, self.f(16_777_216.0))?;
+        let yc = self.fsel(small, y, zero)?;
+        let yi = self.b.build_float_to_signed_int(yc, self.ctx.i32_type(), "yi")?;
+        let low = self.b.build_and(yi, self.i32c(1), "low")?;
+        let low = self.icmp(IntPredicate::NE, low, self.i32c(0))?;
+        let odd = self.b.build_and(integer, low, "odd")?;
+        let odd = self.b.build_and(odd, small, "odd")?;
+        // A negative base (or -0): an odd power keeps its sign, a non-integer one is NaN.
+        let xbits = self.b.build_bit_cast(x, self.ctx.i32_type(), "xbits")?.into_int_value();
+        let negative = self.icmp(IntPredicate::SLT, xbits, self.i32c(0))?;
+        let nr = self.b.build_float_neg(r, "nr")?;
+        let flip = self.b.build_and(negative, odd, "flip")?;
+        let r = self.fsel(flip, nr, r)?;
+        let x_finite_neg = self.fcmp_f(FloatPredicate::OLT, x, zero)?;
+        let inf = self.f(f32::INFINITY);
+        let x_inf = self.fcmp_f(FloatPredicate::OEQ, ax, inf)?;
+        let x_not_inf = self.b.build_not(x_inf, "x_not_inf")?;
+        let x_finite_neg = self.b.build_and(x_finite_neg, x_not_inf, "x_finite_neg")?;
+        let not_integer = self.b.build_not(integer, "not_integer")?;
+        let y_finite = self.fcmp_f(FloatPredicate::OLT, ay, inf)?;
+        let bad = self.b.build_and(x_finite_neg, not_integer, "bad")?;
+        let bad = self.b.build_and(bad, y_finite, "bad")?;
+        let nan = self.f(f32::NAN);
+        let r = self.fsel(bad, nan, r)?;
+        // |x| = 1 with y = ±inf is 1 (0 · inf would be NaN); y = ±0 and x = 1 give 1 whatever the other is.
+        let unit = self.fcmp_f(FloatPredicate::OEQ, ax, one)?;
+        let y_inf = self.fcmp_f(FloatPredicate::OEQ, ay, inf)?;
+        let unit_inf = self.b.build_and(unit, y_inf, "unit_inf")?;
+        let r = self.fsel(unit_inf, one, r)?;
+        let y0 = self.fcmp_f(FloatPredicate::OEQ, y, zero)?;
+        let x1 = self.fcmp_f(FloatPredicate::OEQ, x, one)?;
+        let one_result = self.b.build_or(y0, x1, "one_result")?;
+        self.fsel(one_result, one, r)
     }
 
     /// `2^n` for `n` in [-126, 127], from its exponent bits.
