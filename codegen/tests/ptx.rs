@@ -267,7 +267,10 @@ fn half_floats_and_f64_on_edge_values() {
     for dt in ["f16", "bf16"] {
         check_graph(&format!("{dt} elementwise"), &op_graph(dt, &ops), ODD_SIZES);
     }
-    let ops = ["add y", "mul y", "div y", "max y", "min y", "round", "floor", "sqrt", "abs", "lt y", "relu", "sign"];
+    let ops = [
+        "add y", "mul y", "div y", "max y", "min y", "round", "floor", "sqrt", "abs", "lt y", "relu", "sign", "exp",
+        "log", "tanh", "sigmoid",
+    ];
     check_graph("f64 elementwise", &op_graph("f64", &ops), ODD_SIZES);
 }
 
@@ -342,7 +345,7 @@ fn reductions_on_edge_values() {
 fn unsupported_constructs_are_errors_naming_kernel_and_construct() {
     let cases = [
         ("f32", "sin", "`sin` on f32"),
-        ("f64", "exp", "`exp` on f64"),
+        ("f64", "erf", "`erf` on f64"),
         ("f64", "pow y", "`pow` on f64"),
         ("f32", "mod y", "`mod` on f32"),
         ("i32", "pow d", "`pow` on i32"),
@@ -461,4 +464,66 @@ fn pow_follows_powf_on_its_special_cases() {
         }
     })
     .unwrap();
+}
+
+#[test]
+fn f64_math_is_accurate_to_a_few_ulps() {
+    let ops = ["exp", "log", "tanh", "sigmoid"];
+    let g = kiln_ir::parse(&op_graph("f64", &ops)).unwrap();
+    let k = lower_whole(&g, "f64_math").unwrap();
+    // A sweep over [-700, 700] (exp and sigmoid results normal), denser near 0.
+    let xs: Vec<f64> = (0..4001)
+        .map(|i| {
+            let t = (i as f64 - 2000.0) / 2000.0;
+            700.0 * t * t * t
+        })
+        .chain([1.0 + 1e-12, 1.0 - 1e-12, 1e-300, 4.9e-324, 0.09999, 0.10001])
+        .collect();
+    let n = xs.len();
+    let args: Vec<Tensor> = k
+        .launch_args()
+        .map(|(_, a)| match a.role {
+            ArgRole::Input => {
+                Tensor::new(vec![n], kiln_ir::tensor::Data::from_f64_iter(a.dtype, xs.iter().copied())).unwrap()
+            }
+            _ => Tensor::zeros(a.dtype, vec![n]),
+        })
+        .collect();
+    let outputs: Vec<String> =
+        k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).map(|(_, a)| a.name.clone()).collect();
+    emulate::with_emulated(std::slice::from_ref(&k), 64, |m| {
+        let mut bufs = Buffers::new(&k, &args);
+        let ptrs = bufs.pointers();
+        // SAFETY: one buffer per launch argument, each of its full size; one value per symbol.
+        unsafe { m.launch(0, &ptrs, &[n as i64], emulate::Grid { blocks: 4, threads: 64 }) };
+        let got = bufs.tensors(&args);
+        for ((_, a), t) in k.launch_args().zip(&got) {
+            if a.role != ArgRole::Output {
+                continue;
+            }
+            let op = ops.iter().find(|op| a.name.starts_with(**op)).unwrap();
+            let mut worst = 0.0f64;
+            for (&x, g) in xs.iter().zip(t.to_f64_vec()) {
+                let want = match *op {
+                    "exp" => x.exp(),
+                    "log" => x.ln(),
+                    "tanh" => x.tanh(),
+                    _ => 1.0 / (1.0 + (-x).exp()),
+                };
+                if want.is_nan() {
+                    assert!(g.is_nan(), "{op}({x}) is {g}, not NaN");
+                    continue;
+                }
+                if want == 0.0 || want.is_infinite() || want.abs() < f64::MIN_POSITIVE {
+                    assert!((g - want).abs() < 1e-300 || g == want, "{op}({x}) is {g}, want {want}");
+                    continue;
+                }
+                worst = worst.max(((g - want) / want).abs());
+            }
+            eprintln!("f64 {op}: largest relative error {worst:.2e}");
+            assert!(worst < 1e-14, "{op}: relative error {worst:e}");
+        }
+    })
+    .unwrap();
+    assert_eq!(outputs.len(), ops.len());
 }

@@ -426,4 +426,146 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let bits = self.isel(inexact, odd, bits)?;
         Ok(self.b.build_bit_cast(bits, self.ctx.f32_type(), "f")?.into_float_value())
     }
+
+    /// `p(x)` by Horner's rule with fused steps on f64, coefficients highest degree first.
+    fn horner_f64(&mut self, x: FloatValue<'ctx>, coeffs: &[f64]) -> R<FloatValue<'ctx>> {
+        let f64t = self.ctx.f64_type();
+        let mut acc = f64t.const_float(coeffs[0]);
+        for &c in &coeffs[1..] {
+            let c = f64t.const_float(c);
+            acc = self.call("llvm.fma.f64", &[acc.into(), x.into(), c.into()], f64t.into())?.into_float_value();
+        }
+        Ok(acc)
+    }
+
+    /// `2^n` on f64 for `n` (i64) in [-1022, 1023], from its exponent bits.
+    fn pow2_f64(&mut self, n: IntValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let e = self.b.build_int_add(n, i64t.const_int(1023, false), "e")?;
+        let e = self.b.build_left_shift(e, i64t.const_int(52, false), "e")?;
+        Ok(self.b.build_bit_cast(e, self.ctx.f64_type(), "p2")?.into_float_value())
+    }
+
+    /// `e^x` on f64: Cody–Waite reduction by ln 2 (fdlibm's split), then the Taylor polynomial of degree 13 on
+    /// `|r| <= ln2/2` (truncation below 1e-17 relative), scaled by `2^n` in two normal factors.
+    pub(super) fn exp_f64(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let c = |e: &Self, v: f64| e.ctx.f64_type().const_float(v);
+        let nan = self.fcmp_f(FloatPredicate::UNO, x, x)?;
+        let (lo, hi) = (c(self, -746.0), c(self, 710.0));
+        let below = self.fcmp_f(FloatPredicate::OLT, x, lo)?;
+        let xc = self.fsel(below, lo, x)?;
+        let above = self.fcmp_f(FloatPredicate::OGT, xc, hi)?;
+        let xc = self.fsel(above, hi, xc)?;
+        let xc = self.fsel(nan, c(self, 0.0), xc)?;
+        let t = self.fmul(xc, c(self, std::f64::consts::LOG2_E))?;
+        let n = self.fintrinsic("roundeven", t)?;
+        let a = self.fmul(n, c(self, 6.931_471_803_691_238_164_9e-1))?;
+        let r = self.fsub(xc, a)?;
+        let a = self.fmul(n, c(self, 1.908_214_929_270_587_700_02e-10))?;
+        let r = self.fsub(r, a)?;
+        let mut coeffs = [0.0f64; 14];
+        let mut factorial = 1.0f64;
+        for k in 0..14 {
+            if k > 0 {
+                factorial *= k as f64;
+            }
+            coeffs[13 - k] = 1.0 / factorial;
+        }
+        let p = self.horner_f64(r, &coeffs)?;
+        // n is in [-1077, 1025] after the clamp: two factors of at most 2^±539.
+        let i64t = self.ctx.i64_type();
+        let ni = self.b.build_float_to_signed_int(n, i64t, "ni")?;
+        let n1 = self.b.build_right_shift(ni, i64t.const_int(1, false), true, "n1")?;
+        let n2 = self.b.build_int_sub(ni, n1, "n2")?;
+        let s1 = self.pow2_f64(n1)?;
+        let s2 = self.pow2_f64(n2)?;
+        let v = self.fmul(p, s1)?;
+        let v = self.fmul(v, s2)?;
+        self.fsel(nan, x, v)
+    }
+
+    /// `ln x` on f64: `x = m 2^e` with `m` in [sqrt(1/2), sqrt(2)), `ln m = 2 atanh(s)`, `s = (m-1)/(m+1)`, by
+    /// its series to `s^23` (`|s| < 0.172`: truncation below 1e-17 relative).
+    pub(super) fn log_f64(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let c = |e: &Self, v: f64| e.ctx.f64_type().const_float(v);
+        let i64t = self.ctx.i64_type();
+        let ic = |v: u64| i64t.const_int(v, false);
+        let zero = c(self, 0.0);
+        let sub = self.fcmp_f(FloatPredicate::OLT, x, c(self, f64::MIN_POSITIVE))?;
+        let scaled = self.fmul(x, c(self, 18_014_398_509_481_984.0))?; // 2^54
+        let xs = self.fsel(sub, scaled, x)?;
+        let eadj = self.fsel(sub, c(self, 54.0), zero)?;
+        let bits = self.b.build_bit_cast(xs, i64t, "bits")?.into_int_value();
+        let e = self.b.build_right_shift(bits, ic(52), false, "e")?;
+        let e = self.b.build_int_sub(e, ic(1022), "e")?;
+        let m = self.b.build_and(bits, ic(0x800F_FFFF_FFFF_FFFF), "m")?;
+        let m = self.b.build_or(m, ic(0x3FE0_0000_0000_0000), "m")?;
+        let m = self.b.build_bit_cast(m, self.ctx.f64_type(), "m")?.into_float_value();
+        let ef = self.b.build_signed_int_to_float(e, self.ctx.f64_type(), "ef")?;
+        let ef = self.fsub(ef, eadj)?;
+        let below = self.fcmp_f(FloatPredicate::OLT, m, c(self, std::f64::consts::FRAC_1_SQRT_2))?;
+        let m2 = self.fadd(m, m)?;
+        let m = self.fsel(below, m2, m)?;
+        let one = c(self, 1.0);
+        let dec = self.fsel(below, one, zero)?;
+        let ef = self.fsub(ef, dec)?;
+        let num = self.fsub(m, one)?;
+        let den = self.fadd(m, one)?;
+        let s_ = self.b.build_float_div(num, den, "s")?;
+        let z = self.fmul(s_, s_)?;
+        let coeffs: Vec<f64> = (0..12).rev().map(|k| 2.0 / (2 * k + 1) as f64).collect();
+        let p = self.horner_f64(z, &coeffs)?;
+        let lm = self.fmul(p, s_)?;
+        let t = self.fmul(ef, c(self, 1.908_214_929_270_587_700_02e-10))?;
+        let y = self.fadd(lm, t)?;
+        let t = self.fmul(ef, c(self, 6.931_471_803_691_238_164_9e-1))?;
+        let y = self.fadd(y, t)?;
+        let is0 = self.fcmp_f(FloatPredicate::OEQ, x, zero)?;
+        let y = self.fsel(is0, c(self, f64::NEG_INFINITY), y)?;
+        let inf = c(self, f64::INFINITY);
+        let is_inf = self.fcmp_f(FloatPredicate::OEQ, x, inf)?;
+        let y = self.fsel(is_inf, inf, y)?;
+        let neg = self.fcmp_f(FloatPredicate::OLT, x, zero)?;
+        let y = self.fsel(neg, c(self, f64::NAN), y)?;
+        let is_nan = self.fcmp_f(FloatPredicate::UNO, x, x)?;
+        self.fsel(is_nan, x, y)
+    }
+
+    /// `tanh x` on f64: its odd series to `x^15` below 0.1 in magnitude, `1 - 2/(e^2|x| + 1)` above, ±1 beyond
+    /// 20.
+    pub(super) fn tanh_f64(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let c = |e: &Self, v: f64| e.ctx.f64_type().const_float(v);
+        let ax = self.fintrinsic("fabs", x)?;
+        let z = self.fmul(x, x)?;
+        // Coefficients 2^2n (2^2n - 1) B_2n / (2n)!, highest degree first.
+        let series = [
+            -929_569.0 / 638_512_875.0,
+            21_844.0 / 6_081_075.0,
+            -1_382.0 / 155_925.0,
+            62.0 / 2_835.0,
+            -17.0 / 315.0,
+            2.0 / 15.0,
+            -1.0 / 3.0,
+            0.0,
+        ];
+        let p = self.horner_f64(z, &series)?;
+        let p = self.fmul(p, x)?;
+        let small = self.fadd(p, x)?;
+        let sat = c(self, 20.0);
+        let saturated = self.fcmp_f(FloatPredicate::OGT, ax, sat)?;
+        let xc = self.fsel(saturated, sat, ax)?;
+        let two_x = self.fadd(xc, xc)?;
+        let e = self.exp_f64(two_x)?;
+        let (one, two) = (c(self, 1.0), c(self, 2.0));
+        let d = self.fadd(e, one)?;
+        let q = self.b.build_float_div(two, d, "q")?;
+        let big = self.fsub(one, q)?;
+        let big = self.fsel(saturated, one, big)?;
+        let zero = c(self, 0.0);
+        let negative = self.fcmp_f(FloatPredicate::OLT, x, zero)?;
+        let nbig = self.b.build_float_neg(big, "nbig")?;
+        let big = self.fsel(negative, nbig, big)?;
+        let is_small = self.fcmp_f(FloatPredicate::OLT, ax, c(self, 0.1))?;
+        self.fsel(is_small, small, big)
+    }
 }

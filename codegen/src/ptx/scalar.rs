@@ -176,13 +176,16 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 UnaryOp::Floor => self.fintrinsic("floor", x)?,
                 UnaryOp::Ceil => self.fintrinsic("ceil", x)?,
                 UnaryOp::Round => self.fintrinsic("roundeven", x)?,
-                UnaryOp::Exp if !f64_ => self.exp_f32(x)?,
-                UnaryOp::Log if !f64_ => self.log_f32(x)?,
-                UnaryOp::Tanh if !f64_ => self.tanh_f32(x)?,
+                UnaryOp::Exp if f64_ => self.exp_f64(x)?,
+                UnaryOp::Log if f64_ => self.log_f64(x)?,
+                UnaryOp::Tanh if f64_ => self.tanh_f64(x)?,
+                UnaryOp::Exp => self.exp_f32(x)?,
+                UnaryOp::Log => self.log_f32(x)?,
+                UnaryOp::Tanh => self.tanh_f32(x)?,
                 UnaryOp::Erf if !f64_ => self.erf_f32(x)?,
-                UnaryOp::Sigmoid if !f64_ => {
+                UnaryOp::Sigmoid => {
                     let n = self.b.build_float_neg(x, "negx")?;
-                    let e = self.exp_f32(n)?;
+                    let e = if f64_ { self.exp_f64(n)? } else { self.exp_f32(n)? };
                     let one = self.fconst(x, 1.0);
                     let den = self.b.build_float_add(one, e, "den")?;
                     self.b.build_float_div(one, den, "sigmoid")?
