@@ -19,6 +19,14 @@ use crate::approx::{
     ERF_P, ERF_Q, ERF_SATURATE, ERF_T, EXP_P, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
 };
 
+/// fdlibm's split of ln 2 for f64: the high part has 32 significant bits (so `n * LN2_HI_F64` is exact for the
+/// `n` of any finite result), the low part carries the rest. Written as published.
+#[allow(clippy::excessive_precision)]
+const LN2_HI_F64: f64 = 6.931_471_803_691_238_164_9e-1;
+/// See [`LN2_HI_F64`].
+#[allow(clippy::excessive_precision)]
+const LN2_LO_F64: f64 = 1.908_214_929_270_587_700_02e-10;
+
 /// Arguments of `exp` are clamped to this range: below it the result is 0, above it infinity.
 const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
 
@@ -459,9 +467,9 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let xc = self.fsel(nan, c(self, 0.0), xc)?;
         let t = self.fmul(xc, c(self, std::f64::consts::LOG2_E))?;
         let n = self.fintrinsic("roundeven", t)?;
-        let a = self.fmul(n, c(self, 6.931_471_803_691_238_164_9e-1))?;
+        let a = self.fmul(n, c(self, LN2_HI_F64))?;
         let r = self.fsub(xc, a)?;
-        let a = self.fmul(n, c(self, 1.908_214_929_270_587_700_02e-10))?;
+        let a = self.fmul(n, c(self, LN2_LO_F64))?;
         let r = self.fsub(r, a)?;
         let mut coeffs = [0.0f64; 14];
         let mut factorial = 1.0f64;
@@ -516,9 +524,9 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let coeffs: Vec<f64> = (0..12).rev().map(|k| 2.0 / (2 * k + 1) as f64).collect();
         let p = self.horner_f64(z, &coeffs)?;
         let lm = self.fmul(p, s_)?;
-        let t = self.fmul(ef, c(self, 1.908_214_929_270_587_700_02e-10))?;
+        let t = self.fmul(ef, c(self, LN2_LO_F64))?;
         let y = self.fadd(lm, t)?;
-        let t = self.fmul(ef, c(self, 6.931_471_803_691_238_164_9e-1))?;
+        let t = self.fmul(ef, c(self, LN2_HI_F64))?;
         let y = self.fadd(y, t)?;
         let is0 = self.fcmp_f(FloatPredicate::OEQ, x, zero)?;
         let y = self.fsel(is0, c(self, f64::NEG_INFINITY), y)?;
