@@ -433,7 +433,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
     }
 
     /// An alloca in the entry block (so LLVM promotes it to registers), whatever the current position.
-    fn entry_alloca(&mut self, ty: BasicTypeEnum<'ctx>, name: &str) -> R<PointerValue<'ctx>> {
+    pub(super) fn entry_alloca(&mut self, ty: BasicTypeEnum<'ctx>, name: &str) -> R<PointerValue<'ctx>> {
         let here = self.b.get_insert_block().expect("positioned");
         match self.entry_block.get_first_instruction() {
             Some(i) => self.b.position_before(&i),

@@ -26,8 +26,8 @@
 //! of `codegen::approx` (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
 //! results and arguments) by `math`, which also builds `pow` from them (with C's `powf` special cases); on f64,
 //! `exp`, `log`, `tanh` and `sigmoid` use series accurate to a few ulps. What is not implemented yet — `erf` and
-//! `pow` on f64, the trigonometric and hyperbolic families, float `mod`/`rem`, integer `pow` — is a
-//! [`PtxError::Unsupported`] naming the kernel and the construct.
+//! `pow` on f64, the trigonometric and hyperbolic families, float `mod`/`rem` — is a [`PtxError::Unsupported`]
+//! naming the kernel and the construct.
 //!
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads

@@ -319,6 +319,20 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 let c = self.b.build_int_compare(p, a, b, "c")?;
                 self.b.build_select(c, a, b, "minmax")?.into_int_value()
             }
+            BinaryOp::Pow => {
+                // The CPU runtime's `ipow` on the widened values, truncated back (wrapping commutes with it).
+                let i64t = self.ctx.i64_type();
+                let wide = |e: &mut Self, v: IntValue<'ctx>| -> R<IntValue<'ctx>> {
+                    Ok(match (bits == 64, unsigned) {
+                        (true, _) => v,
+                        (false, true) => e.b.build_int_z_extend(v, i64t, "w")?,
+                        (false, false) => e.b.build_int_s_extend(v, i64t, "w")?,
+                    })
+                };
+                let (x, y) = (wide(self, a)?, wide(self, b)?);
+                let p = self.ipow(x, y)?;
+                if bits == 64 { p } else { self.b.build_int_truncate(p, ty, "pow")? }
+            }
             BinaryOp::BitAnd => self.b.build_and(a, b, "band")?,
             BinaryOp::BitOr => self.b.build_or(a, b, "bor")?,
             BinaryOp::BitXor => self.b.build_xor(a, b, "bxor")?,
@@ -343,6 +357,32 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
             _ => return Err(not_defined(self)),
         };
         Ok((v.into(), d))
+    }
+
+    /// Wrapping `x^e` on i64 by repeated squaring over all 64 bits of `e`; a negative exponent gives 0.
+    fn ipow(&mut self, x: IntValue<'ctx>, e: IntValue<'ctx>) -> R<IntValue<'ctx>> {
+        let i64t = self.ctx.i64_type();
+        let acc = self.entry_alloca(i64t.into(), "ipow_acc")?;
+        let base = self.entry_alloca(i64t.into(), "ipow_base")?;
+        self.b.build_store(acc, i64t.const_int(1, false))?;
+        self.b.build_store(base, x)?;
+        let (zero, one) = (i64t.const_zero(), i64t.const_int(1, false));
+        self.counted_loop(zero, i64t.const_int(64, false), one, "ipow", |em, k| {
+            let bit = em.b.build_right_shift(e, k, false, "bit")?;
+            let bit = em.b.build_and(bit, one, "bit")?;
+            let set = em.b.build_int_compare(IntPredicate::NE, bit, zero, "set")?;
+            let a = em.b.build_load(i64t, acc, "acc")?.into_int_value();
+            let b = em.b.build_load(i64t, base, "base")?.into_int_value();
+            let m = em.b.build_int_mul(a, b, "m")?;
+            let a = em.b.build_select(set, m, a, "acc")?;
+            em.b.build_store(acc, a)?;
+            let sq = em.b.build_int_mul(b, b, "sq")?;
+            em.b.build_store(base, sq)?;
+            Ok(())
+        })?;
+        let r = self.b.build_load(i64t, acc, "ipow")?.into_int_value();
+        let negative = self.b.build_int_compare(IntPredicate::SLT, e, zero, "neg_exp")?;
+        Ok(self.b.build_select(negative, zero, r, "ipow")?.into_int_value())
     }
 
     /// IEEE 754-2019 `maximum`/`minimum`: NaN if either is NaN, and -0 below +0.
