@@ -269,7 +269,7 @@ fn half_floats_and_f64_on_edge_values() {
     }
     let ops = [
         "add y", "mul y", "div y", "max y", "min y", "round", "floor", "sqrt", "abs", "lt y", "relu", "sign", "exp",
-        "log", "tanh", "sigmoid",
+        "log", "tanh", "sigmoid", "pow y",
     ];
     check_graph("f64 elementwise", &op_graph("f64", &ops), ODD_SIZES);
 }
@@ -347,7 +347,6 @@ fn unsupported_constructs_are_errors_naming_kernel_and_construct() {
     let cases = [
         ("f32", "sin", "`sin` on f32"),
         ("f64", "erf", "`erf` on f64"),
-        ("f64", "pow y", "`pow` on f64"),
         ("f32", "mod y", "`mod` on f32"),
         ("f32", "rem y", "`rem` on f32"),
     ];
@@ -429,7 +428,7 @@ fn whole_tensor_reductions_run_on_a_block_and_match_on_edge_values() {
 }
 
 #[test]
-fn pow_follows_powf_on_its_special_cases() {
+fn pow_follows_c_pow_on_its_special_cases() {
     let (inf, nan) = (f64::INFINITY, f64::NAN);
     let bases = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, inf, -inf, nan, 3.0, -3.0, 1e-30, 10.0];
     let exponents = [0.0, -0.0, 1.0, -1.0, 2.0, 3.0, -3.0, 0.5, -0.5, inf, -inf, nan, 2.5, 7.0, 1e30, -1e30, 30.0];
@@ -442,29 +441,29 @@ fn pow_follows_powf_on_its_special_cases() {
         }
     }
     let n = xs.len();
-    let g = kiln_ir::parse(&op_graph("f32", &["pow y"])).unwrap();
-    let k = lower_whole(&g, "pow").unwrap();
-    let t = |v: &[f64]| {
-        Tensor::new(vec![n], kiln_ir::tensor::Data::from_f64_iter(kiln_ir::DType::F32, v.iter().copied())).unwrap()
-    };
-    let args = vec![t(&xs), t(&ys), Tensor::zeros(kiln_ir::DType::F32, vec![n])];
-    let symbols = [n as i64];
-    let mut want = args.clone();
-    kernel::eval(&k, &mut want, &symbols).unwrap();
-    emulate::with_emulated(std::slice::from_ref(&k), 64, |m| {
-        compare_emulated(m, 0, &k, &args, &want, &symbols, "pow specials");
-        let mut bufs = Buffers::new(&k, &args);
-        let ptrs = bufs.pointers();
-        // SAFETY: one buffer per launch argument, each of its full size; one value per symbol.
-        unsafe { m.launch(0, &ptrs, &symbols, emulate::Grid { blocks: 1, threads: 64 }) };
-        let got = bufs.tensors(&args)[2].to_f64_vec();
-        for (i, (g, w)) in got.iter().zip(want[2].to_f64_vec()).enumerate() {
-            if w == 0.0 || w.is_infinite() {
-                assert_eq!(g.to_bits(), w.to_bits(), "pow({}, {}) is {g}, powf gives {w}", xs[i], ys[i]);
+    for dt in [kiln_ir::DType::F32, kiln_ir::DType::F64] {
+        let g = kiln_ir::parse(&op_graph(dt.name(), &["pow y"])).unwrap();
+        let k = lower_whole(&g, "pow").unwrap();
+        let t = |v: &[f64]| Tensor::new(vec![n], kiln_ir::tensor::Data::from_f64_iter(dt, v.iter().copied())).unwrap();
+        let args = vec![t(&xs), t(&ys), Tensor::zeros(dt, vec![n])];
+        let symbols = [n as i64];
+        let mut want = args.clone();
+        kernel::eval(&k, &mut want, &symbols).unwrap();
+        emulate::with_emulated(std::slice::from_ref(&k), 64, |m| {
+            compare_emulated(m, 0, &k, &args, &want, &symbols, &format!("{dt} pow specials"));
+            let mut bufs = Buffers::new(&k, &args);
+            let ptrs = bufs.pointers();
+            // SAFETY: one buffer per launch argument, each of its full size; one value per symbol.
+            unsafe { m.launch(0, &ptrs, &symbols, emulate::Grid { blocks: 1, threads: 64 }) };
+            let got = bufs.tensors(&args)[2].to_f64_vec();
+            for (i, (g, w)) in got.iter().zip(want[2].to_f64_vec()).enumerate() {
+                if w == 0.0 || w.is_infinite() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{dt} pow({}, {}) is {g}, pow gives {w}", xs[i], ys[i]);
+                }
             }
-        }
-    })
-    .unwrap();
+        })
+        .unwrap();
+    }
 }
 
 #[test]

@@ -254,7 +254,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 BinaryOp::Sub => self.b.build_float_sub(a, b, "sub")?,
                 BinaryOp::Mul => self.b.build_float_mul(a, b, "mul")?,
                 BinaryOp::Div => self.b.build_float_div(a, b, "div")?,
-                BinaryOp::Pow if d != DType::F64 => self.pow_f32(a, b)?,
+                BinaryOp::Pow => self.pow(a, b)?,
                 BinaryOp::Max => self.float_max_min(a, b, true)?,
                 BinaryOp::Min => self.float_max_min(a, b, false)?,
                 _ => return Err(not_defined(self)),
