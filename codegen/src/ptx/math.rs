@@ -579,4 +579,51 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let is_small = self.fcmp_f(FloatPredicate::OLT, ax, c(self, 0.1))?;
         self.fsel(is_small, small, big)
     }
+
+    /// `erf x` on f64: its Taylor series to `x^61` below 2 in magnitude (relative error below 1e-15), above
+    /// `1 - erfc(x)` with `erfc` from its continued fraction `e^-x² / √π / (x + (1/2)/(x + 1/(x + (3/2)/…)))` to
+    /// depth 60 (relative error of `erfc` below 4e-15), ±1 beyond 6.
+    pub(super) fn erf_f64(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let c = |e: &Self, v: f64| e.ctx.f64_type().const_float(v);
+        let two_over_sqrt_pi = std::f64::consts::FRAC_2_SQRT_PI;
+        // Coefficients 2/√π (-1)^n / (n! (2n+1)), highest degree first.
+        let mut factorial = 1.0f64;
+        let mut coeffs: Vec<f64> = (0..=30)
+            .map(|n: i32| {
+                if n > 0 {
+                    factorial *= f64::from(n);
+                }
+                let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
+                two_over_sqrt_pi * sign / (factorial * f64::from(2 * n + 1))
+            })
+            .collect();
+        coeffs.reverse();
+        let z = self.fmul(x, x)?;
+        let p = self.horner_f64(z, &coeffs)?;
+        let small = self.fmul(p, x)?;
+        let ax = self.fintrinsic("fabs", x)?;
+        let (lo, hi) = (c(self, 2.0), c(self, 6.0));
+        let below = self.fcmp_f(FloatPredicate::OLT, ax, lo)?;
+        let xc = self.fsel(below, lo, ax)?;
+        let saturated = self.fcmp_f(FloatPredicate::OGT, xc, hi)?;
+        let xc = self.fsel(saturated, hi, xc)?;
+        let mut t = xc;
+        for k in (1..=60).rev() {
+            let q = self.b.build_float_div(c(self, f64::from(k) / 2.0), t, "q")?;
+            t = self.fadd(xc, q)?;
+        }
+        let x2 = self.fmul(xc, xc)?;
+        let nx2 = self.b.build_float_neg(x2, "nx2")?;
+        let e = self.exp_f64(nx2)?;
+        let e = self.fmul(e, c(self, 1.0 / std::f64::consts::PI.sqrt()))?;
+        let erfc = self.b.build_float_div(e, t, "erfc")?;
+        let one = c(self, 1.0);
+        let big = self.fsub(one, erfc)?;
+        let big = self.fsel(saturated, one, big)?;
+        let zero = c(self, 0.0);
+        let negative = self.fcmp_f(FloatPredicate::OLT, x, zero)?;
+        let nbig = self.b.build_float_neg(big, "nbig")?;
+        let big = self.fsel(negative, nbig, big)?;
+        self.fsel(below, small, big)
+    }
 }

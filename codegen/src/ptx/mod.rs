@@ -24,10 +24,10 @@
 //! integer bit arithmetic, so no libcall and no hardware conversion is needed). No fast-math flag is ever set.
 //! There is no libdevice: `exp`, `log`, `tanh`, `sigmoid` and `erf` on f32 are the polynomial approximations
 //! of `codegen::approx` (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
-//! results and arguments) by `math`; on f64, `exp`, `log`, `tanh` and `sigmoid` use series accurate to a few
-//! ulps; `pow` is built from `exp` and `log` with C's `pow` special cases. What is not implemented yet — `erf` on
-//! f64, the trigonometric and hyperbolic families, float `mod`/`rem` — is a [`PtxError::Unsupported`] naming the
-//! kernel and the construct.
+//! results and arguments) by `math`; on f64, `exp`, `log`, `tanh`, `sigmoid` and `erf` use series (and a
+//! continued fraction) accurate to a few ulps; `pow` is built from `exp` and `log` with C's `pow` special cases.
+//! What is not implemented yet — the trigonometric and hyperbolic families (but `tanh`), float `mod`/`rem` — is a
+//! [`PtxError::Unsupported`] naming the kernel and the construct.
 //!
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads

@@ -182,7 +182,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 UnaryOp::Exp => self.exp_f32(x)?,
                 UnaryOp::Log => self.log_f32(x)?,
                 UnaryOp::Tanh => self.tanh_f32(x)?,
-                UnaryOp::Erf if !f64_ => self.erf_f32(x)?,
+                UnaryOp::Erf if f64_ => self.erf_f64(x)?,
+                UnaryOp::Erf => self.erf_f32(x)?,
                 UnaryOp::Sigmoid => {
                     let n = self.b.build_float_neg(x, "negx")?;
                     let e = if f64_ { self.exp_f64(n)? } else { self.exp_f32(n)? };
