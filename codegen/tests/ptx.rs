@@ -256,6 +256,11 @@ fn f32_elementwise_kinds_and_math_on_edge_values() {
         "eq y",
         "pow y",
         "pow d",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
     ];
     check_graph("f32 elementwise", &op_graph("f32", &ops), ODD_SIZES);
 }
@@ -269,7 +274,7 @@ fn half_floats_and_f64_on_edge_values() {
     }
     let ops = [
         "add y", "mul y", "div y", "max y", "min y", "round", "floor", "sqrt", "abs", "lt y", "relu", "sign", "exp",
-        "log", "tanh", "sigmoid", "pow y", "erf",
+        "log", "tanh", "sigmoid", "pow y", "erf", "sinh", "cosh", "asinh", "acosh", "atanh",
     ];
     check_graph("f64 elementwise", &op_graph("f64", &ops), ODD_SIZES);
 }
@@ -466,31 +471,34 @@ fn pow_follows_c_pow_on_its_special_cases() {
     }
 }
 
-#[test]
-fn f64_math_is_accurate_to_a_few_ulps() {
-    let ops = ["exp", "log", "tanh", "sigmoid", "erf"];
-    let g = kiln_ir::parse(&op_graph("f64", &ops)).unwrap();
-    let k = lower_whole(&g, "f64_math").unwrap();
-    // A sweep over [-700, 700] (exp and sigmoid results normal), denser near 0.
+/// Runs `ops` on `dt` in emulation over a sweep of [-700, 700] (denser near 0) and special points, and checks
+/// them against the exact-to-an-ulp f64 functions (Rust's and `libm`'s): NaN where they give NaN, zeros,
+/// infinities and subnormals as they give them (up to a subnormal's worth), else within `bound` relative.
+fn check_math_sweep(dt: kiln_ir::DType, ops: &[&str], bound: f64) {
+    let g = kiln_ir::parse(&op_graph(dt.name(), ops)).unwrap();
+    let k = lower_whole(&g, "math").unwrap();
     let xs: Vec<f64> = (0..4001)
         .map(|i| {
             let t = (i as f64 - 2000.0) / 2000.0;
             700.0 * t * t * t
         })
-        .chain([1.0 + 1e-12, 1.0 - 1e-12, 1e-300, 4.9e-324, 0.09999, 0.10001])
+        .chain([1.0 + 1e-12, 1.0 - 1e-12, 1e-300, 4.9e-324, 0.09999, 0.10001, 0.4999, 0.5001, -0.999, 1e10, 3e300])
+        .chain((1..200).map(|i| i as f64 / 200.0))
         .collect();
+    // The inputs as the dtype holds them.
+    let input = Tensor::new(vec![xs.len()], kiln_ir::tensor::Data::from_f64_iter(dt, xs.iter().copied())).unwrap();
+    let xs = input.to_f64_vec();
     let n = xs.len();
     let args: Vec<Tensor> = k
         .launch_args()
         .map(|(_, a)| match a.role {
-            ArgRole::Input => {
-                Tensor::new(vec![n], kiln_ir::tensor::Data::from_f64_iter(a.dtype, xs.iter().copied())).unwrap()
-            }
+            ArgRole::Input => input.clone(),
             _ => Tensor::zeros(a.dtype, vec![n]),
         })
         .collect();
-    let outputs: Vec<String> =
-        k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).map(|(_, a)| a.name.clone()).collect();
+    let smallest = if dt == kiln_ir::DType::F64 { f64::MIN_POSITIVE } else { f64::from(f32::MIN_POSITIVE) };
+    let outputs = k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).count();
+    assert_eq!(outputs, ops.len());
     emulate::with_emulated(std::slice::from_ref(&k), 64, |m| {
         let mut bufs = Buffers::new(&k, &args);
         let ptrs = bufs.pointers();
@@ -509,22 +517,37 @@ fn f64_math_is_accurate_to_a_few_ulps() {
                     "log" => x.ln(),
                     "tanh" => x.tanh(),
                     "erf" => libm::erf(x),
+                    "sinh" => libm::sinh(x),
+                    "cosh" => libm::cosh(x),
+                    "asinh" => libm::asinh(x),
+                    "acosh" => libm::acosh(x),
+                    "atanh" => libm::atanh(x),
                     _ => 1.0 / (1.0 + (-x).exp()),
                 };
+                // The exact value as the dtype rounds it (overflow to infinity, underflow to zero).
+                let want = Tensor::new(vec![1], kiln_ir::tensor::Data::from_f64_iter(dt, std::iter::once(want)))
+                    .unwrap()
+                    .to_f64_vec()[0];
                 if want.is_nan() {
-                    assert!(g.is_nan(), "{op}({x}) is {g}, not NaN");
+                    assert!(g.is_nan(), "{dt} {op}({x}) is {g}, not NaN");
                     continue;
                 }
-                if want == 0.0 || want.is_infinite() || want.abs() < f64::MIN_POSITIVE {
-                    assert!((g - want).abs() < 1e-300 || g == want, "{op}({x}) is {g}, want {want}");
+                if want == 0.0 || want.is_infinite() || want.abs() < smallest {
+                    assert!((g - want).abs() <= smallest || g == want, "{dt} {op}({x}) is {g}, want {want}");
                     continue;
                 }
                 worst = worst.max(((g - want) / want).abs());
             }
-            eprintln!("f64 {op}: largest relative error {worst:.2e}");
-            assert!(worst < 1e-14, "{op}: relative error {worst:e}");
+            eprintln!("{dt} {op}: largest relative error {worst:.2e}");
+            assert!(worst < bound, "{dt} {op}: relative error {worst:e}");
         }
     })
     .unwrap();
-    assert_eq!(outputs.len(), ops.len());
+}
+
+#[test]
+fn math_is_accurate_on_sweeps() {
+    let ops = ["exp", "log", "tanh", "sigmoid", "erf", "sinh", "cosh", "asinh", "acosh", "atanh"];
+    check_math_sweep(kiln_ir::DType::F64, &ops, 1e-14);
+    check_math_sweep(kiln_ir::DType::F32, &ops, 5e-7);
 }

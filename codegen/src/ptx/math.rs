@@ -13,6 +13,7 @@
 
 use inkwell::values::{FloatValue, IntValue};
 use inkwell::{FloatPredicate, IntPredicate};
+use kiln_ir::op::UnaryOp;
 
 use super::emit::{KernelEmitter, R};
 use crate::approx::{
@@ -625,5 +626,145 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         let nbig = self.b.build_float_neg(big, "nbig")?;
         let big = self.fsel(negative, nbig, big)?;
         self.fsel(below, small, big)
+    }
+
+    /// `e^x` of either float width.
+    fn exp_any(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        if x.get_type() == self.ctx.f64_type() { self.exp_f64(x) } else { self.exp_f32(x) }
+    }
+
+    /// `ln x` of either float width.
+    fn log_any(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        if x.get_type() == self.ctx.f64_type() { self.log_f64(x) } else { self.log_f32(x) }
+    }
+
+    /// `ln(1 + d)` without losing the low bits of a small `d`: `ln(u) · d / (u - 1)` with `u = 1 + d` (the
+    /// rounding of `u` cancels out; Goldberg's method), `d` itself when `u` rounds to 1, `d` when `u` is infinite.
+    fn log1p(&mut self, d: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let c = |v: f64| d.get_type().const_float(v);
+        let one = c(1.0);
+        let u = self.fadd(one, d)?;
+        let l = self.log_any(u)?;
+        let um1 = self.fsub(u, one)?;
+        let q = self.b.build_float_div(d, um1, "q")?;
+        let v = self.fmul(l, q)?;
+        let exact = self.fcmp_f(FloatPredicate::OEQ, u, one)?;
+        let v = self.fsel(exact, d, v)?;
+        let inf = self.fcmp_f(FloatPredicate::OEQ, u, c(f64::INFINITY))?;
+        self.fsel(inf, u, v)
+    }
+
+    /// The hyperbolic functions but `tanh` (which has its own), on either float width: `sinh` (its series below
+    /// 0.5 in magnitude, `(e^|x| - e^-|x|)/2` above), `cosh`, `asinh` and `acosh` (through `log1p` in fdlibm's
+    /// forms), `atanh` (`log1p(2x/(1-x))/2`); `e^|x|/2` as `(e^(|x|/2)/2) e^(|x|/2)` near overflow.
+    pub(super) fn hyperbolic(&mut self, k: UnaryOp, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let f64_ = x.get_type() == self.ctx.f64_type();
+        let c = |v: f64| x.get_type().const_float(v);
+        let (zero, half, one) = (c(0.0), c(0.5), c(1.0));
+        let ax = self.fintrinsic("fabs", x)?;
+        // Where e^|x| overflows but e^|x| / 2 may not.
+        let big_limit = c(if f64_ { 709.0 } else { 88.0 });
+        let huge = self.fcmp_f(FloatPredicate::OGT, ax, big_limit)?;
+        let half_exp = |e: &mut Self| -> R<(FloatValue<'ctx>, FloatValue<'ctx>)> {
+            let ex = e.exp_any(ax)?;
+            let h = e.fmul(ex, half)?;
+            let inv = e.b.build_float_div(half, ex, "inv")?;
+            // e^|x| / 2 as (e^(|x|/2) / 2) e^(|x|/2): |x|/2 is exact, so no rounding of the argument is magnified.
+            let halfx = e.fmul(ax, half)?;
+            let eh = e.exp_any(halfx)?;
+            let far = e.fmul(eh, half)?;
+            let far = e.fmul(far, eh)?;
+            let h = e.fsel(huge, far, h)?;
+            let inv = e.fsel(huge, zero, inv)?;
+            Ok((h, inv))
+        };
+        let v = match k {
+            UnaryOp::Sinh => {
+                let (h, inv) = half_exp(self)?;
+                let big = self.fsub(h, inv)?;
+                // Below 0.5: x + x^3/3! + … + x^17/17!.
+                let mut coeffs = Vec::new();
+                let mut factorial = 1.0f64;
+                for n in 1..=17u32 {
+                    factorial *= f64::from(n);
+                    if n % 2 == 1 && n > 1 {
+                        coeffs.push(1.0 / factorial);
+                    }
+                }
+                coeffs.reverse();
+                coeffs.push(0.0);
+                let z = self.fmul(ax, ax)?;
+                let p = if f64_ { self.horner_f64(z, &coeffs)? } else { self.horner_any_f32(z, &coeffs)? };
+                let p = self.fmul(p, ax)?;
+                let small = self.fadd(p, ax)?;
+                let is_small = self.fcmp_f(FloatPredicate::OLT, ax, half)?;
+                let v = self.fsel(is_small, small, big)?;
+                return self.with_sign_any(v, x);
+            }
+            UnaryOp::Cosh => {
+                let (h, inv) = half_exp(self)?;
+                self.fadd(h, inv)?
+            }
+            UnaryOp::Asinh => {
+                // log1p(|x| + x^2 / (1 + sqrt(1 + x^2))), or ln|x| + ln 2 where x^2 would overflow.
+                let z = self.fmul(ax, ax)?;
+                let zp1 = self.fadd(one, z)?;
+                let sq = self.fintrinsic("sqrt", zp1)?;
+                let den = self.fadd(one, sq)?;
+                let q = self.b.build_float_div(z, den, "q")?;
+                let d = self.fadd(ax, q)?;
+                let near = self.log1p(d)?;
+                let l = self.log_any(ax)?;
+                let far = self.fadd(l, c(std::f64::consts::LN_2))?;
+                let far_limit = c(if f64_ { 2f64.powi(28) } else { 2f64.powi(12) });
+                let is_far = self.fcmp_f(FloatPredicate::OGT, ax, far_limit)?;
+                let v = self.fsel(is_far, far, near)?;
+                return self.with_sign_any(v, x);
+            }
+            UnaryOp::Acosh => {
+                // log1p((x - 1) + sqrt((x - 1)(x + 1))), ln x + ln 2 for large x, NaN below 1.
+                let xm1 = self.fsub(x, one)?;
+                let xp1 = self.fadd(x, one)?;
+                let prod = self.fmul(xm1, xp1)?;
+                let sq = self.fintrinsic("sqrt", prod)?;
+                let d = self.fadd(xm1, sq)?;
+                let near = self.log1p(d)?;
+                let l = self.log_any(x)?;
+                let far = self.fadd(l, c(std::f64::consts::LN_2))?;
+                let far_limit = c(if f64_ { 2f64.powi(28) } else { 2f64.powi(12) });
+                let is_far = self.fcmp_f(FloatPredicate::OGT, x, far_limit)?;
+                let v = self.fsel(is_far, far, near)?;
+                let below = self.fcmp_f(FloatPredicate::OLT, x, one)?;
+                self.fsel(below, c(f64::NAN), v)?
+            }
+            UnaryOp::Atanh => {
+                // log1p(2|x| / (1 - |x|)) / 2, with x's sign; ±1 → ±inf, beyond → NaN.
+                let den = self.fsub(one, ax)?;
+                let two_x = self.fadd(ax, ax)?;
+                let d = self.b.build_float_div(two_x, den, "d")?;
+                let l = self.log1p(d)?;
+                let v = self.fmul(l, half)?;
+                let beyond = self.fcmp_f(FloatPredicate::OGT, ax, one)?;
+                let v = self.fsel(beyond, c(f64::NAN), v)?;
+                return self.with_sign_any(v, x);
+            }
+            _ => unreachable!("hyperbolic is called with sinh, cosh, asinh, acosh or atanh"),
+        };
+        Ok(v)
+    }
+
+    /// `p(x)` by Horner's rule with fused steps on f32, from f64 coefficients.
+    fn horner_any_f32(&mut self, x: FloatValue<'ctx>, coeffs: &[f64]) -> R<FloatValue<'ctx>> {
+        let narrowed: Vec<f32> = coeffs.iter().map(|&c| c as f32).collect();
+        self.horner(x, &narrowed)
+    }
+
+    /// `v` with `sign_of`'s sign when that is negative or -0 (NaN `v` stays NaN).
+    fn with_sign_any(&mut self, v: FloatValue<'ctx>, sign_of: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let ity = if v.get_type() == self.ctx.f64_type() { self.ctx.i64_type() } else { self.ctx.i32_type() };
+        let bits = self.b.build_bit_cast(sign_of, ity, "bits")?.into_int_value();
+        let negative = self.icmp(IntPredicate::SLT, bits, ity.const_zero())?;
+        let n = self.b.build_float_neg(v, "n")?;
+        self.fsel(negative, n, v)
     }
 }

@@ -25,8 +25,9 @@
 //! There is no libdevice: `exp`, `log`, `tanh`, `sigmoid` and `erf` on f32 are the polynomial approximations
 //! of `codegen::approx` (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
 //! results and arguments) by `math`; on f64, `exp`, `log`, `tanh`, `sigmoid` and `erf` use series (and a
-//! continued fraction) accurate to a few ulps; `pow` is built from `exp` and `log` with C's `pow` special cases.
-//! What is not implemented yet — the trigonometric and hyperbolic families (but `tanh`), float `mod`/`rem` — is a
+//! continued fraction) accurate to a few ulps; `pow`, `sinh`, `cosh`, `asinh`, `acosh` and `atanh` are built from
+//! `exp` and `log` (and `log1p` from `log`) on both widths. What is not implemented yet — the trigonometric
+//! functions and their inverses (they need a full-range argument reduction), float `mod`/`rem` — is a
 //! [`PtxError::Unsupported`] naming the kernel and the construct.
 //!
 //! # Validation without a GPU

@@ -182,6 +182,9 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 UnaryOp::Exp => self.exp_f32(x)?,
                 UnaryOp::Log => self.log_f32(x)?,
                 UnaryOp::Tanh => self.tanh_f32(x)?,
+                UnaryOp::Sinh | UnaryOp::Cosh | UnaryOp::Asinh | UnaryOp::Acosh | UnaryOp::Atanh => {
+                    self.hyperbolic(k, x)?
+                }
                 UnaryOp::Erf if f64_ => self.erf_f64(x)?,
                 UnaryOp::Erf => self.erf_f32(x)?,
                 UnaryOp::Sigmoid => {
