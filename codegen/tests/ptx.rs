@@ -261,20 +261,24 @@ fn f32_elementwise_kinds_and_math_on_edge_values() {
         "asinh",
         "acosh",
         "atanh",
+        "mod y",
+        "rem y",
     ];
     check_graph("f32 elementwise", &op_graph("f32", &ops), ODD_SIZES);
 }
 
 #[test]
 fn half_floats_and_f64_on_edge_values() {
-    let ops =
-        ["add y", "mul y", "div y", "exp", "tanh", "max y", "min y", "sigmoid", "round", "erf", "log", "lt y", "pow y"];
+    let ops = [
+        "add y", "mul y", "div y", "exp", "tanh", "max y", "min y", "sigmoid", "round", "erf", "log", "lt y", "pow y",
+        "mod y", "rem y",
+    ];
     for dt in ["f16", "bf16"] {
         check_graph(&format!("{dt} elementwise"), &op_graph(dt, &ops), ODD_SIZES);
     }
     let ops = [
         "add y", "mul y", "div y", "max y", "min y", "round", "floor", "sqrt", "abs", "lt y", "relu", "sign", "exp",
-        "log", "tanh", "sigmoid", "pow y", "erf", "sinh", "cosh", "asinh", "acosh", "atanh",
+        "log", "tanh", "sigmoid", "pow y", "erf", "sinh", "cosh", "asinh", "acosh", "atanh", "mod y", "rem y",
     ];
     check_graph("f64 elementwise", &op_graph("f64", &ops), ODD_SIZES);
 }
@@ -352,8 +356,9 @@ fn unsupported_constructs_are_errors_naming_kernel_and_construct() {
     let cases = [
         ("f32", "sin", "`sin` on f32"),
         ("f64", "sin", "`sin` on f64"),
-        ("f32", "mod y", "`mod` on f32"),
-        ("f32", "rem y", "`rem` on f32"),
+        ("f32", "cos", "`cos` on f32"),
+        ("bf16", "tan", "`tan` on bf16"),
+        ("f64", "atan", "`atan` on f64"),
     ];
     for (dt, op, what) in cases {
         let g = kiln_ir::parse(&op_graph(dt, &[op])).unwrap();
@@ -550,4 +555,74 @@ fn math_is_accurate_on_sweeps() {
     let ops = ["exp", "log", "tanh", "sigmoid", "erf", "sinh", "cosh", "asinh", "acosh", "atanh"];
     check_math_sweep(kiln_ir::DType::F64, &ops, 1e-14);
     check_math_sweep(kiln_ir::DType::F32, &ops, 5e-7);
+}
+
+#[test]
+fn float_remainders_are_exact() {
+    let values = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        3.0,
+        -7.25,
+        1e-40,
+        -3e-39,
+        1e-45,
+        1e30,
+        -3.4e38,
+        1e-10,
+        123456.789,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        2.5,
+        1e15,
+        7e-300,
+        -1e300,
+        0.1,
+        6.0,
+    ];
+    for dt in [kiln_ir::DType::F32, kiln_ir::DType::F64] {
+        let g = kiln_ir::parse(&op_graph(dt.name(), &["rem y", "mod y"])).unwrap();
+        let k = lower_whole(&g, "remainders").unwrap();
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        for &x in &values {
+            for &y in &values {
+                xs.push(x);
+                ys.push(y);
+            }
+        }
+        let n = xs.len();
+        let t = |v: &[f64]| Tensor::new(vec![n], kiln_ir::tensor::Data::from_f64_iter(dt, v.iter().copied())).unwrap();
+        let args: Vec<Tensor> = k
+            .launch_args()
+            .map(|(_, a)| match (a.role.clone(), a.name.as_str()) {
+                (ArgRole::Input, "x") => t(&xs),
+                (ArgRole::Input, _) => t(&ys),
+                _ => Tensor::zeros(dt, vec![n]),
+            })
+            .collect();
+        let symbols = [n as i64];
+        let mut want = args.clone();
+        kernel::eval(&k, &mut want, &symbols).unwrap();
+        emulate::with_emulated(std::slice::from_ref(&k), 64, |m| {
+            let mut bufs = Buffers::new(&k, &args);
+            let ptrs = bufs.pointers();
+            // SAFETY: one buffer per launch argument, each of its full size; one value per symbol.
+            unsafe { m.launch(0, &ptrs, &symbols, emulate::Grid { blocks: 2, threads: 64 }) };
+            let got = bufs.tensors(&args);
+            for (((_, a), g), w) in k.launch_args().zip(&got).zip(&want) {
+                if a.role != ArgRole::Output {
+                    continue;
+                }
+                for (i, (g, w)) in g.to_f64_vec().into_iter().zip(w.to_f64_vec()).enumerate() {
+                    let same = (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits();
+                    assert!(same, "{dt} {}({}, {}) is {g}, the evaluator gives {w}", a.name, xs[i], ys[i]);
+                }
+            }
+        })
+        .unwrap();
+    }
 }

@@ -26,9 +26,9 @@
 //! of `codegen::approx` (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
 //! results and arguments) by `math`; on f64, `exp`, `log`, `tanh`, `sigmoid` and `erf` use series (and a
 //! continued fraction) accurate to a few ulps; `pow`, `sinh`, `cosh`, `asinh`, `acosh` and `atanh` are built from
-//! `exp` and `log` (and `log1p` from `log`) on both widths. What is not implemented yet — the trigonometric
-//! functions and their inverses (they need a full-range argument reduction), float `mod`/`rem` — is a
-//! [`PtxError::Unsupported`] naming the kernel and the construct.
+//! `exp` and `log` (and `log1p` from `log`) on both widths; float `rem`/`mod` are exact (`fmod`). What is not
+//! implemented yet — the trigonometric functions and their inverses (they need a full-range argument reduction)
+//! — is a [`PtxError::Unsupported`] naming the kernel and the construct.
 //!
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads
@@ -37,6 +37,7 @@
 
 mod emit;
 pub mod emulate;
+mod fmod;
 mod math;
 pub mod ptxas;
 mod scalar;

@@ -259,6 +259,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 BinaryOp::Mul => self.b.build_float_mul(a, b, "mul")?,
                 BinaryOp::Div => self.b.build_float_div(a, b, "div")?,
                 BinaryOp::Pow => self.pow(a, b)?,
+                BinaryOp::Rem => self.fmod(a, b)?,
+                BinaryOp::Mod => self.python_mod(a, b)?,
                 BinaryOp::Max => self.float_max_min(a, b, true)?,
                 BinaryOp::Min => self.float_max_min(a, b, false)?,
                 _ => return Err(not_defined(self)),
