@@ -440,7 +440,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
     }
 
     /// `p(x)` by Horner's rule with fused steps on f64, coefficients highest degree first.
-    fn horner_f64(&mut self, x: FloatValue<'ctx>, coeffs: &[f64]) -> R<FloatValue<'ctx>> {
+    pub(super) fn horner_f64(&mut self, x: FloatValue<'ctx>, coeffs: &[f64]) -> R<FloatValue<'ctx>> {
         let f64t = self.ctx.f64_type();
         let mut acc = f64t.const_float(coeffs[0]);
         for &c in &coeffs[1..] {

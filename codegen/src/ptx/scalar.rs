@@ -182,6 +182,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 UnaryOp::Exp => self.exp_f32(x)?,
                 UnaryOp::Log => self.log_f32(x)?,
                 UnaryOp::Tanh => self.tanh_f32(x)?,
+                UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tan if !f64_ => self.trig(k, x)?,
+                UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atan => self.inverse_trig(k, x)?,
                 UnaryOp::Sinh | UnaryOp::Cosh | UnaryOp::Asinh | UnaryOp::Acosh | UnaryOp::Atanh => {
                     self.hyperbolic(k, x)?
                 }
