@@ -12,9 +12,13 @@ mod common;
 use std::path::PathBuf;
 
 use common::{Buffers, edge_args, lower_whole};
-use kiln_codegen::kernel::{self, ArgRole, Kernel};
+use kiln_codegen::kernel::{
+    self, ArgId, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt, Var,
+};
 use kiln_codegen::ptx::{self, PtxArch, PtxOptions, emulate};
 use kiln_ir::Tensor;
+use kiln_ir::interp::scalar::Scalar;
+use kiln_ir::op::UnaryOp;
 
 /// Symbol values: the fixtures' named ones, 5 for any other.
 const BINDINGS: &[(&str, i64)] = &[("batch", 3), ("seq", 2)];
@@ -285,7 +289,7 @@ fn half_floats_and_f64_on_edge_values() {
     let ops = [
         "add y", "mul y", "div y", "max y", "min y", "round", "floor", "sqrt", "abs", "lt y", "relu", "sign", "exp",
         "log", "tanh", "sigmoid", "pow y", "erf", "sinh", "cosh", "asinh", "acosh", "atanh", "mod y", "rem y", "asin",
-        "acos", "atan",
+        "acos", "atan", "sin", "cos", "tan",
     ];
     check_graph("f64 elementwise", &op_graph("f64", &ops), ODD_SIZES);
 }
@@ -358,24 +362,70 @@ fn reductions_on_edge_values() {
     );
 }
 
-#[test]
-fn unsupported_constructs_are_errors_naming_kernel_and_construct() {
-    let cases = [("f64", "sin", "`sin` on f64"), ("f64", "cos", "`cos` on f64"), ("f64", "tan", "`tan` on f64")];
-    for (dt, op, what) in cases {
-        let g = kiln_ir::parse(&op_graph(dt, &[op])).unwrap();
-        let k = lower_whole(&g, "refused").unwrap();
-        let e = ptx::compile(std::slice::from_ref(&k), &PtxOptions::default()).unwrap_err().to_string();
-        assert!(e.contains("kernel `refused`") && e.contains(what), "{op} on {dt}: {e}");
-        let e = emulate::with_emulated(std::slice::from_ref(&k), 64, |_| ()).unwrap_err().to_string();
-        assert!(e.contains(what), "{op} on {dt} (emulation): {e}");
+/// `for i in 0..n { store y[i] = value }` over an input `x` and an output `y` of `dtype`.
+fn one_loop_kernel(name: &str, dtype: kiln_ir::DType, value: Expr) -> Kernel {
+    Kernel {
+        name: name.into(),
+        args: vec![
+            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
+            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
+        ],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![Stmt::Store { arg: ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
+        }]),
     }
-    let g = kiln_ir::parse(
-        "graph \"g\" {\n  %0 = input {name=\"x\"} : f64[n]\n  %1 = cast %0 {to=bf16} : bf16[n]\n  output \"y\" = %1\n}",
-    )
-    .unwrap();
-    let k = lower_whole(&g, "cast").unwrap();
-    let e =
-        ptx::compile(std::slice::from_ref(&k), &PtxOptions { block_size: 100, ..PtxOptions::default() }).unwrap_err();
+}
+
+#[test]
+fn unsupported_and_malformed_kernels_are_errors_naming_kernel_and_construct() {
+    use kiln_codegen::ptx::PtxError;
+    let compile = |k: &Kernel| ptx::compile(std::slice::from_ref(k), &PtxOptions::default());
+    let load = Expr::Load { arg: ArgId(0), index: IExpr::Var(LoopVar(0)) };
+    // Kinds the interpreter does not define for a dtype.
+    for (dtype, k, what) in [
+        (kiln_ir::DType::I32, UnaryOp::Exp, "`exp` on i32"),
+        (kiln_ir::DType::F32, UnaryOp::BitNot, "`bit_not` on f32"),
+        (kiln_ir::DType::Bool, UnaryOp::Neg, "`neg` on bool"),
+    ] {
+        let kernel = one_loop_kernel("undefined_kind", dtype, Expr::unary(k, load.clone()));
+        match compile(&kernel) {
+            Err(PtxError::Unsupported { kernel, what: w }) => {
+                assert_eq!(kernel, "undefined_kind");
+                assert!(w.contains(what), "{w}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        let e = emulate::with_emulated(std::slice::from_ref(&kernel), 64, |_| ()).unwrap_err().to_string();
+        assert!(e.contains(what), "{what} (emulation): {e}");
+    }
+    // Broken invariants of the kernel IR.
+    let malformed = |k: &Kernel, needle: &str| {
+        let e = compile(k).unwrap_err();
+        assert!(matches!(&e, PtxError::Malformed { kernel, .. } if *kernel == k.name), "{e}");
+        assert!(e.to_string().contains(needle), "{e}");
+    };
+    malformed(&one_loop_kernel("undefined", kiln_ir::DType::F32, Expr::Var(Var(7))), "v7 is not defined");
+    malformed(&one_loop_kernel("mixed", kiln_ir::DType::F32, Expr::Const(Scalar::I32(1))), "store of i32");
+    let mut k = one_loop_kernel("store_input", kiln_ir::DType::F32, load.clone());
+    let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!("one loop") };
+    body.0[0] = Stmt::Store { arg: ArgId(0), index: IExpr::Var(LoopVar(0)), value: load.clone() };
+    malformed(&k, "not an output");
+    // A variable used outside the block that binds it.
+    let mut k = one_loop_kernel("scope", kiln_ir::DType::F32, load.clone());
+    let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!("one loop") };
+    body.0.insert(0, Stmt::Let { var: Var(0), dtype: kiln_ir::DType::F32, value: load.clone() });
+    k.body.0.push(Stmt::For {
+        var: LoopVar(1),
+        extent: IExpr::Sym(0),
+        kind: LoopKind::Parallel,
+        body: Block(vec![Stmt::Store { arg: ArgId(1), index: IExpr::Var(LoopVar(1)), value: Expr::Var(Var(0)) }]),
+    });
+    malformed(&k, "v0 is not defined");
+    let e = ptx::compile(&[], &PtxOptions { block_size: 100, ..PtxOptions::default() }).unwrap_err();
     assert!(e.to_string().contains("block size 100"), "{e}");
 }
 
@@ -489,18 +539,9 @@ fn check_math_sweep(dt: kiln_ir::DType, ops: &[&str], bound: f64) {
             700.0 * t * t * t
         })
         .chain([1.0 + 1e-12, 1.0 - 1e-12, 1e-300, 4.9e-324, 0.09999, 0.10001, 0.4999, 0.5001, -0.999, 1e10, 3e300])
-        .chain([
-            1e20,
-            -1e38,
-            3.4e38,
-            16_777_217.0,
-            1e6 + 0.5,
-            355.0,
-            103_993.0,
-            std::f64::consts::FRAC_PI_4,
-            std::f64::consts::FRAC_PI_2,
-            -0.0,
-        ])
+        .chain([1e20, -1e38, 3.4e38, 16_777_217.0, 1e6 + 0.5, 355.0, 103_993.0, -0.0])
+        .chain([std::f64::consts::FRAC_PI_4, std::f64::consts::FRAC_PI_2, 1e100, -1e200, 1e300, 1.5 * 2f64.powi(1000)])
+        .chain([f64::MAX, 6.28e307, 2f64.powi(990)])
         .chain((1..200).map(|i| i as f64 / 200.0))
         .collect();
     // The inputs as the dtype holds them.
@@ -574,9 +615,9 @@ fn check_math_sweep(dt: kiln_ir::DType, ops: &[&str], bound: f64) {
 fn math_is_accurate_on_sweeps() {
     let ops =
         ["exp", "log", "tanh", "sigmoid", "erf", "sinh", "cosh", "asinh", "acosh", "atanh", "asin", "acos", "atan"];
-    check_math_sweep(kiln_ir::DType::F64, &ops, 1e-14);
-    let trig = ["sin", "cos", "tan"];
-    check_math_sweep(kiln_ir::DType::F32, &[&ops[..], &trig[..]].concat(), 5e-7);
+    let all = [&ops[..], &["sin", "cos", "tan"][..]].concat();
+    check_math_sweep(kiln_ir::DType::F64, &all, 1e-14);
+    check_math_sweep(kiln_ir::DType::F32, &all, 5e-7);
 }
 
 #[test]

@@ -376,8 +376,13 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         Ok(())
     }
 
+    /// Emits a nested block: what it binds is visible to the rest of the block only.
     pub(super) fn block(&mut self, b: &Block) -> R<()> {
-        b.0.iter().try_for_each(|s| self.stmt(s))
+        let (lets, accs) = (self.lets.clone(), self.accs.clone());
+        let r = b.0.iter().try_for_each(|s| self.stmt(s));
+        self.lets = lets;
+        self.accs = accs;
+        r
     }
 
     pub(super) fn stmt(&mut self, s: &Stmt) -> R<()> {

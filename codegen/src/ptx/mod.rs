@@ -26,10 +26,11 @@
 //! of `codegen::approx` (the CPU emitter's vector forms), extended to the whole f32 range (specials, subnormal
 //! results and arguments) by `math`; on f64, `exp`, `log`, `tanh`, `sigmoid` and `erf` use series (and a
 //! continued fraction) accurate to a few ulps; `pow`, `sinh`, `cosh`, `asinh`, `acosh` and `atanh` are built from
-//! `exp` and `log` (and `log1p` from `log`) on both widths; `sin`/`cos`/`tan` of f32-held values reduce the
-//! argument exactly and compute in f64 (`trig`), as do `asin`/`acos`/`atan` on both widths; float `rem`/`mod`
-//! are exact (`fmod`). What is not implemented yet — `sin`/`cos`/`tan` on f64, which need a 1100-bit argument
-//! reduction — is a [`PtxError::Unsupported`] naming the kernel and the construct.
+//! `exp` and `log` (and `log1p` from `log`) on both widths; `sin`/`cos`/`tan` reduce the argument exactly (with
+//! 2/π to 1160 bits) and compute in f64 (`trig`), as do `asin`/`acos`/`atan`; float `rem`/`mod` are exact
+//! (`fmod`). Every unary and binary kind the interpreter defines for a dtype is implemented; one it does not
+//! define (`exp` on i32, `bit_not` on f32) is a [`PtxError::Unsupported`] naming the kernel and the construct,
+//! and a kernel breaking the IR's invariants a [`PtxError::Malformed`].
 //!
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads

@@ -182,7 +182,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 UnaryOp::Exp => self.exp_f32(x)?,
                 UnaryOp::Log => self.log_f32(x)?,
                 UnaryOp::Tanh => self.tanh_f32(x)?,
-                UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tan if !f64_ => self.trig(k, x)?,
+                UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tan => self.trig(k, x)?,
                 UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atan => self.inverse_trig(k, x)?,
                 UnaryOp::Sinh | UnaryOp::Cosh | UnaryOp::Asinh | UnaryOp::Acosh | UnaryOp::Atanh => {
                     self.hyperbolic(k, x)?
@@ -196,7 +196,6 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                     let den = self.b.build_float_add(one, e, "den")?;
                     self.b.build_float_div(one, den, "sigmoid")?
                 }
-                _ => return Err(not_defined(self)),
             };
             return Ok((self.round_to(v.into(), d)?, d));
         }
