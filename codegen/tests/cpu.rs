@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{Buffers, Chunking, check_jit, check_jit_with, edge_args, edge_tensor, launch, lower_whole};
+use common::{
+    Buffers, Chunking, check_jit, check_jit_with, edge_args, edge_tensor, launch, lower_whole, one_loop_kernel,
+};
 use kiln_codegen::cpu::{self, CpuError, CpuFeatures, CpuOptions, JitModule, KernelFn, OptLevel, runtime};
 use kiln_codegen::kernel::{self, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
 use kiln_ir::interp::scalar::Scalar;
@@ -279,24 +281,6 @@ fn large_elementwise_kernel_matches() {
         }"#,
         &[100_003],
     );
-}
-
-/// `for i in 0..n { store out[i] = value }` over one output of `dtype` with one input `x` of `dtype`.
-fn one_loop_kernel(name: &str, dtype: DType, value: Expr) -> Kernel {
-    Kernel {
-        name: name.into(),
-        args: vec![
-            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
-            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
-        ],
-        symbols: vec!["n".into()],
-        body: Block(vec![Stmt::For {
-            var: LoopVar(0),
-            extent: IExpr::Sym(0),
-            kind: LoopKind::Vectorizable,
-            body: Block(vec![Stmt::Store { arg: kernel::ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
-        }]),
-    }
 }
 
 #[test]

@@ -11,10 +11,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Buffers, edge_args, lower_whole};
-use kiln_codegen::kernel::{
-    self, ArgId, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt, Var,
-};
+use common::{Buffers, edge_args, lower_whole, one_loop_kernel};
+use kiln_codegen::kernel::{self, ArgId, ArgRole, Block, Expr, IExpr, Kernel, LoopKind, LoopVar, Stmt, Var};
 use kiln_codegen::ptx::{self, PtxArch, PtxOptions, emulate};
 use kiln_ir::Tensor;
 use kiln_ir::interp::scalar::Scalar;
@@ -360,24 +358,6 @@ fn reductions_on_edge_values() {
         }"#,
         &[0, 1, 4, 33],
     );
-}
-
-/// `for i in 0..n { store y[i] = value }` over an input `x` and an output `y` of `dtype`.
-fn one_loop_kernel(name: &str, dtype: kiln_ir::DType, value: Expr) -> Kernel {
-    Kernel {
-        name: name.into(),
-        args: vec![
-            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
-            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
-        ],
-        symbols: vec!["n".into()],
-        body: Block(vec![Stmt::For {
-            var: LoopVar(0),
-            extent: IExpr::Sym(0),
-            kind: LoopKind::Vectorizable,
-            body: Block(vec![Stmt::Store { arg: ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
-        }]),
-    }
 }
 
 #[test]

@@ -299,3 +299,22 @@ pub fn casts_graph(from: &str) -> String {
     }
     format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}{outputs}}}")
 }
+
+/// `for i in 0..n { store y[i] = value }` over an input `x` and an output `y` of `dtype` (symbol `n`).
+pub fn one_loop_kernel(name: &str, dtype: DType, value: kernel::Expr) -> Kernel {
+    use kiln_codegen::kernel::{ArgId, Block, Extent, IExpr, KernelArg, LoopKind, LoopVar, Stmt};
+    Kernel {
+        name: name.into(),
+        args: vec![
+            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
+            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
+        ],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![Stmt::Store { arg: ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
+        }]),
+    }
+}
