@@ -44,6 +44,11 @@ echo "== ONNX node conformance (CPU backend: the same cases, compiled)"
   || { grep -E "^FAILED" target/conformance-cpu.txt; tail -1 target/conformance-cpu.txt; exit 1; }
 tail -1 target/conformance-cpu.txt
 
+echo "== ptxas (CUDA 11.8 from Debian non-free, for the PTX tests; nothing installed system-wide)"
+KILN_PTXAS="$PWD/$(scripts/get-ptxas.sh)"
+export KILN_PTXAS
+"$KILN_PTXAS" --version | tail -1
+
 echo "== tests"
 models="${KILN_MODELS_DIR:-../shared/models}"
 if [ ! -d "$models" ]; then

@@ -7,6 +7,11 @@
 //! - `weights.safetensors`: the weights of the optimized graph;
 //! - `kernels.so`: the kernels as a shared library, Cranelift object code linked by the system `cc`.
 //!
+//! [`Artifact::write_cuda`] writes a CUDA artifact instead: a [`CudaManifest`] (target `nvptx64-nvidia-cuda`, the
+//! GPU architecture, PTX ISA and block size, and each kernel's entry, parameters and launch rule), the same
+//! weight file, and `kernels.ptx`. The CUDA runtime that loads it is not built yet: [`Artifact::open`] refuses a
+//! CUDA artifact with an error that says so.
+//!
 //! [`Artifact::load`] reads the manifest, refuses an artifact of another format version, another target triple, or
 //! one that needs a CPU feature this host lacks, then loads the weights and the library (no code generation) and
 //! returns the same [`Compiled`] that [`crate::Model::compile`] does. A damaged manifest or weight file is an
@@ -17,6 +22,8 @@ use std::time::Instant;
 
 use kiln_codegen::cpu::{self, CpuOptions, CpuTarget, KernelInfo};
 use kiln_codegen::exec::Executable;
+#[cfg(feature = "ptx")]
+use kiln_codegen::ptx::{self, PtxArch, PtxKernelInfo, PtxOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::{Compiled, Error, Lowered};
@@ -29,6 +36,50 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 
 const WEIGHTS_FILE: &str = "weights.safetensors";
 const LIBRARY_FILE: &str = "kernels.so";
+/// The PTX module of a CUDA artifact, inside its directory.
+pub const PTX_FILE: &str = "kernels.ptx";
+
+/// The target triple of a CUDA artifact (`codegen::ptx::PTX_TRIPLE`, known here without the `ptx` feature so
+/// that any kiln recognizes such an artifact).
+const CUDA_TRIPLE: &str = "nvptx64-nvidia-cuda";
+
+/// The target of a CUDA artifact.
+#[cfg(feature = "ptx")]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CudaTarget {
+    /// `nvptx64-nvidia-cuda`.
+    pub triple: String,
+    /// The GPU architecture the PTX is for.
+    pub arch: PtxArch,
+    /// The PTX ISA version (`7.8`).
+    pub ptx_isa: String,
+    /// Threads per block of every launch.
+    pub block_size: u32,
+}
+
+/// `manifest.json` of a CUDA artifact: as [`Manifest`], with the PTX module in place of the CPU library.
+#[cfg(feature = "ptx")]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CudaManifest {
+    /// [`FORMAT_VERSION`] of the kiln that wrote it.
+    pub format_version: u32,
+    /// The version of the kiln that wrote it.
+    pub kiln_version: String,
+    /// What device the code is for.
+    pub target: CudaTarget,
+    /// The model's inputs, in order.
+    pub inputs: Vec<PortInfo>,
+    /// The model's outputs, in order.
+    pub outputs: Vec<PortInfo>,
+    /// The weight file, relative to the artifact directory.
+    pub weights_file: String,
+    /// The PTX module, relative to the artifact directory.
+    pub ptx_file: String,
+    /// Entry, parameters and launch rule of each kernel, by the executable's kernel index.
+    pub kernels: Vec<PtxKernelInfo>,
+    /// The executable without its kernel IR and weights.
+    pub executable: Executable,
+}
 
 /// `manifest.json`: what an artifact holds. See the module docs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -106,18 +157,13 @@ impl Artifact {
         let (object, kernels) = cpu::emit_object(&exe.kernels, &options).map_err(fail)?;
         link_shared_library(&object, &dir.join(LIBRARY_FILE))?;
         crate::weights::save(&dir.join(WEIGHTS_FILE), &exe.weights)?;
-        let port = |name: &str, ty: &kiln_ir::TensorType| PortInfo {
-            name: name.to_string(),
-            dtype: ty.dtype.name().to_string(),
-            shape: ty.shape.to_string(),
-        };
-        let buffer_type = |b: kiln_codegen::exec::BufferId| &exe.buffers[b.0 as usize].ty;
+        let (inputs, outputs) = ports(lowered);
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
             target,
-            inputs: lowered.inputs.iter().map(|(n, t)| port(n, t)).collect(),
-            outputs: exe.outputs.iter().map(|(n, b)| port(n, buffer_type(*b))).collect(),
+            inputs,
+            outputs,
             weights_file: WEIGHTS_FILE.into(),
             library_file: LIBRARY_FILE.into(),
             kernels,
@@ -129,6 +175,41 @@ impl Artifact {
             .map_err(|e| artifact_error(&path, format!("cannot serialize the manifest: {e}")))?;
         std::fs::write(&path, text + "\n").map_err(|e| artifact_error(&path, format!("cannot write: {e}")))?;
         Ok(Artifact { dir: dir.to_path_buf(), manifest })
+    }
+
+    #[cfg(feature = "ptx")]
+    /// Writes `lowered` as a CUDA artifact into `dir` (created if missing): the kernels compiled to PTX for
+    /// `options.arch`, the weights, and a [`CudaManifest`], written last. Returns the manifest.
+    pub fn write_cuda(lowered: &Lowered, dir: &Path, options: &PtxOptions) -> Result<CudaManifest, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| artifact_error(dir, format!("cannot create the directory: {e}")))?;
+        let exe = &lowered.executable;
+        let module = ptx::compile(&exe.kernels, options)
+            .map_err(|e| Error::Backend { backend: "cuda", message: e.to_string() })?;
+        let ptx_path = dir.join(PTX_FILE);
+        std::fs::write(&ptx_path, &module.ptx).map_err(|e| artifact_error(&ptx_path, format!("cannot write: {e}")))?;
+        crate::weights::save(&dir.join(WEIGHTS_FILE), &exe.weights)?;
+        let (inputs, outputs) = ports(lowered);
+        let manifest = CudaManifest {
+            format_version: FORMAT_VERSION,
+            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+            target: CudaTarget {
+                triple: CUDA_TRIPLE.into(),
+                arch: options.arch,
+                ptx_isa: "7.8".into(),
+                block_size: options.block_size,
+            },
+            inputs,
+            outputs,
+            weights_file: WEIGHTS_FILE.into(),
+            ptx_file: PTX_FILE.into(),
+            kernels: module.kernels,
+            executable: exe.clone(),
+        };
+        let path = dir.join(MANIFEST_FILE);
+        let text = serde_json::to_string_pretty(&manifest)
+            .map_err(|e| artifact_error(&path, format!("cannot serialize the manifest: {e}")))?;
+        std::fs::write(&path, text + "\n").map_err(|e| artifact_error(&path, format!("cannot write: {e}")))?;
+        Ok(manifest)
     }
 
     /// Reads and checks an artifact's manifest: its format version, target triple and CPU features must suit
@@ -151,6 +232,16 @@ impl Artifact {
                     "format version {version} is not supported: this kiln ({}) reads format version \
                      {FORMAT_VERSION}; recompile the model with `kiln compile`",
                     env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+        if value.pointer("/target/triple").and_then(|t| t.as_str()) == Some(CUDA_TRIPLE) {
+            let arch = value.pointer("/target/arch").and_then(|a| a.as_str()).unwrap_or("?");
+            return Err(artifact_error(
+                &path,
+                format!(
+                    "a CUDA artifact (PTX for {arch}): the CUDA runtime that loads it is not built yet; \
+                     compile with `--target cpu` to run on this host"
                 ),
             ));
         }
@@ -257,4 +348,17 @@ fn link_shared_library(object: &[u8], out: &Path) -> Result<(), Error> {
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result
+}
+
+/// The inputs and outputs of `lowered` as manifests list them.
+fn ports(lowered: &Lowered) -> (Vec<PortInfo>, Vec<PortInfo>) {
+    let exe = &lowered.executable;
+    let port = |name: &str, ty: &kiln_ir::TensorType| PortInfo {
+        name: name.to_string(),
+        dtype: ty.dtype.name().to_string(),
+        shape: ty.shape.to_string(),
+    };
+    let inputs = lowered.inputs.iter().map(|(n, t)| port(n, t)).collect();
+    let outputs = exe.outputs.iter().map(|(n, b)| port(n, &exe.buffers[b.0 as usize].ty)).collect();
+    (inputs, outputs)
 }

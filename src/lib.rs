@@ -174,7 +174,8 @@ pub struct RunOptions {
 /// How to compile a model ([`Model::compile`]).
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
-    /// The target: [`Backend::Cpu`] (the interpreter needs no compilation; CUDA cannot run programs yet).
+    /// The target: [`Backend::Cpu`], or [`Backend::Cuda`] for [`Model::lower`] and ahead-of-time PTX artifacts
+    /// (the interpreter needs no compilation; the CUDA runtime is not built yet).
     pub backend: Backend,
     /// The pass pipeline run before code generation (`cpu-default`, `O0`…`O3`, or any pipeline string).
     pub pipeline: String,
@@ -488,12 +489,10 @@ impl Model {
     ) -> Result<Lowered, Error> {
         let backend = options.backend;
         let fail = |message: String| Error::Backend { backend: backend.name(), message };
-        match backend {
-            Backend::Cpu => {}
-            Backend::Cuda => return Err(fail(cuda_unavailable())),
-            Backend::Interp => {
-                return Err(fail("the interpreter runs graphs as they are; there is nothing to compile".into()));
-            }
+        // Lowering is target-independent ("one lowering, two emitters"): the CUDA target starts from the same
+        // executable; only code generation differs.
+        if backend == Backend::Interp {
+            return Err(fail("the interpreter is not compiled".into()));
         }
         kiln_ir::verify_weights_bound(&self.graph)
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
@@ -525,6 +524,10 @@ impl Model {
 
     /// Compiles the model for `options.backend`: [`Model::lower`], then machine code in memory (JIT).
     pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
+        if options.backend != Backend::Cpu {
+            let message = "only the cpu backend compiles in memory (cuda compiles ahead of time to PTX)".into();
+            return Err(Error::Backend { backend: options.backend.name(), message });
+        }
         let Lowered { executable: exe, mut report, inputs, provenance, .. } = self.lower(options)?;
         let fail = |message: String| Error::Backend { backend: options.backend.name(), message };
         let t2 = std::time::Instant::now();

@@ -204,6 +204,14 @@ fn kiln(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("the kiln binary runs")
 }
 
+/// A temporary directory holding `small.kir` and its weights, `small.safetensors`.
+fn small_model_dir() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("small.kir"), SMALL).unwrap();
+    kiln::weights::save(&root.path().join("small.safetensors"), &small_model().graph().weights).unwrap();
+    root
+}
+
 fn ok(o: &std::process::Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "stdout:\n{out}\nstderr:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -215,11 +223,8 @@ fn cli_compile_then_run_matches_running_the_model() {
     if !have_cc() {
         return;
     }
-    let root = tempfile::tempdir().unwrap();
+    let root = small_model_dir();
     let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
-    let model = small_model();
-    std::fs::write(p("small.kir"), SMALL).unwrap();
-    kiln::weights::save(&root.path().join("small.safetensors"), &model.graph().weights).unwrap();
 
     let out = ok(&kiln(&[
         "compile",
@@ -256,4 +261,61 @@ fn cli_compile_then_run_matches_running_the_model() {
     // Options that make no sense for an artifact are refused.
     let o = kiln(&["run", &p("art"), "--backend", "interp"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("compiled artifact"));
+}
+
+#[cfg(feature = "ptx")]
+#[test]
+fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_run_refuses_it_clearly() {
+    let root = small_model_dir();
+    let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
+
+    let out = ok(&kiln(&[
+        "compile",
+        &p("small.kir"),
+        "--target",
+        "cuda",
+        "--arch",
+        "sm_90",
+        "-o",
+        &p("gpu"),
+        "--emit",
+        "kir",
+    ]));
+    assert!(out.contains("nvptx64-nvidia-cuda (sm_90, PTX ISA 7.8)"), "{out}");
+    for f in ["manifest.json", "weights.safetensors", "kernels.ptx", "model.kir"] {
+        assert!(root.path().join("gpu").join(f).is_file(), "{f} is written");
+    }
+    let manifest: kiln::artifact::CudaManifest =
+        serde_json::from_str(&std::fs::read_to_string(root.path().join("gpu/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest.target.triple, "nvptx64-nvidia-cuda");
+    assert_eq!(manifest.target.arch, kiln_codegen::ptx::PtxArch::Sm90);
+    manifest.executable.check_references(manifest.kernels.len()).unwrap();
+    assert!(!manifest.kernels.is_empty());
+    let ptx = std::fs::read_to_string(root.path().join("gpu/kernels.ptx")).unwrap();
+    assert!(ptx.contains(".target sm_90") && ptx.contains(".version 7.8"), "{ptx}");
+    for k in &manifest.kernels {
+        assert!(ptx.contains(&format!(".entry {}(", k.entry)), "entry {} in kernels.ptx", k.entry);
+    }
+    match kiln_codegen::ptx::ptxas::find() {
+        Some(ptxas) => {
+            kiln_codegen::ptx::ptxas::assemble(&ptxas, &ptx, kiln_codegen::ptx::PtxArch::Sm90, "small").unwrap()
+        }
+        None => println!("SKIPPED: ptxas not found: kernels.ptx is not assembled"),
+    }
+
+    // `--emit ptx` adds the PTX to a CPU artifact too.
+    if have_cc() {
+        ok(&kiln(&["compile", &p("small.kir"), "-o", &p("cpu"), "--emit", "ptx"]));
+        assert!(std::fs::read_to_string(root.path().join("cpu/kernels.ptx")).unwrap().contains(".target sm_80"));
+    }
+
+    // The CUDA runtime is not built yet: loading says so in one line.
+    let o = kiln(&["run", &p("gpu")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("a CUDA artifact (PTX for sm_90)") && !err.contains("panicked"),
+        "{err}"
+    );
+    let e = Artifact::load(&root.path().join("gpu"), 1).err().expect("refused").to_string();
+    assert!(e.contains("CUDA artifact"), "{e}");
 }

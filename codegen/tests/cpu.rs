@@ -6,57 +6,14 @@
 
 mod common;
 
-use common::{Buffers, Chunking, check_jit, check_jit_with, launch, lower_whole};
+use common::{
+    Buffers, Chunking, check_jit, check_jit_with, edge_args, edge_tensor, launch, lower_whole, one_loop_kernel,
+};
 use kiln_codegen::cpu::{self, CpuError, CpuFeatures, CpuOptions, JitModule, KernelFn, OptLevel, runtime};
 use kiln_codegen::kernel::{self, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::UnaryOp;
-use kiln_ir::tensor::Data;
 use kiln_ir::{DType, Tensor};
-
-const FLOATS: &[f64] = &[
-    f64::NAN,
-    1.5,
-    f64::INFINITY,
-    -2.5,
-    f64::NEG_INFINITY,
-    -0.0,
-    0.5,
-    0.0,
-    2.5,
-    3.0e38,
-    -1e-30,
-    88.5,
-    -100.0,
-    0.3,
-    -0.7,
-    1e-40,
-    65504.0,
-    70000.0,
-    -3.5,
-    1.0 + 1.0 / 2048.0,
-    7.25,
-];
-
-const INTS: &[i64] = &[i64::MIN, i64::MAX, -1, 0, 1, 7, -7, 3, 100, -100, 64, 8, 31, 32, 63, -128, 127, 255, 200];
-
-/// A tensor cycling through the edge values of its dtype, starting at `seed`.
-fn edge_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
-    let n: usize = shape.iter().product();
-    let data = if dtype.is_float() {
-        Data::from_f64_iter(dtype, (0..n).map(|i| FLOATS[(i + seed) % FLOATS.len()]))
-    } else {
-        Data::from_i64_iter(dtype, (0..n).map(|i| INTS[(i + seed) % INTS.len()]))
-    };
-    Tensor::new(shape, data).unwrap()
-}
-
-/// Divisors and exponents without zeros, -1 or negatives (which the evaluator reports as errors).
-fn safe_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
-    const SAFE: &[i64] = &[3, 2, 5, 7, 1, 100, 9, 13, 4];
-    let n: usize = shape.iter().product();
-    Tensor::new(shape, Data::from_i64_iter(dtype, (0..n).map(|i| SAFE[(i + seed) % SAFE.len()]))).unwrap()
-}
 
 /// Lowers `text` and checks it through the JIT for each binding of its symbol `n`; inputs named `d*` get
 /// [`safe_tensor`] values, others [`edge_tensor`] values.
@@ -71,25 +28,7 @@ fn check_graph_with(case: &str, text: &str, sizes: &[u64], options: &CpuOptions)
     for &n in sizes {
         let symbols: Vec<i64> = k.symbols.iter().map(|_| n as i64).collect();
         for seed in [0, 5] {
-            let args: Vec<Tensor> = k
-                .launch_args()
-                .enumerate()
-                .map(|(i, (_, a))| {
-                    let shape: Vec<usize> = a
-                        .shape
-                        .iter()
-                        .map(|e| match e {
-                            Extent::Const(c) => *c as usize,
-                            Extent::Sym(s) => symbols[*s] as usize,
-                        })
-                        .collect();
-                    match a.role {
-                        ArgRole::Input if a.name.starts_with('d') => safe_tensor(a.dtype, shape, seed + i),
-                        ArgRole::Input => edge_tensor(a.dtype, shape, seed + 3 * i),
-                        _ => Tensor::zeros(a.dtype, shape),
-                    }
-                })
-                .collect();
+            let args = edge_args(&k, &symbols, seed);
             check_jit_with(&format!("{case} [n={n}, seed {seed}]"), &k, &args, &symbols, options);
         }
     }
@@ -242,16 +181,8 @@ fn f64_and_half_floats() {
 
 #[test]
 fn casts_between_every_pair_of_dtypes() {
-    let dtypes = ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"];
-    for from in dtypes {
-        let mut body = String::new();
-        let mut outputs = String::new();
-        for (i, to) in dtypes.iter().enumerate() {
-            body.push_str(&format!("  %{} = cast %0 {{to={to}}} : {to}[n]\n", i + 1));
-            outputs.push_str(&format!("  output \"to_{to}\" = %{}\n", i + 1));
-        }
-        let text = format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}{outputs}}}");
-        check_graph(&format!("casts from {from}"), &text, &[1, 7, 19]);
+    for from in common::DTYPE_NAMES {
+        check_graph(&format!("casts from {from}"), &common::casts_graph(from), &[1, 7, 19]);
     }
 }
 
@@ -350,24 +281,6 @@ fn large_elementwise_kernel_matches() {
         }"#,
         &[100_003],
     );
-}
-
-/// `for i in 0..n { store out[i] = value }` over one output of `dtype` with one input `x` of `dtype`.
-fn one_loop_kernel(name: &str, dtype: DType, value: Expr) -> Kernel {
-    Kernel {
-        name: name.into(),
-        args: vec![
-            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
-            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
-        ],
-        symbols: vec!["n".into()],
-        body: Block(vec![Stmt::For {
-            var: LoopVar(0),
-            extent: IExpr::Sym(0),
-            kind: LoopKind::Vectorizable,
-            body: Block(vec![Stmt::Store { arg: kernel::ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
-        }]),
-    }
 }
 
 #[test]

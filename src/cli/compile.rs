@@ -1,5 +1,6 @@
-//! `kiln compile`: compile a model ahead of time into an artifact directory (see `kiln::artifact`), optionally
-//! with listings of what was compiled (`--emit kir,asm,dot`).
+//! `kiln compile`: compile a model ahead of time into an artifact directory (see `kiln::artifact`) for the CPU
+//! (`--target cpu`, the default: a shared library) or an NVIDIA GPU (`--target cuda`: PTX), optionally with
+//! listings of what was compiled (`--emit kir,asm,dot,ptx`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -16,9 +17,12 @@ use super::opt::PipelineArgs;
 pub struct CompileArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// The target backend (only cpu compiles ahead of time).
+    /// The target: cpu (a shared library for this host) or cuda (PTX for `--arch`).
     #[arg(long, default_value = "cpu", value_parser = super::run::parse_backend)]
     target: Backend,
+    /// The GPU architecture of `--target cuda` (and of `--emit ptx`): sm_80 or sm_90.
+    #[arg(long, default_value = "sm_80")]
+    arch: String,
     /// The artifact directory to write (created if missing).
     #[arg(long, short = 'o', value_name = "DIR")]
     output: PathBuf,
@@ -38,20 +42,30 @@ enum Emit {
     Asm,
     /// `graph.dot` (and `graph.svg` when graphviz is installed): the graph with its fusion groups.
     Dot,
+    /// `kernels.ptx`: the kernels as PTX for `--arch` (a CUDA artifact always holds it).
+    Ptx,
 }
 
 pub fn run(a: CompileArgs) -> Result<()> {
-    if a.target != Backend::Cpu {
-        bail!("--target {}: only the cpu target compiles ahead of time", a.target.name());
+    if a.target == Backend::Interp {
+        bail!("--target interp: the interpreter is not compiled (targets: cpu, cuda)");
     }
     let t0 = Instant::now();
     let model = a.model.load()?;
-    // Without -O or --pipeline, the CPU backend's own pipeline (as `kiln run --backend cpu` uses).
-    let pipeline = if a.passes.is_default() { "cpu-default".to_string() } else { a.passes.pipeline_text()? };
-    let options = CompileOptions { backend: Backend::Cpu, pipeline, threads: 0 };
+    // Without -O or --pipeline, the target's own pipeline (`cpu-default` as `kiln run --backend cpu` uses, or
+    // `cuda-default`).
+    let default = if a.target == Backend::Cuda { "cuda-default" } else { "cpu-default" };
+    let pipeline = if a.passes.is_default() { default.to_string() } else { a.passes.pipeline_text()? };
+    let options = CompileOptions { backend: a.target, pipeline, threads: 0 };
     let lowered = model.lower_instrumented(&options, &mut a.passes.instrumentation())?;
-    let artifact = Artifact::write(&lowered, &a.output)?;
     let dir = &a.output;
+    let summary = if a.target == Backend::Cuda {
+        cuda::write_artifact(&lowered, dir, &a.arch)?
+    } else {
+        let artifact = Artifact::write(&lowered, dir)?;
+        let m = artifact.manifest();
+        format!("{} ({})", m.target.triple, m.target.cpu_features.join(","))
+    };
     for emit in &a.emit {
         match emit {
             Emit::Kir => write(&dir.join("model.kir"), &kiln_ir::print(&lowered.graph))?,
@@ -65,6 +79,7 @@ pub fn run(a: CompileArgs) -> Result<()> {
                 }
                 write(&dir.join("kernels.s"), &text)?;
             }
+            Emit::Ptx => write(&dir.join(kiln::artifact::PTX_FILE), &cuda::ptx(&lowered, &a.arch)?)?,
             Emit::Dot => {
                 let path = dir.join("graph.dot");
                 write(&path, &kiln::dot::to_dot(&lowered.graph))?;
@@ -72,14 +87,11 @@ pub fn run(a: CompileArgs) -> Result<()> {
             }
         }
     }
-    let m = artifact.manifest();
     println!(
-        "compiled {} for {} ({}) in {:.1} ms: {} kernels, {} weights -> {}",
+        "compiled {} for {summary} in {:.1} ms: {} kernels, {} weights -> {}",
         a.model.model.display(),
-        m.target.triple,
-        m.target.cpu_features.join(","),
         t0.elapsed().as_secs_f64() * 1e3,
-        m.kernels.len(),
+        lowered.executable.kernels.len(),
         lowered.executable.weights.len(),
         dir.display()
     );
@@ -102,5 +114,49 @@ fn render_svg(dot: &Path, svg: &Path) -> Result<()> {
             bail!("graphviz `dot` failed on {}: {}", dot.display(), String::from_utf8_lossy(&out.stderr).trim())
         }
         Ok(_) => Ok(()),
+    }
+}
+
+/// The CUDA target, with the NVPTX emitter (feature `ptx`).
+#[cfg(feature = "ptx")]
+mod cuda {
+    use std::path::Path;
+
+    use anyhow::{Result, anyhow};
+    use kiln::{Artifact, Lowered};
+    use kiln_codegen::ptx::{self, PtxOptions};
+
+    fn options(arch: &str) -> Result<PtxOptions> {
+        Ok(PtxOptions { arch: arch.parse().map_err(|e: String| anyhow!("--arch: {e}"))?, ..PtxOptions::default() })
+    }
+
+    /// Writes the CUDA artifact; returns the target's description.
+    pub fn write_artifact(lowered: &Lowered, dir: &Path, arch: &str) -> Result<String> {
+        let m = Artifact::write_cuda(lowered, dir, &options(arch)?)?;
+        Ok(format!("{} ({}, PTX ISA {})", m.target.triple, m.target.arch.name(), m.target.ptx_isa))
+    }
+
+    /// The kernels as PTX for `arch`.
+    pub fn ptx(lowered: &Lowered, arch: &str) -> Result<String> {
+        Ok(ptx::compile(&lowered.executable.kernels, &options(arch)?)?.ptx)
+    }
+}
+
+/// The CUDA target in a kiln built without the NVPTX emitter.
+#[cfg(not(feature = "ptx"))]
+mod cuda {
+    use std::path::Path;
+
+    use anyhow::{Result, bail};
+    use kiln::Lowered;
+
+    const MISSING: &str = "this kiln is built without the NVPTX emitter (cargo feature `ptx`, which needs LLVM 19)";
+
+    pub fn write_artifact(_: &Lowered, _: &Path, _: &str) -> Result<String> {
+        bail!("--target cuda: {MISSING}")
+    }
+
+    pub fn ptx(_: &Lowered, _: &str) -> Result<String> {
+        bail!("--emit ptx: {MISSING}")
     }
 }

@@ -49,9 +49,9 @@
 //! the linked library must fill it with [`runtime::install_runtime_table`] before the first call.
 
 mod emit;
-mod parts;
+pub(crate) mod parts;
 pub mod runtime;
-mod scalar;
+pub(crate) mod scalar;
 mod simd;
 mod target;
 mod vmath;

@@ -17,44 +17,15 @@
 //! These bounds are checked on dense sweeps by the emitter's tests. Results may therefore differ from the scalar
 //! tail (and the interpreter) in the last bit or two; everything else the vector form computes is exact.
 
-// The coefficients are written as published, so they can be checked against their source.
-#![allow(clippy::excessive_precision)]
-
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::DType;
 use kiln_ir::op::UnaryOp;
 
 use super::emit::{EResult, Emitter};
-
-/// Cody–Waite split of ln 2: `C1` is exact in few bits, `C1 + C2` is ln 2 to beyond f32 precision.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const LOG2_E: f32 = std::f32::consts::LOG2_E;
-
-/// From this magnitude on, f32 `erf` is exactly ±1 (the smallest such f32 is 3.919206).
-const ERF_ONE_FROM: f32 = 3.92;
-/// `erf(x) ≈ x P(x^2) / Q(x^2)` on [-3.92, 3.92], highest degree first: kiln's own fit (a weighted least-squares
-/// rational fit, iterated towards minimax relative error; 1.9e-9 relative in exact arithmetic, so f32 rounding
-/// dominates the error).
-const ERF_P: [f32; 7] = [
-    -1.279_737_687_004_026_2e-8,
-    4.608_788_173_151_496e-6,
-    3.767_419_691_868_618e-4,
-    3.838_544_147_704_207_5e-3,
-    5.424_351_026_675_714_6e-2,
-    1.851_345_391_185_827_7e-1,
-    1.128_379_169_140_116_4,
-];
-/// See [`ERF_P`].
-const ERF_Q: [f32; 6] = [
-    6.239_499_310_814_85e-5,
-    1.301_486_291_387_817_9e-3,
-    1.542_983_069_017_173_6e-2,
-    1.138_731_195_482_262e-1,
-    4.974_046_196_470_342e-1,
-    1.0,
-];
+use crate::approx::{
+    ERF_ONE_FROM, ERF_P, ERF_Q, EXP_P, EXP_RANGE, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
+};
 
 impl Emitter<'_, '_> {
     /// The inline approximation of `k` on `x`, if there is one for this target.
@@ -65,7 +36,7 @@ impl Emitter<'_, '_> {
         }
         Some(match k {
             UnaryOp::Exp => {
-                let ok = self.in_range(x, -87.0, 88.0);
+                let ok = self.in_range(x, EXP_RANGE.0, EXP_RANGE.1);
                 self.guarded(k, x, ok, |e, x| e.vexp(x))
             }
             UnaryOp::Sigmoid => {
@@ -79,7 +50,7 @@ impl Emitter<'_, '_> {
                 })
             }
             UnaryOp::Tanh => {
-                let ok = self.in_range(x, -9.0, 9.0);
+                let ok = self.in_range(x, -TANH_SATURATE, TANH_SATURATE);
                 self.guarded(k, x, ok, |e, x| e.vtanh(x))
             }
             // No guard: the approximation covers every float (a NaN lane stays NaN through the arithmetic), so the
@@ -167,8 +138,7 @@ impl Emitter<'_, '_> {
         let a = self.b.ins().fmul(n, lo);
         let r = self.b.ins().fsub(r, a);
         let z = self.b.ins().fmul(r, r);
-        let p = self
-            .horner(r, &[1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1]);
+        let p = self.horner(r, &EXP_P);
         let p = self.b.ins().fmul(p, z);
         let p = self.b.ins().fadd(p, r);
         let one = self.vconst(1.0);
@@ -188,7 +158,7 @@ impl Emitter<'_, '_> {
         let ax = self.b.ins().fabs(x);
         // Small magnitudes: x + x^3 P(x^2).
         let z = self.b.ins().fmul(x, x);
-        let p = self.horner(z, &[-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1]);
+        let p = self.horner(z, &TANH_P);
         let p = self.b.ins().fmul(p, z);
         let p = self.b.ins().fmul(p, x);
         let small = self.b.ins().fadd(p, x);
@@ -205,7 +175,7 @@ impl Emitter<'_, '_> {
         let negative = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
         let neg_big = self.b.ins().fneg(big);
         let big = self.select_mask(negative, neg_big, big);
-        let limit = self.vconst(0.625);
+        let limit = self.vconst(TANH_SMALL);
         let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, limit);
         self.select_mask(is_small, small, big)
     }
@@ -256,20 +226,7 @@ impl Emitter<'_, '_> {
         let dec = self.select_mask(below, one, zero);
         let e = self.b.ins().fsub(e, dec);
         let z = self.b.ins().fmul(r, r);
-        let p = self.horner(
-            r,
-            &[
-                7.037_683_6e-2,
-                -1.151_461e-1,
-                1.167_699_9e-1,
-                -1.242_014_1e-1,
-                1.424_932_3e-1,
-                -1.666_805_8e-1,
-                2.000_071_4e-1,
-                -2.499_999_4e-1,
-                3.333_333_1e-1,
-            ],
-        );
+        let p = self.horner(r, &LOG_P);
         let p = self.b.ins().fmul(p, r);
         let y = self.b.ins().fmul(p, z);
         let lo = self.vconst(LN2_LO);

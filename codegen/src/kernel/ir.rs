@@ -309,6 +309,19 @@ pub enum Expr {
     Cast(Box<Expr>, DType),
 }
 
+impl KernelArg {
+    /// The extents of this buffer with the kernel's symbols bound to `symbols` (by position).
+    pub fn dims(&self, symbols: &[i64]) -> Vec<usize> {
+        self.shape
+            .iter()
+            .map(|e| match e {
+                Extent::Const(n) => *n as usize,
+                Extent::Sym(s) => symbols[*s] as usize,
+            })
+            .collect()
+    }
+}
+
 impl Kernel {
     /// The arguments passed at launch (inputs and outputs, not constants), in order, with their ids.
     pub fn launch_args(&self) -> impl Iterator<Item = (ArgId, &KernelArg)> {

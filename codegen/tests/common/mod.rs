@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 
 use kiln_codegen::cpu::{CpuOptions, JitModule, KernelFn, KernelInfo};
-use kiln_codegen::kernel::{self, ArgRole, Extent, Kernel, LowerOptions, SpacePolicy};
+use kiln_codegen::kernel::{self, ArgRole, Kernel, LowerOptions, SpacePolicy};
 use kiln_ir::op::Op;
-use kiln_ir::{Dim, Graph, NodeId, Tensor};
+use kiln_ir::tensor::Data;
+use kiln_ir::{DType, Dim, Graph, NodeId, Tensor};
 
 /// Every node but the graph's inputs and parameters.
 pub fn whole_group(g: &Graph) -> Vec<NodeId> {
@@ -57,17 +58,7 @@ pub fn check_kernel(case: &str, g: &Graph, k: &Kernel, bindings: &[(&str, u64)])
             .launch_args()
             .map(|(_, a)| match a.role {
                 ArgRole::Input => inputs.get(&a.name).unwrap_or_else(|| panic!("{case}: no input {}", a.name)).clone(),
-                _ => {
-                    let shape = a
-                        .shape
-                        .iter()
-                        .map(|e| match e {
-                            Extent::Const(n) => *n as usize,
-                            Extent::Sym(s) => symbols[*s] as usize,
-                        })
-                        .collect();
-                    Tensor::zeros(a.dtype, shape)
-                }
+                _ => Tensor::zeros(a.dtype, a.dims(&symbols)),
             })
             .collect();
         check_jit(case, k, &args, &symbols);
@@ -232,5 +223,98 @@ fn compare_to(case: &str, got: &Tensor, want: &Tensor, k: &Kernel, tolerance: f6
             || g.to_bits() == w.to_bits()
             || (g - w).abs() <= tolerance * g.abs().max(w.abs());
         assert!(ok, "{case}: element {i} is {g}, the {oracle} gives {w}\n{}", kernel::print(k));
+    }
+}
+
+pub const FLOATS: &[f64] = &[
+    f64::NAN,
+    1.5,
+    f64::INFINITY,
+    -2.5,
+    f64::NEG_INFINITY,
+    -0.0,
+    0.5,
+    0.0,
+    2.5,
+    3.0e38,
+    -1e-30,
+    88.5,
+    -100.0,
+    0.3,
+    -0.7,
+    1e-40,
+    65504.0,
+    70000.0,
+    -3.5,
+    1.0 + 1.0 / 2048.0,
+    7.25,
+];
+
+pub const INTS: &[i64] = &[i64::MIN, i64::MAX, -1, 0, 1, 7, -7, 3, 100, -100, 64, 8, 31, 32, 63, -128, 127, 255, 200];
+
+/// A tensor cycling through the edge values of its dtype, starting at `seed`.
+pub fn edge_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = if dtype.is_float() {
+        Data::from_f64_iter(dtype, (0..n).map(|i| FLOATS[(i + seed) % FLOATS.len()]))
+    } else {
+        Data::from_i64_iter(dtype, (0..n).map(|i| INTS[(i + seed) % INTS.len()]))
+    };
+    Tensor::new(shape, data).unwrap()
+}
+
+/// Divisors and exponents without zeros, -1 or negatives (which the evaluator reports as errors).
+pub fn safe_tensor(dtype: DType, shape: Vec<usize>, seed: usize) -> Tensor {
+    const SAFE: &[i64] = &[3, 2, 5, 7, 1, 100, 9, 13, 4];
+    let n: usize = shape.iter().product();
+    Tensor::new(shape, Data::from_i64_iter(dtype, (0..n).map(|i| SAFE[(i + seed) % SAFE.len()]))).unwrap()
+}
+
+/// Launch arguments of `k` for `symbols`: inputs named `d*` get [`safe_tensor`] values, other inputs
+/// [`edge_tensor`] values (from `seed`), outputs zeros.
+pub fn edge_args(k: &Kernel, symbols: &[i64], seed: usize) -> Vec<Tensor> {
+    k.launch_args()
+        .enumerate()
+        .map(|(i, (_, a))| {
+            let shape = a.dims(symbols);
+            match a.role {
+                ArgRole::Input if a.name.starts_with('d') => safe_tensor(a.dtype, shape, seed + i),
+                ArgRole::Input => edge_tensor(a.dtype, shape, seed + 3 * i),
+                _ => Tensor::zeros(a.dtype, shape),
+            }
+        })
+        .collect()
+}
+
+/// Every dtype, by name.
+pub const DTYPE_NAMES: [&str; 9] = ["f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"];
+
+/// A graph casting its input `x` of dtype `from` (symbolic length `n`) to every dtype, one output each.
+pub fn casts_graph(from: &str) -> String {
+    let mut body = String::new();
+    let mut outputs = String::new();
+    for (i, to) in DTYPE_NAMES.iter().enumerate() {
+        body.push_str(&format!("  %{} = cast %0 {{to={to}}} : {to}[n]\n", i + 1));
+        outputs.push_str(&format!("  output \"to_{to}\" = %{}\n", i + 1));
+    }
+    format!("graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {from}[n]\n{body}{outputs}}}")
+}
+
+/// `for i in 0..n { store y[i] = value }` over an input `x` and an output `y` of `dtype` (symbol `n`).
+pub fn one_loop_kernel(name: &str, dtype: DType, value: kernel::Expr) -> Kernel {
+    use kiln_codegen::kernel::{ArgId, Block, Extent, IExpr, KernelArg, LoopKind, LoopVar, Stmt};
+    Kernel {
+        name: name.into(),
+        args: vec![
+            KernelArg { name: "x".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Input },
+            KernelArg { name: "y".into(), dtype, shape: vec![Extent::Sym(0)], role: ArgRole::Output },
+        ],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![Stmt::Store { arg: ArgId(1), index: IExpr::Var(LoopVar(0)), value }]),
+        }]),
     }
 }

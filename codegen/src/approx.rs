@@ -1,0 +1,67 @@
+//! The polynomial approximations of `exp`, `log`, `tanh`, `sigmoid` and `erf` on f32 that both emitters
+//! generate: the Cranelift emitter's vector loops (`cpu::vmath`) and the NVPTX emitter (`ptx::math`, which has
+//! no libdevice). One table of coefficients and ranges serves both, so their results agree.
+//!
+//! The coefficients of `exp`, `log` and `tanh` are published ones — Cephes' single-precision library
+//! (S. Moshier) —, with Cody–Waite range reduction (`x = n ln2 + r`, `ln2 = LN2_HI + LN2_LO`).
+//! `erf`'s rational function is kiln's own fit. Polynomials are listed highest degree first (Horner order). Accuracy on each guarded range is documented
+//! and tested in `cpu::vmath`.
+
+// The coefficients are written as published, so they can be checked against their source.
+#![allow(clippy::excessive_precision)]
+
+/// The high part of Cody–Waite's split of ln 2 (exact in few bits).
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+/// The low part: `LN2_HI + LN2_LO` is ln 2 beyond f32 precision.
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
+/// log2(e).
+pub(crate) const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// `exp(r) = 1 + r + r^2 P(r)` on the reduced range `|r| <= ln2 / 2`.
+pub(crate) const EXP_P: [f32; 6] =
+    [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+/// Where the `exp` polynomial with a normal `2^n` scale is used: results normal and finite.
+pub(crate) const EXP_RANGE: (f32, f32) = (-87.0, 88.0);
+
+/// `tanh(x) = x + x^3 P(x^2)` for `|x| < TANH_SMALL`.
+pub(crate) const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1];
+/// Below this magnitude `tanh` uses its odd polynomial, above `1 - 2/(e^2|x| + 1)`.
+pub(crate) const TANH_SMALL: f32 = 0.625;
+/// Beyond this magnitude `tanh` is ±1 in f32.
+pub(crate) const TANH_SATURATE: f32 = 9.0;
+
+/// `erf(x) ≈ x P(x^2) / Q(x^2)` for `|x| < ERF_ONE_FROM`: kiln's own fit (a weighted least-squares rational
+/// fit, iterated towards minimax relative error; 1.9e-9 relative in exact arithmetic, so f32 rounding dominates).
+pub(crate) const ERF_P: [f32; 7] = [
+    -1.279_737_687_004_026_2e-8,
+    4.608_788_173_151_496e-6,
+    3.767_419_691_868_618e-4,
+    3.838_544_147_704_207_5e-3,
+    5.424_351_026_675_714_6e-2,
+    1.851_345_391_185_827_7e-1,
+    1.128_379_169_140_116_4,
+];
+/// See [`ERF_P`].
+pub(crate) const ERF_Q: [f32; 6] = [
+    6.239_499_310_814_85e-5,
+    1.301_486_291_387_817_9e-3,
+    1.542_983_069_017_173_6e-2,
+    1.138_731_195_482_262e-1,
+    4.974_046_196_470_342e-1,
+    1.0,
+];
+/// From this magnitude on, f32 `erf` is exactly ±1 (the smallest such f32 is 3.919206).
+pub(crate) const ERF_ONE_FROM: f32 = 3.92;
+
+/// `log(1 + r) = r - r^2/2 + r^3 P(r)` for `r` in `[sqrt(1/2) - 1, sqrt(2) - 1)`.
+pub(crate) const LOG_P: [f32; 9] = [
+    7.037_683_6e-2,
+    -1.151_461e-1,
+    1.167_699_9e-1,
+    -1.242_014_1e-1,
+    1.424_932_3e-1,
+    -1.666_805_8e-1,
+    2.000_071_4e-1,
+    -2.499_999_4e-1,
+    3.333_333_1e-1,
+];
