@@ -6,14 +6,13 @@
 //! windows into a column matrix (`im2col`, `[C/groups · k, out]`) and multiplies the weights by it. The bias seeds
 //! the result before the products accumulate into it, and the epilogue runs once per image while it is warm.
 
-use std::cell::Cell;
-
 use kiln_ir::op::Conv;
 use rayon::prelude::*;
 
 use super::matmul::{gemm_rowmajor, gemm_rowmajor_raw};
 use super::{
     Epilogue, LibraryError, Par, attr_usizes, check_len, element_count, phase_start, split_phases, strides_of,
+    with_scratch,
 };
 
 const OP: &str = "conv";
@@ -337,23 +336,6 @@ const COLUMN_BLOCK: usize = 1 << 18;
 const MIN_PARALLEL_BAND_COLUMNS: usize = 128;
 /// Fewest columns per band: narrower gemms lose more to packing the weights than the cache saves.
 const MIN_COLUMNS: usize = 512;
-
-thread_local! {
-    /// The column matrix of the last im2col on this thread, kept to save the allocation.
-    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-}
-
-/// Runs `f` on a scratch buffer of `len` floats (contents unspecified). The buffer is taken out of the
-/// thread-local slot while in use, so a nested call on the same thread (rayon work stealing inside `gemm`) gets a
-/// fresh one instead of aliasing it.
-fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
-    let mut buf = SCRATCH.with(Cell::take);
-    if buf.len() < len {
-        buf.resize(len, 0.0);
-    }
-    f(&mut buf[..len]);
-    SCRATCH.with(|s| s.set(buf));
-}
 
 /// Calls `f(outer index, flat offset of the row from row `first`)` for `count` output rows from row `first`: a row
 /// is a multi-index over all spatial dims but the last (one empty index for 1-D), rows in row-major order.

@@ -42,6 +42,24 @@ impl Par {
     }
 }
 
+thread_local! {
+    /// The scratch of the last call on this thread that needed one (im2col's column matrix, Winograd's transformed
+    /// tiles and products), kept to save allocating — and faulting in — megabytes per call.
+    static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs `f` on a scratch buffer of `len` floats (contents unspecified). The buffer is taken out of the
+/// thread-local slot while in use, so a nested call on the same thread (rayon work stealing inside `gemm`) gets a
+/// fresh one instead of aliasing it.
+fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
+    let mut buf = SCRATCH.with(std::cell::Cell::take);
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    f(&mut buf[..len]);
+    SCRATCH.with(|s| s.set(buf));
+}
+
 /// A library call's failure (unsupported dtype/attribute combination, bad shapes) — names the op.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LibraryError {

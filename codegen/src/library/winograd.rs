@@ -8,13 +8,11 @@
 //! convolution's summation in another order; the larger tiles of F(4×4, 3×3) would save more multiplies but lose
 //! about a decimal digit, which the reference tolerances do not allow.
 
-use std::cell::Cell;
-
 use kiln_ir::op::Conv;
 use rayon::prelude::*;
 
 use super::matmul::gemm_rowmajor_raw;
-use super::{LibraryError, Par, check_len};
+use super::{LibraryError, Par, check_len, with_scratch};
 
 const OP: &str = "conv";
 
@@ -159,23 +157,6 @@ fn image(g: &Tiles, x: &[f32], wt: &WinogradWeights, bias: Option<&[f32]>, y: &m
         let (v, prod) = scratch.split_at_mut(c * POINTS * t);
         transform_and_multiply(g, x, wt, bias, y, par, v, prod);
     });
-}
-
-thread_local! {
-    /// The transformed input and the products of the last call on this thread, kept to save allocating (and
-    /// faulting in) megabytes per call.
-    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-}
-
-/// Runs `f` on a scratch buffer of `len` floats (contents unspecified), taken out of the thread-local slot while
-/// in use so a nested call on the same thread gets its own.
-fn with_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
-    let mut buf = SCRATCH.with(Cell::take);
-    if buf.len() < len {
-        buf.resize(len, 0.0);
-    }
-    f(&mut buf[..len]);
-    SCRATCH.with(|s| s.set(buf));
 }
 
 /// [`image`]'s work on scratch buffers: `v` and `prod` are fully written before they are read.
