@@ -142,11 +142,11 @@ pub struct CpuProgram {
 }
 
 /// Fewest output positions per image for a 3×3 stride-1 conv to run by Winograd F(2×2, 3×3). In isolation
-/// (`cargo bench -p kiln-codegen --bench conv3x3`, one thread) it beats im2col by 1.3–1.55× on ResNet-18's layers
-/// down to 14×14 outputs; inside the model, layers with few tiles stream 16/9 as many weight bytes from memory
-/// for too few products each, and only the 56×56 and 28×28 layers gained (resnet18 about 10% faster on one and
-/// two threads, measured A/B in one session).
-const WINOGRAD_MIN_OUTPUT: u64 = 28 * 28;
+/// (`cargo bench -p kiln-codegen --bench conv3x3`) it beats im2col by 1.46–1.7× on one thread on ResNet-18's
+/// layers down to 14×14 outputs and by 1.17× at 7×7; inside the model the 7×7 layers lose (their transformed
+/// 512-channel weights, 16 MiB each, stream from memory for 16 tiles of products), while taking the 14×14 layers
+/// too makes resnet18 1.5–2 ms faster than stopping at 28×28 (A/B runs alternated on a quiet machine).
+const WINOGRAD_MIN_OUTPUT: u64 = 14 * 14;
 
 /// Raw buffer pointers of one run, shareable with the pool's threads (the steps' buffer discipline — a step
 /// writes only its results, which no concurrent chunk writes at the same element — makes this sound).
