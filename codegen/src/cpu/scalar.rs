@@ -78,7 +78,7 @@ impl Emitter<'_, '_> {
                 if da != db {
                     return Err(self.malformed(format!("{} on {da} and {db}", k.name())));
                 }
-                match small_power(bx) {
+                match bx.small_power() {
                     Some(n) if *k == BinaryOp::Pow && matches!(da, DType::F32 | DType::F64) => {
                         let mut acc = a;
                         for _ in 1..n {
@@ -482,16 +482,4 @@ impl Emitter<'_, '_> {
         let tie = self.b.ins().band(eq, last_v);
         self.b.ins().bor(beats, tie)
     }
-}
-
-/// `Some(n)` when `e` is the f32 or f64 constant 2, 3 or 4: `pow(x, n)` is then computed as `n - 1`
-/// multiplications (within 2 ulp of the correctly rounded power, identical for NaN, infinities and signed
-/// zeros), the form a gelu's `x³` needs to stay in vector registers.
-pub(crate) fn small_power(e: &Expr) -> Option<u32> {
-    let v = match e {
-        Expr::Const(kiln_ir::interp::scalar::Scalar::F32(v)) => f64::from(*v),
-        Expr::Const(kiln_ir::interp::scalar::Scalar::F64(v)) => *v,
-        _ => return None,
-    };
-    [2.0, 3.0, 4.0].contains(&v).then_some(v as u32)
 }

@@ -21,7 +21,7 @@
 //! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`, `sigmoid` and `erf` are inline
 //! approximations (`vmath`, same SSE4.1 condition); every other kind computes lane by lane through the same
 //! scalar code (and runtime functions) the scalar loop uses, bit-identical to it. `pow` by the constant 2, 3
-//! or 4 is repeated multiplication in both forms (see `scalar::small_power`).
+//! or 4 is repeated multiplication in both forms (see `Expr::small_power`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -256,10 +256,10 @@ impl Emitter<'_, '_> {
                 let x = self.vexpr(x, var, i, vlets)?;
                 self.vunary(*k, x)?
             }
-            Expr::Binary(BinaryOp::Pow, a, b) if super::scalar::small_power(b).is_some() => {
+            Expr::Binary(BinaryOp::Pow, a, b) if b.small_power().is_some() => {
                 let x = self.vexpr(a, var, i, vlets)?;
                 let mut acc = x;
-                for _ in 1..super::scalar::small_power(b).unwrap_or(1) {
+                for _ in 1..b.small_power().unwrap_or(1) {
                     acc = self.b.ins().fmul(acc, x);
                 }
                 acc

@@ -463,6 +463,18 @@ impl Expr {
         Expr::Binary(k, Box::new(a), Box::new(b))
     }
 
+    /// `Some(n)` when this is the f32 or f64 constant 2, 3 or 4: every emitter computes `pow(x, n)` as `n - 1`
+    /// multiplications (within 2 ulp of the correctly rounded power, identical for NaN, infinities and signed
+    /// zeros), the form a gelu's `x³` needs to stay in vector registers.
+    pub fn small_power(&self) -> Option<u32> {
+        let v = match self {
+            Expr::Const(Scalar::F32(v)) => f64::from(*v),
+            Expr::Const(Scalar::F64(v)) => *v,
+            _ => return None,
+        };
+        [2.0, 3.0, 4.0].contains(&v).then_some(v as u32)
+    }
+
     /// `cond ? a : b`.
     pub fn select(cond: Expr, a: Expr, b: Expr) -> Expr {
         Expr::Select(Box::new(cond), Box::new(a), Box::new(b))

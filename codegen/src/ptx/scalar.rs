@@ -11,7 +11,6 @@ use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, UnaryOp};
 
 use super::emit::{KernelEmitter, R};
-use crate::cpu::scalar::small_power;
 use crate::kernel::{AccOp, AccVar, Expr, IExpr};
 
 type V<'ctx> = BasicValueEnum<'ctx>;
@@ -105,7 +104,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 if da != db {
                     return Err(self.malformed(format!("{} on {da} and {db}", k.name())));
                 }
-                match small_power(bx) {
+                match bx.small_power() {
                     Some(n) if *k == BinaryOp::Pow && matches!(da, DType::F32 | DType::F64) => {
                         let mut acc = a;
                         for _ in 1..n {
