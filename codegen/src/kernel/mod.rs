@@ -22,6 +22,7 @@
 //! dumps one as text for snapshots, and [`eval`] runs one with the interpreter's scalar semantics — the oracle
 //! lowering is tested against, and later the emitters.
 
+pub mod builtin;
 mod eval;
 mod ir;
 mod lower;

@@ -138,7 +138,7 @@ pub fn lower_mapped(
         cx.nest(&domain, &outs)?;
     }
     let body = Block(cx.frames.pop().expect("the kernel body frame").stmts);
-    Ok((Kernel { name: name.to_string(), args: cx.args, symbols: cx.symbols, body }, cx.arg_values))
+    Ok((Kernel { name: name.to_string(), args: cx.args, symbols: cx.symbols.0, body }, cx.arg_values))
 }
 
 /// An output computed in a nest: its buffer, its value, and how its index derives from the nest's loops.
@@ -151,6 +151,40 @@ enum OutIndex {
     Full,
     /// The first `kept` (a reduction over the remaining, trailing dims); with `keep_dims`, zeros follow.
     Prefix { kept: usize, keep_dims: bool },
+}
+
+/// The kernel symbols a kernel's dims name so far: each distinct `Dim::Sym` becomes one, by the graph's symbol
+/// name (the runtime binds symbols by name). Shared by lowering and the built-in kernels (`builtin`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SymbolTable(pub(crate) Vec<String>);
+
+impl SymbolTable {
+    /// The position of symbol `name`, added if new.
+    pub(crate) fn symbol(&mut self, name: &str) -> usize {
+        match self.0.iter().position(|s| s == name) {
+            Some(i) => i,
+            None => {
+                self.0.push(name.to_string());
+                self.0.len() - 1
+            }
+        }
+    }
+
+    /// A dim as a buffer extent.
+    pub(crate) fn extent(&mut self, d: &Dim) -> Extent {
+        match d {
+            Dim::Static(n) => Extent::Const(*n),
+            Dim::Sym(s) => Extent::Sym(self.symbol(s)),
+        }
+    }
+
+    /// A dim as an index expression.
+    pub(crate) fn dim(&mut self, d: &Dim) -> IExpr {
+        match d {
+            Dim::Static(n) => IExpr::Const(*n as i64),
+            Dim::Sym(s) => IExpr::Sym(self.symbol(s)),
+        }
+    }
 }
 
 /// What a memoized scalar is the value of.
@@ -182,7 +216,7 @@ struct Ctx<'g> {
     args: Vec<KernelArg>,
     /// The graph value each arg holds (a constant arg: its `constant` node's result).
     arg_values: Vec<Value>,
-    symbols: Vec<String>,
+    symbols: SymbolTable,
     inputs: HashMap<Value, ArgId>,
     constants: HashMap<NodeId, ArgId>,
     /// Uses of each group value inside the group, plus one if it is an output.
@@ -220,7 +254,7 @@ impl<'g> Ctx<'g> {
             in_group,
             args: Vec::new(),
             arg_values: Vec::new(),
-            symbols: Vec::new(),
+            symbols: SymbolTable::default(),
             inputs: HashMap::new(),
             constants: HashMap::new(),
             uses: HashMap::new(),
@@ -311,29 +345,13 @@ impl<'g> Ctx<'g> {
         Ok(self.value_type(v)?.dtype)
     }
 
-    fn symbol(&mut self, name: &str) -> usize {
-        match self.symbols.iter().position(|s| s == name) {
-            Some(i) => i,
-            None => {
-                self.symbols.push(name.to_string());
-                self.symbols.len() - 1
-            }
-        }
-    }
-
     fn extent(&mut self, d: &Dim) -> Extent {
-        match d {
-            Dim::Static(n) => Extent::Const(*n),
-            Dim::Sym(s) => Extent::Sym(self.symbol(s)),
-        }
+        self.symbols.extent(d)
     }
 
     /// A dim as an index expression.
     fn dim(&mut self, d: &Dim) -> IExpr {
-        match d {
-            Dim::Static(n) => IExpr::Const(*n as i64),
-            Dim::Sym(s) => IExpr::Sym(self.symbol(s)),
-        }
+        self.symbols.dim(d)
     }
 
     /// The product of dims as an index expression.
@@ -675,7 +693,7 @@ impl<'g> Ctx<'g> {
 }
 
 /// The dtype arithmetic of reductions and normalizations runs in: f32 for f16 and bf16, else the dtype itself.
-fn compute_type(d: DType) -> DType {
+pub(crate) fn compute_type(d: DType) -> DType {
     match d {
         DType::F16 | DType::BF16 => DType::F32,
         other => other,

@@ -1,0 +1,476 @@
+//! Hand-built kernels for the library ops — conv (direct, or im2col plus a GEMM), pool and gather — for devices
+//! without a native library for them: the CUDA backend compiles these to PTX, while the CPU backend calls
+//! `codegen::library` instead (and matmul goes to cuBLAS, not here).
+//!
+//! Each builder takes the op's attributes and its operand and result types, checks them against the op's type
+//! rule (`kiln_ir::infer`), and returns one [`Kernel`] whose launch arguments are the operands then the result.
+//! Results are the interpreter's (`kiln_ir::interp::eval_op`): floats accumulate in the compute type (f32 for
+//! f16/bf16) over the reduction in increasing index order — input channel outermost, then the window's offsets
+//! row-major — so a thread-per-output run is bit-exact.
+//!
+//! **Windows.** Output position `o` and window offset `k` read input position `o·stride + k·dilation -
+//! pad_begin` per spatial dim. Where that can leave the input (the padding, or pool's ceil-mode overhang) the
+//! position is clamped into the input for the load and a select on the in-bounds condition replaces the value
+//! — by 0 for a sum (adding +0 to an accumulator that started at +0 changes nothing), by the accumulator's
+//! identity for a max — so every load is in bounds, as the IR requires. Average pooling's divisor is a closed
+//! form per output position (the count of real taps, or of taps inside the explicit pads).
+//!
+//! **Gather** has no data-dependent address in the IR (an index expression cannot read a buffer), so each
+//! output element is a `Max` reduction over the gathered axis of `select(j == index, data[.., j, ..],
+//! identity)`: exact for every dtype (the identity never wins against the one selected element, NaN and
+//! signed zeros included) and memory-safe whatever the index, but O(axis extent) work per element — fine for
+//! shape-sized gathers, slow for large embedding tables until the IR gains indirect loads.
+//!
+//! Dims may be symbolic: each distinct `Dim::Sym` becomes a kernel symbol named as in the graph. The type rules
+//! require static channels, weights and spatial dims, so in practice only the batch dim is symbolic.
+
+use std::collections::HashMap;
+
+use kiln_ir::interp::scalar::Scalar;
+use kiln_ir::op::{BinaryOp, Conv, Gather, Op, Pool, PoolKind};
+use kiln_ir::{DType, Dim, Shape, TensorType};
+
+use super::ir::{AccOp, AccVar, ArgId, ArgRole, CmpOp, Expr, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt, Var};
+use super::lower::{LowerError, SymbolTable, compute_type};
+use super::simplify::simplify;
+
+/// `col[n, k, p]`: the im2col matrix of a conv with `groups == 1`. `k` runs over `(ci, k0, k1, …)` (channel
+/// outermost, then the window's spatial offsets in order), `p` over the output's spatial positions (row-major).
+/// Padded positions are 0. `out` is `[N, Cin·∏K, ∏O]`. Args `[x, out]`.
+pub fn im2col(name: &str, x: &TensorType, w: &TensorType, conv: &Conv, out: &TensorType) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "im2col");
+    if conv.groups != 1 {
+        return Err(b.err(format!("needs groups == 1, got {}", conv.groups)));
+    }
+    let y = b.infer(&Op::Conv(conv.clone()), &[x.clone(), w.clone()])?;
+    let window = b.conv_window(x, w, conv, &y)?;
+    // The col matrix as the rank-(2 + 2r) tensor [N, Cin, K…, O…] it is, row-major.
+    let mut expanded = vec![x.shape.0[0].clone(), x.shape.0[1].clone()];
+    expanded.extend_from_slice(&w.shape.0[2..]);
+    expanded.extend_from_slice(&y.shape.0[2..]);
+    let product = |dims: &[Dim]| -> Result<Dim, LowerError> {
+        let sizes: Option<Vec<u64>> = dims.iter().map(Dim::as_static).collect();
+        sizes.map(|s| Dim::Static(s.iter().product())).ok_or_else(|| b.err("needs static channels and spatial dims"))
+    };
+    let rows = product(&expanded[1..2 + window.len()])?;
+    let cols = product(&expanded[2 + window.len()..])?;
+    let want = TensorType::new(x.dtype, Shape(vec![expanded[0].clone(), rows, cols]));
+    b.expect_out(out, &want)?;
+    let xa = b.arg("x", x, ArgRole::Input);
+    let oa = b.arg("out", out, ArgRole::Output);
+    let xd = b.dims(&x.shape);
+    let ed = b.dims(&Shape(expanded));
+    let (loops, idx) = b.loops(&ed);
+    let r = window.len();
+    let (pos, inside) = window.taps(&idx[2 + r..], &idx[2..2 + r]);
+    let mut at = vec![idx[0].clone(), idx[1].clone()];
+    at.extend(pos);
+    let load = Expr::Load { arg: xa, index: b.flat(&at, &xd) };
+    let value = masked(inside, load, Expr::Const(Scalar::from_f64(x.dtype, 0.0)));
+    let store = Stmt::Store { arg: oa, index: b.flat(&idx, &ed), value };
+    Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
+}
+
+/// `out[n, c, …] = bias[c]`: the output of a conv pre-filled with its bias, before a GEMM accumulates into it.
+/// Any dtype. Args `[bias, out]`.
+pub fn bias_fill(name: &str, bias: &TensorType, out: &TensorType) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "bias_fill");
+    if out.shape.rank() < 2 || bias.shape.0 != [out.shape.0[1].clone()] || bias.dtype != out.dtype {
+        return Err(b.err(format!("needs bias[C] and out[N, C, …] of one dtype, got {bias} and {out}")));
+    }
+    let ba = b.arg("bias", bias, ArgRole::Input);
+    let oa = b.arg("out", out, ArgRole::Output);
+    let od = b.dims(&out.shape);
+    let (loops, idx) = b.loops(&od);
+    let value = Expr::Load { arg: ba, index: idx[1].clone() };
+    let store = Stmt::Store { arg: oa, index: b.flat(&idx, &od), value };
+    Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
+}
+
+/// Direct convolution, any groups, strides, pads, dilations and spatial rank, optional bias: one output element
+/// per parallel iteration, a reduction over (input channel of the group, window). Float dtypes (f16/bf16
+/// accumulate in f32). Args `[x, w, bias?, out]`.
+pub fn conv_direct(
+    name: &str,
+    x: &TensorType,
+    w: &TensorType,
+    bias: Option<&TensorType>,
+    conv: &Conv,
+    out: &TensorType,
+) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "conv");
+    if !x.dtype.is_float() {
+        return Err(b.err(format!("needs a float dtype, got {}", x.dtype)));
+    }
+    let mut ins = vec![x.clone(), w.clone()];
+    ins.extend(bias.cloned());
+    let y = b.infer(&Op::Conv(conv.clone()), &ins)?;
+    b.expect_out(out, &y)?;
+    let window = b.conv_window(x, w, conv, &y)?;
+    let (dtype, c) = (x.dtype, compute_type(x.dtype));
+    let xa = b.arg("x", x, ArgRole::Input);
+    let wa = b.arg("w", w, ArgRole::Input);
+    let ba = bias.map(|t| b.arg("bias", t, ArgRole::Input));
+    let oa = b.arg("out", out, ArgRole::Output);
+    let (xd, wd, od) = (b.dims(&x.shape), b.dims(&w.shape), b.dims(&out.shape));
+    let (loops, idx) = b.loops(&od);
+    // Output channel m belongs to group m / (M / groups), which reads input channels from group · Cin/groups.
+    let per_group = IExpr::floor_div(od[1].clone(), IExpr::Const(conv.groups));
+    let first_channel = IExpr::times(IExpr::floor_div(idx[1].clone(), per_group), wd[1].clone());
+    let acc = b.acc();
+    let (red_loops, red) = b.loops(&wd[1..]);
+    let (pos, inside) = window.taps(&idx[2..], &red[1..]);
+    let mut x_at = vec![idx[0].clone(), IExpr::plus(first_channel, red[0].clone())];
+    x_at.extend(pos);
+    let mut w_at = vec![idx[1].clone()];
+    w_at.extend_from_slice(&red);
+    let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &xd) }, dtype, c);
+    let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &wd) }, dtype, c);
+    let product = masked(inside, Expr::binary(BinaryOp::Mul, xv, wv), Expr::Const(Scalar::from_f64(c, 0.0)));
+    let mut body = vec![Stmt::Acc { var: acc, dtype: c, op: AccOp::Sum }];
+    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value: product, position: None }]));
+    let mut result = Expr::Acc(acc);
+    if let Some(ba) = ba {
+        let bv = Expr::cast(Expr::Load { arg: ba, index: idx[1].clone() }, dtype, c);
+        result = Expr::binary(BinaryOp::Add, result, bv);
+    }
+    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::cast(result, c, dtype) });
+    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+}
+
+/// Max or average pooling with the interpreter's semantics: pads, strides, dilations, `ceil_mode`,
+/// `count_include_pad`; max ignores padding (a window with no real element gives the dtype's lowest value), and
+/// average divides by the real taps (NaN for none) or, with `count_include_pad`, by the taps inside the explicit
+/// pads. Args `[x, out]`.
+pub fn pool(name: &str, x: &TensorType, pool: &Pool, out: &TensorType) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "pool");
+    let y = b.infer(&Op::Pool(pool.clone()), std::slice::from_ref(x))?;
+    b.expect_out(out, &y)?;
+    let rank = x.shape.rank() - 2;
+    let xd = b.dims(&x.shape);
+    let window = Window(
+        (0..rank)
+            .map(|d| WindowDim {
+                input: xd[2 + d].clone(),
+                kernel: pool.kernel[d],
+                stride: pool.strides[d],
+                dilation: pool.dilations[d],
+                pad_begin: pool.pads[d],
+                output: out.shape.0[2 + d].as_static(),
+            })
+            .collect(),
+    );
+    let dtype = x.dtype;
+    let xa = b.arg("x", x, ArgRole::Input);
+    let oa = b.arg("out", out, ArgRole::Output);
+    let od = b.dims(&out.shape);
+    let (loops, idx) = b.loops(&od);
+    let kernel: Vec<IExpr> = pool.kernel.iter().map(|&k| IExpr::Const(k)).collect();
+    let acc = b.acc();
+    let (red_loops, red) = b.loops(&kernel);
+    let (pos, inside) = window.taps(&idx[2..], &red);
+    let mut at = vec![idx[0].clone(), idx[1].clone()];
+    at.extend(pos);
+    let load = Expr::Load { arg: xa, index: b.flat(&at, &xd) };
+    let (acc_dtype, op, value, result) = match pool.kind {
+        PoolKind::Max => {
+            let value = masked(inside, load, Expr::Const(AccOp::Max.identity(dtype)));
+            (dtype, AccOp::Max, value, Expr::Acc(acc))
+        }
+        PoolKind::Avg => {
+            let c = compute_type(dtype);
+            let value = masked(inside, Expr::cast(load, dtype, c), Expr::Const(Scalar::from_f64(c, 0.0)));
+            let count = b.simp(window.tap_count(&idx[2..], &pool.pads[rank..], pool.count_include_pad));
+            let mean = Expr::binary(BinaryOp::Div, Expr::Acc(acc), Expr::index(count, c));
+            (c, AccOp::Sum, value, Expr::cast(mean, c, dtype))
+        }
+    };
+    let mut body = vec![Stmt::Acc { var: acc, dtype: acc_dtype, op }];
+    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value, position: None }]));
+    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: result });
+    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+}
+
+/// Gather along `g.axis` (numpy `take`), any data dtype, i32 or i64 indices; a negative index wraps once
+/// (`i + dim`). The wrapped index is clamped into range, so any index is memory-safe; the caller validates
+/// indices before launching (an invalid one reads a clamped element here where the interpreter fails). Args
+/// `[data, indices, out]`.
+pub fn gather(
+    name: &str,
+    data: &TensorType,
+    indices: &TensorType,
+    g: &Gather,
+    out: &TensorType,
+) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "gather");
+    let y = b.infer(&Op::Gather(g.clone()), &[data.clone(), indices.clone()])?;
+    b.expect_out(out, &y)?;
+    let axis = kiln_ir::types::normalize_axis(g.axis, data.shape.rank()).map_err(|m| b.err(m))?;
+    let rank = indices.shape.rank();
+    let da = b.arg("data", data, ArgRole::Input);
+    let ia = b.arg("indices", indices, ArgRole::Input);
+    let oa = b.arg("out", out, ArgRole::Output);
+    let (dd, id, od) = (b.dims(&data.shape), b.dims(&indices.shape), b.dims(&out.shape));
+    let (loops, idx) = b.loops(&od);
+    // The index, wrapped once and clamped into [0, n).
+    let i64e = |e: IExpr| Expr::index(e, DType::I64);
+    let raw = Expr::cast(Expr::Load { arg: ia, index: b.flat(&idx[axis..axis + rank], &id) }, indices.dtype, DType::I64);
+    let raw_var = Var(0);
+    let n = dd[axis].clone();
+    let wrapped = Expr::select(
+        Expr::binary(BinaryOp::Lt, Expr::Var(raw_var), i64e(IExpr::Const(0))),
+        Expr::binary(BinaryOp::Add, Expr::Var(raw_var), i64e(n.clone())),
+        Expr::Var(raw_var),
+    );
+    let last = b.simp(IExpr::minus(n.clone(), IExpr::Const(1)));
+    let clamped = Expr::binary(
+        BinaryOp::Max,
+        Expr::binary(BinaryOp::Min, wrapped, i64e(last)),
+        i64e(IExpr::Const(0)),
+    );
+    let index_var = Var(1);
+    let acc = b.acc();
+    let (red_loops, red) = b.loops(std::slice::from_ref(&n));
+    let mut at = idx[..axis].to_vec();
+    at.push(red[0].clone());
+    at.extend_from_slice(&idx[axis + rank..]);
+    let hit = Expr::binary(BinaryOp::Eq, i64e(red[0].clone()), Expr::Var(index_var));
+    let load = Expr::Load { arg: da, index: b.flat(&at, &dd) };
+    let value = Expr::select(hit, load, Expr::Const(AccOp::Max.identity(data.dtype)));
+    let mut body = vec![
+        Stmt::Let { var: raw_var, dtype: DType::I64, value: raw },
+        Stmt::Let { var: index_var, dtype: DType::I64, value: clamped },
+        Stmt::Acc { var: acc, dtype: data.dtype, op: AccOp::Max },
+    ];
+    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value, position: None }]));
+    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::Acc(acc) });
+    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+}
+
+/// `cond ? value : fill`, or `value` when nothing needs masking.
+fn masked(cond: Option<Expr>, value: Expr, fill: Expr) -> Expr {
+    match cond {
+        Some(c) => Expr::select(c, value, fill),
+        None => value,
+    }
+}
+
+/// Wraps `body` in `loops` (outermost first) of `kind`; a parallel nest's innermost loop is `Vectorizable` when
+/// its body holds no loop. The loops are perfectly nested, so the emitters can flatten a parallel nest.
+fn nest(loops: Vec<(LoopVar, IExpr)>, kind: LoopKind, body: Vec<Stmt>) -> Vec<Stmt> {
+    let mut body = body;
+    let mut innermost = true;
+    for (var, extent) in loops.into_iter().rev() {
+        let k = if kind == LoopKind::Parallel && innermost && !body.iter().any(|s| matches!(s, Stmt::For { .. })) {
+            LoopKind::Vectorizable
+        } else {
+            kind
+        };
+        innermost = false;
+        body = vec![Stmt::For { var, extent, kind: k, body: super::ir::Block(body) }];
+    }
+    body
+}
+
+/// One spatial dim of a sliding window.
+struct WindowDim {
+    /// The input extent.
+    input: IExpr,
+    /// The window extent.
+    kernel: i64,
+    stride: i64,
+    dilation: i64,
+    pad_begin: i64,
+    /// The output extent, when static: with the input's, it bounds the positions read.
+    output: Option<u64>,
+}
+
+/// A window over every spatial dim.
+struct Window(Vec<WindowDim>);
+
+impl Window {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// For output position `out` and window offset `k`: the input position of each dim, clamped into the input
+    /// where it may leave it, and the condition that the tap is a real element (`None`: always).
+    fn taps(&self, out: &[IExpr], k: &[IExpr]) -> (Vec<IExpr>, Option<Expr>) {
+        let mut inside: Option<Expr> = None;
+        let mut and = |c: Expr| {
+            inside = Some(match inside.take() {
+                None => c,
+                Some(prev) => Expr::binary(BinaryOp::And, prev, c),
+            })
+        };
+        let mut pos = Vec::with_capacity(self.len());
+        for (d, wd) in self.0.iter().enumerate() {
+            let raw = IExpr::minus(
+                IExpr::plus(
+                    IExpr::times(out[d].clone(), IExpr::Const(wd.stride)),
+                    IExpr::times(k[d].clone(), IExpr::Const(wd.dilation)),
+                ),
+                IExpr::Const(wd.pad_begin),
+            );
+            // The largest position read, when static, tells whether the end can overhang.
+            let overhang = match (wd.output, wd.input.as_const()) {
+                (Some(o), Some(n)) => {
+                    (o as i64 - 1) * wd.stride + (wd.kernel - 1) * wd.dilation - wd.pad_begin > n - 1
+                }
+                _ => true,
+            };
+            let mut p = raw.clone();
+            if overhang {
+                and(Expr::cond(CmpOp::Lt, raw.clone(), wd.input.clone()));
+                p = IExpr::min(p, IExpr::minus(wd.input.clone(), IExpr::Const(1)));
+            }
+            if wd.pad_begin > 0 {
+                and(Expr::cond(CmpOp::Le, IExpr::Const(0), raw));
+                p = IExpr::max(p, IExpr::Const(0));
+            }
+            pos.push(p);
+        }
+        (pos, inside)
+    }
+
+    /// The number of taps of output position `out` that are real elements, or with `include_pad` that lie
+    /// inside the explicit pads (`pad_end` per dim): per dim, the count of offsets `k` in `[0, K)` whose
+    /// position `o·s - pb + k·d` lies in `[0, in)` (or `[-pb, in + pe)`), multiplied over dims.
+    fn tap_count(&self, out: &[IExpr], pad_end: &[i64], include_pad: bool) -> IExpr {
+        let c = IExpr::Const;
+        let mut count = c(1);
+        for (d, wd) in self.0.iter().enumerate() {
+            let start = IExpr::minus(IExpr::times(out[d].clone(), c(wd.stride)), c(wd.pad_begin));
+            let (lo, hi) = if include_pad {
+                (c(-wd.pad_begin), IExpr::plus(wd.input.clone(), c(pad_end[d])))
+            } else {
+                (c(0), wd.input.clone())
+            };
+            // k ≥ ceil((lo - start) / d) = -floor((start - lo) / d), and k ≤ floor((hi - 1 - start) / d).
+            let first = IExpr::max(
+                c(0),
+                IExpr::minus(c(0), IExpr::floor_div(IExpr::minus(start.clone(), lo), c(wd.dilation))),
+            );
+            let last = IExpr::min(
+                c(wd.kernel - 1),
+                IExpr::floor_div(IExpr::minus(IExpr::minus(hi, c(1)), start), c(wd.dilation)),
+            );
+            let n = IExpr::max(c(0), IExpr::plus(IExpr::minus(last, first), c(1)));
+            count = IExpr::times(count, n);
+        }
+        count
+    }
+}
+
+/// Kernel-building state: the buffers, symbols, and fresh loop and accumulator ids.
+struct Builder {
+    name: String,
+    op: &'static str,
+    args: Vec<KernelArg>,
+    symbols: SymbolTable,
+    loop_extent: HashMap<LoopVar, Option<u64>>,
+    next_loop: u32,
+    next_acc: u32,
+}
+
+impl Builder {
+    fn new(name: &str, op: &'static str) -> Builder {
+        Builder {
+            name: name.to_string(),
+            op,
+            args: Vec::new(),
+            symbols: SymbolTable::default(),
+            loop_extent: HashMap::new(),
+            next_loop: 0,
+            next_acc: 0,
+        }
+    }
+
+    /// An error naming the kernel and the op.
+    fn err(&self, reason: impl std::fmt::Display) -> LowerError {
+        LowerError::NotLowerable { node: self.name.clone(), reason: format!("{}: {reason}", self.op) }
+    }
+
+    /// The op's result type by its type rule, or the rule's complaint.
+    fn infer(&self, op: &Op, ins: &[TensorType]) -> Result<TensorType, LowerError> {
+        let mut outs = kiln_ir::infer::infer(op, ins).map_err(|m| self.err(m))?;
+        Ok(outs.remove(0))
+    }
+
+    /// Checks the caller's result type against the one the op gives.
+    fn expect_out(&self, out: &TensorType, want: &TensorType) -> Result<(), LowerError> {
+        if out != want {
+            return Err(self.err(format!("the result should be {want}, got {out}")));
+        }
+        Ok(())
+    }
+
+    /// The spatial window of a conv of `x` with `w` giving `y` (the type rule has checked the attributes).
+    fn conv_window(&mut self, x: &TensorType, w: &TensorType, conv: &Conv, y: &TensorType) -> Result<Window, LowerError> {
+        let rank = x.shape.rank() - 2;
+        let mut dims = Vec::with_capacity(rank);
+        for d in 0..rank {
+            let kernel = w.shape.0[2 + d].as_static().ok_or_else(|| self.err("needs static weights"))?;
+            dims.push(WindowDim {
+                input: self.symbols.dim(&x.shape.0[2 + d]),
+                kernel: kernel as i64,
+                stride: conv.strides[d],
+                dilation: conv.dilations[d],
+                pad_begin: conv.pads[d],
+                output: y.shape.0[2 + d].as_static(),
+            });
+        }
+        Ok(Window(dims))
+    }
+
+    fn arg(&mut self, name: &str, ty: &TensorType, role: ArgRole) -> ArgId {
+        let shape = ty.shape.0.iter().map(|d| self.symbols.extent(d)).collect();
+        self.args.push(KernelArg { name: name.to_string(), dtype: ty.dtype, shape, role });
+        ArgId(self.args.len() as u32 - 1)
+    }
+
+    fn dims(&mut self, shape: &Shape) -> Vec<IExpr> {
+        shape.0.iter().map(|d| self.symbols.dim(d)).collect()
+    }
+
+    /// Fresh loops over `extents` and their index expressions; an extent of 1 opens no loop (its index is 0).
+    fn loops(&mut self, extents: &[IExpr]) -> (Vec<(LoopVar, IExpr)>, Vec<IExpr>) {
+        let mut loops = Vec::new();
+        let mut idx = Vec::with_capacity(extents.len());
+        for e in extents {
+            let e = self.simp(e.clone());
+            if e == IExpr::Const(1) {
+                idx.push(IExpr::Const(0));
+                continue;
+            }
+            let var = LoopVar(self.next_loop);
+            self.next_loop += 1;
+            self.loop_extent.insert(var, e.as_const().map(|c| c.max(0) as u64));
+            loops.push((var, e));
+            idx.push(IExpr::Var(var));
+        }
+        (loops, idx)
+    }
+
+    fn acc(&mut self) -> AccVar {
+        self.next_acc += 1;
+        AccVar(self.next_acc - 1)
+    }
+
+    fn simp(&self, e: IExpr) -> IExpr {
+        simplify(&e, &|v| self.loop_extent.get(&v).copied().flatten())
+    }
+
+    /// The row-major element offset of `idx` in a buffer of extents `dims`.
+    fn flat(&self, idx: &[IExpr], dims: &[IExpr]) -> IExpr {
+        let mut acc = IExpr::Const(0);
+        for (i, n) in idx.iter().zip(dims) {
+            acc = IExpr::plus(IExpr::times(acc, n.clone()), i.clone());
+        }
+        self.simp(acc)
+    }
+
+    fn finish(self, body: Vec<Stmt>) -> Kernel {
+        Kernel { name: self.name, args: self.args, symbols: self.symbols.0, body: super::ir::Block(body) }
+    }
+}
