@@ -669,3 +669,113 @@ fn float_remainders_are_exact() {
         .unwrap();
     }
 }
+
+/// The built-in kernels of the library ops (`kernel::builtin`: conv as im2col + bias fill or direct, pool,
+/// gather), with a symbolic batch where they take one.
+fn builtin_kernels() -> Vec<Kernel> {
+    use kernel::builtin;
+    use kiln_ir::op::{Conv, Gather, Pool, PoolKind};
+    use kiln_ir::{DType, Dim, TensorType};
+    let batched = |dims: &[u64]| {
+        let mut t = TensorType::of(DType::F32, dims);
+        t.shape.0[0] = Dim::Sym("batch".into());
+        t
+    };
+    let f32s = |dims: &[u64]| TensorType::of(DType::F32, dims);
+    let conv = |strides: &[i64], pads: &[i64], groups: i64| Conv {
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        dilations: vec![1; strides.len()],
+        groups,
+    };
+    let pool = |kind, ceil_mode, count_include_pad| Pool {
+        kind,
+        kernel: vec![3, 3],
+        strides: vec![2, 2],
+        pads: vec![1, 0, 1, 1],
+        dilations: vec![1, 1],
+        ceil_mode,
+        count_include_pad,
+    };
+    let gather_i64 = TensorType::new(DType::I64, kiln_ir::Shape(vec![Dim::Sym("batch".into()), Dim::Static(4)]));
+    vec![
+        builtin::conv_direct(
+            "conv3x3_bias",
+            &batched(&[1, 3, 6, 7]),
+            &f32s(&[4, 3, 3, 3]),
+            Some(&f32s(&[4])),
+            &conv(&[1, 1], &[1, 1, 1, 1], 1),
+            &batched(&[1, 4, 6, 7]),
+        )
+        .unwrap(),
+        builtin::conv_direct(
+            "conv_depthwise_s2",
+            &f32s(&[2, 3, 5, 5]),
+            &f32s(&[3, 1, 3, 3]),
+            None,
+            &conv(&[2, 2], &[1, 1, 1, 1], 3),
+            &f32s(&[2, 3, 3, 3]),
+        )
+        .unwrap(),
+        builtin::conv_direct(
+            "conv1d_1x1",
+            &f32s(&[2, 8, 5]),
+            &f32s(&[6, 8, 1]),
+            None,
+            &conv(&[1], &[0, 0], 1),
+            &f32s(&[2, 6, 5]),
+        )
+        .unwrap(),
+        builtin::im2col(
+            "im2col_7x7_s2",
+            &batched(&[1, 3, 12, 12]),
+            &f32s(&[8, 3, 7, 7]),
+            &conv(&[2, 2], &[3, 3, 3, 3], 1),
+            &batched(&[1, 147, 36]),
+        )
+        .unwrap(),
+        builtin::bias_fill("bias_fill", &f32s(&[4]), &batched(&[1, 4, 3, 5])).unwrap(),
+        builtin::pool(
+            "max_pool_ceil",
+            &batched(&[1, 2, 7, 8]),
+            &pool(PoolKind::Max, true, false),
+            &batched(&[1, 2, 4, 4]),
+        )
+        .unwrap(),
+        builtin::pool("avg_pool_pads", &f32s(&[2, 2, 7, 8]), &pool(PoolKind::Avg, true, true), &f32s(&[2, 2, 4, 4]))
+            .unwrap(),
+        builtin::pool("avg_pool_real", &f32s(&[2, 2, 7, 8]), &pool(PoolKind::Avg, false, false), &f32s(&[2, 2, 4, 4]))
+            .unwrap(),
+        builtin::gather(
+            "gather_rows",
+            &f32s(&[10, 6]),
+            &TensorType::of(DType::I64, &[2, 3]),
+            &Gather { axis: 0 },
+            &f32s(&[2, 3, 6]),
+        )
+        .unwrap(),
+        builtin::gather(
+            "gather_last_axis",
+            &gather_i64,
+            &TensorType::of(DType::I32, &[5]),
+            &Gather { axis: -1 },
+            &TensorType::new(DType::I64, kiln_ir::Shape(vec![Dim::Sym("batch".into()), Dim::Static(5)])),
+        )
+        .unwrap(),
+    ]
+}
+
+#[test]
+fn builtin_kernels_assemble_and_match_the_evaluator_in_emulation() {
+    let ks = builtin_kernels();
+    let ptxas = ptx::ptxas::find();
+    for arch in PtxArch::ALL {
+        let m = ptx::compile(&ks, &PtxOptions { arch, ..PtxOptions::default() }).unwrap_or_else(|e| panic!("{e}"));
+        match &ptxas {
+            Some(ptxas) => ptx::ptxas::assemble(ptxas, &m.ptx, arch, "builtin").unwrap_or_else(|e| panic!("{e}")),
+            None => eprintln!("SKIPPED: ptxas not found: the built-in kernels are not assembled"),
+        }
+    }
+    let (compared, _) = check_emulated("builtin", &ks);
+    assert_eq!(compared, ks.len());
+}

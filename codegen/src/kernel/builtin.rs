@@ -214,7 +214,8 @@ pub fn gather(
     let (loops, idx) = b.loops(&od);
     // The index, wrapped once and clamped into [0, n).
     let i64e = |e: IExpr| Expr::index(e, DType::I64);
-    let raw = Expr::cast(Expr::Load { arg: ia, index: b.flat(&idx[axis..axis + rank], &id) }, indices.dtype, DType::I64);
+    let raw =
+        Expr::cast(Expr::Load { arg: ia, index: b.flat(&idx[axis..axis + rank], &id) }, indices.dtype, DType::I64);
     let raw_var = Var(0);
     let n = dd[axis].clone();
     let wrapped = Expr::select(
@@ -223,11 +224,7 @@ pub fn gather(
         Expr::Var(raw_var),
     );
     let last = b.simp(IExpr::minus(n.clone(), IExpr::Const(1)));
-    let clamped = Expr::binary(
-        BinaryOp::Max,
-        Expr::binary(BinaryOp::Min, wrapped, i64e(last)),
-        i64e(IExpr::Const(0)),
-    );
+    let clamped = Expr::binary(BinaryOp::Max, Expr::binary(BinaryOp::Min, wrapped, i64e(last)), i64e(IExpr::Const(0)));
     let index_var = Var(1);
     let acc = b.acc();
     let (red_loops, red) = b.loops(std::slice::from_ref(&n));
@@ -314,9 +311,7 @@ impl Window {
             );
             // The largest position read, when static, tells whether the end can overhang.
             let overhang = match (wd.output, wd.input.as_const()) {
-                (Some(o), Some(n)) => {
-                    (o as i64 - 1) * wd.stride + (wd.kernel - 1) * wd.dilation - wd.pad_begin > n - 1
-                }
+                (Some(o), Some(n)) => (o as i64 - 1) * wd.stride + (wd.kernel - 1) * wd.dilation - wd.pad_begin > n - 1,
                 _ => true,
             };
             let mut p = raw.clone();
@@ -347,10 +342,8 @@ impl Window {
                 (c(0), wd.input.clone())
             };
             // k ≥ ceil((lo - start) / d) = -floor((start - lo) / d), and k ≤ floor((hi - 1 - start) / d).
-            let first = IExpr::max(
-                c(0),
-                IExpr::minus(c(0), IExpr::floor_div(IExpr::minus(start.clone(), lo), c(wd.dilation))),
-            );
+            let first =
+                IExpr::max(c(0), IExpr::minus(c(0), IExpr::floor_div(IExpr::minus(start.clone(), lo), c(wd.dilation))));
             let last = IExpr::min(
                 c(wd.kernel - 1),
                 IExpr::floor_div(IExpr::minus(IExpr::minus(hi, c(1)), start), c(wd.dilation)),
@@ -406,7 +399,13 @@ impl Builder {
     }
 
     /// The spatial window of a conv of `x` with `w` giving `y` (the type rule has checked the attributes).
-    fn conv_window(&mut self, x: &TensorType, w: &TensorType, conv: &Conv, y: &TensorType) -> Result<Window, LowerError> {
+    fn conv_window(
+        &mut self,
+        x: &TensorType,
+        w: &TensorType,
+        conv: &Conv,
+        y: &TensorType,
+    ) -> Result<Window, LowerError> {
         let rank = x.shape.rank() - 2;
         let mut dims = Vec::with_capacity(rank);
         for d in 0..rank {
