@@ -6,7 +6,8 @@
 //! rule (`kiln_ir::infer`), and returns one [`Kernel`] whose launch arguments are the operands then the result.
 //! Results are the interpreter's (`kiln_ir::interp::eval_op`): floats accumulate in the compute type (f32 for
 //! f16/bf16) over the reduction in increasing index order — input channel outermost, then the window's offsets
-//! row-major — so a thread-per-output run is bit-exact.
+//! row-major — so a run that folds each output sequentially (the evaluator, the CPU emitter) is bit-exact;
+//! the PTX emitter's warp-cooperative reductions reorder the sums of conv and average pool.
 //!
 //! **Windows.** Output position `o` and window offset `k` read input position `o·stride + k·dilation -
 //! pad_begin` per spatial dim. Where that can leave the input (the padding, or pool's ceil-mode overhang) the

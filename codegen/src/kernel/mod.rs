@@ -18,6 +18,8 @@
 //! knows the neutral element a parallel reduction needs; and large constants are `Constant` buffers carried by
 //! the kernel (read-only data in the object file or PTX), so a launch passes only real inputs and outputs.
 //!
+//! [`builtin`] builds the library ops' kernels (conv, pool, gather) for devices without a native library for them.
+//!
 //! [`lower`] turns a fusion group into a kernel (see its module for coverage and the sharing rule), [`print()`]
 //! dumps one as text for snapshots, and [`eval`] runs one with the interpreter's scalar semantics — the oracle
 //! lowering is tested against, and later the emitters.
