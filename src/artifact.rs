@@ -22,8 +22,9 @@ use std::time::Instant;
 
 use kiln_codegen::cpu::{self, CpuOptions, CpuTarget, KernelInfo};
 use kiln_codegen::exec::Executable;
+use kiln_codegen::device::{DevicePlan, PtxArch, PtxKernelInfo};
 #[cfg(feature = "ptx")]
-use kiln_codegen::ptx::{self, PtxArch, PtxKernelInfo, PtxOptions};
+use kiln_codegen::ptx::PtxOptions;
 use serde::{Deserialize, Serialize};
 
 use crate::{Compiled, Error, Lowered};
@@ -44,7 +45,6 @@ pub const PTX_FILE: &str = "kernels.ptx";
 const CUDA_TRIPLE: &str = "nvptx64-nvidia-cuda";
 
 /// The target of a CUDA artifact.
-#[cfg(feature = "ptx")]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CudaTarget {
     /// `nvptx64-nvidia-cuda`.
@@ -57,8 +57,8 @@ pub struct CudaTarget {
     pub block_size: u32,
 }
 
-/// `manifest.json` of a CUDA artifact: as [`Manifest`], with the PTX module in place of the CPU library.
-#[cfg(feature = "ptx")]
+/// `manifest.json` of a CUDA artifact: as [`Manifest`], with the PTX module in place of the CPU library and the
+/// device plan.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CudaManifest {
     /// [`FORMAT_VERSION`] of the kiln that wrote it.
@@ -75,10 +75,13 @@ pub struct CudaManifest {
     pub weights_file: String,
     /// The PTX module, relative to the artifact directory.
     pub ptx_file: String,
-    /// Entry, parameters and launch rule of each kernel, by the executable's kernel index.
+    /// Entry, parameters and launch rule of each kernel, by the device plan's kernel index (the executable's
+    /// kernels, then the builtins).
     pub kernels: Vec<PtxKernelInfo>,
     /// The executable without its kernel IR and weights.
     pub executable: Executable,
+    /// The executable's steps for the device.
+    pub plan: DevicePlan,
 }
 
 /// `manifest.json`: what an artifact holds. See the module docs.
@@ -183,8 +186,7 @@ impl Artifact {
     pub fn write_cuda(lowered: &Lowered, dir: &Path, options: &PtxOptions) -> Result<CudaManifest, Error> {
         std::fs::create_dir_all(dir).map_err(|e| artifact_error(dir, format!("cannot create the directory: {e}")))?;
         let exe = &lowered.executable;
-        let module = ptx::compile(&exe.kernels, options)
-            .map_err(|e| Error::Backend { backend: "cuda", message: e.to_string() })?;
+        let crate::cuda::DeviceCode { plan, module } = crate::cuda::compile_device(exe, options)?;
         let ptx_path = dir.join(PTX_FILE);
         std::fs::write(&ptx_path, &module.ptx).map_err(|e| artifact_error(&ptx_path, format!("cannot write: {e}")))?;
         crate::weights::save(&dir.join(WEIGHTS_FILE), &exe.weights)?;
@@ -204,6 +206,7 @@ impl Artifact {
             ptx_file: PTX_FILE.into(),
             kernels: module.kernels,
             executable: exe.clone(),
+            plan,
         };
         let path = dir.join(MANIFEST_FILE);
         let text = serde_json::to_string_pretty(&manifest)
@@ -212,36 +215,22 @@ impl Artifact {
         Ok(manifest)
     }
 
+    /// Whether the artifact in `dir` is a CUDA artifact (an unreadable manifest is not one).
+    pub fn is_cuda(dir: &Path) -> bool {
+        read_manifest(dir).is_ok_and(|(_, v)| is_cuda_manifest(&v))
+    }
+
     /// Reads and checks an artifact's manifest: its format version, target triple and CPU features must suit
     /// this kiln and this host.
     pub fn open(dir: &Path) -> Result<Artifact, Error> {
-        let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| artifact_error(&path, format!("cannot read: {e}")))?;
-        // The version is read first, on its own, so that a manifest of another format is reported as such and
-        // not as whatever field it happens to lack.
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| artifact_error(&path, format!("corrupt manifest (not valid JSON): {e}")))?;
-        let version = value
-            .get("format_version")
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| artifact_error(&path, "no `format_version`: not a kiln artifact manifest"))?;
-        if version != u64::from(FORMAT_VERSION) {
-            return Err(artifact_error(
-                &path,
-                format!(
-                    "format version {version} is not supported: this kiln ({}) reads format version \
-                     {FORMAT_VERSION}; recompile the model with `kiln compile`",
-                    env!("CARGO_PKG_VERSION")
-                ),
-            ));
-        }
-        if value.pointer("/target/triple").and_then(|t| t.as_str()) == Some(CUDA_TRIPLE) {
+        let (path, value) = read_manifest(dir)?;
+        if is_cuda_manifest(&value) {
             let arch = value.pointer("/target/arch").and_then(|a| a.as_str()).unwrap_or("?");
             return Err(artifact_error(
                 &path,
                 format!(
-                    "a CUDA artifact (PTX for {arch}): the CUDA runtime that loads it is not built yet; \
-                     compile with `--target cpu` to run on this host"
+                    "a CUDA artifact (PTX for {arch}): it runs on a GPU (`kiln run`, `Artifact::load_cuda`); \
+                     compile with `--target cpu` to run on this host's CPU"
                 ),
             ));
         }
@@ -276,17 +265,59 @@ impl Artifact {
         Artifact::open(dir)?.into_compiled(threads, t0)
     }
 
+    /// Loads the CUDA artifact in `dir` onto CUDA device `ordinal`: the manifest (checked), the weights and the
+    /// PTX module (JIT-compiled by the driver; no LLVM is needed). Without a device, the device's clear error.
+    pub fn load_cuda(dir: &Path, ordinal: usize) -> Result<crate::cuda::CudaCompiled, Error> {
+        let t0 = Instant::now();
+        let (path, value) = read_manifest(dir)?;
+        if !is_cuda_manifest(&value) {
+            return Err(artifact_error(&path, "not a CUDA artifact: `kiln run` runs it on the CPU"));
+        }
+        let manifest: CudaManifest =
+            serde_json::from_value(value).map_err(|e| artifact_error(&path, format!("corrupt manifest: {e}")))?;
+        manifest
+            .plan
+            .check_references(manifest.executable.buffers.len(), manifest.kernels.len())
+            .map_err(|e| artifact_error(&path, format!("corrupt manifest: the device plan is inconsistent: {e}")))?;
+        let device = kiln_runtime::cuda::CudaDevice::open(ordinal).map_err(crate::cuda_run_error)?;
+        if let Ok((major, minor)) = device.compute_capability() {
+            let need = match manifest.target.arch {
+                PtxArch::Sm80 => 8,
+                PtxArch::Sm90 => 9,
+            };
+            if major < need {
+                return Err(artifact_error(
+                    &path,
+                    format!(
+                        "compiled for {}, but device {ordinal} ({}) has compute capability {major}.{minor}",
+                        manifest.target.arch.name(),
+                        device.name()
+                    ),
+                ));
+            }
+        }
+        let CudaManifest { mut executable, kernels, weights_file, ptx_file, plan, .. } = manifest;
+        let tw = Instant::now();
+        executable.weights = crate::weights::load(&artifact_file(dir, &weights_file)?)?;
+        let weights_load = tw.elapsed();
+        let ptx_path = artifact_file(dir, &ptx_file)?;
+        let ptx = std::fs::read_to_string(&ptx_path).map_err(|e| artifact_error(&ptx_path, format!("cannot read: {e}")))?;
+        let report = crate::CompileReport {
+            kernels: kernels.len(),
+            steps: executable.step_counts(),
+            fallbacks: executable.fallbacks.clone(),
+            arena_bytes: executable.arena_bytes,
+            weights_load,
+            ..Default::default()
+        };
+        let mut compiled = crate::cuda::CudaCompiled::bind(device, executable, plan, &ptx, kernels, report)?;
+        compiled.set_load_time(t0.elapsed());
+        Ok(compiled)
+    }
+
     fn into_compiled(self, threads: usize, t0: Instant) -> Result<Compiled, Error> {
         let Manifest { executable: mut exe, kernels, weights_file, library_file, provenance, .. } = self.manifest;
-        let file = |name: &str| -> Result<PathBuf, Error> {
-            // The manifest names files inside the artifact only.
-            let relative = Path::new(name);
-            if relative.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
-                Ok(self.dir.join(relative))
-            } else {
-                Err(artifact_error(&self.dir.join(MANIFEST_FILE), format!("`{name}` is not a file of the artifact")))
-            }
-        };
+        let file = |name: &str| artifact_file(&self.dir, name);
         let tw = Instant::now();
         exe.weights = crate::weights::load(&file(&weights_file)?)?;
         let weights_load = tw.elapsed();
@@ -311,6 +342,44 @@ impl Artifact {
         compiled.report.load = t0.elapsed();
         compiled.report.weights_load = weights_load;
         Ok(compiled)
+    }
+}
+
+/// The manifest of the artifact in `dir` as JSON, its format version checked (read first, on its own, so that a
+/// manifest of another format is reported as such and not as whatever field it happens to lack).
+fn read_manifest(dir: &Path) -> Result<(PathBuf, serde_json::Value), Error> {
+    let path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| artifact_error(&path, format!("cannot read: {e}")))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| artifact_error(&path, format!("corrupt manifest (not valid JSON): {e}")))?;
+    let version = value
+        .get("format_version")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| artifact_error(&path, "no `format_version`: not a kiln artifact manifest"))?;
+    if version != u64::from(FORMAT_VERSION) {
+        return Err(artifact_error(
+            &path,
+            format!(
+                "format version {version} is not supported: this kiln ({}) reads format version {FORMAT_VERSION}; \
+                 recompile the model with `kiln compile`",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ));
+    }
+    Ok((path, value))
+}
+
+fn is_cuda_manifest(value: &serde_json::Value) -> bool {
+    value.pointer("/target/triple").and_then(|t| t.as_str()) == Some(CUDA_TRIPLE)
+}
+
+/// The path of file `name` of the artifact in `dir`: the manifest names files inside the artifact only.
+fn artifact_file(dir: &Path, name: &str) -> Result<PathBuf, Error> {
+    let relative = Path::new(name);
+    if relative.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+        Ok(dir.join(relative))
+    } else {
+        Err(artifact_error(&dir.join(MANIFEST_FILE), format!("`{name}` is not a file of the artifact")))
     }
 }
 

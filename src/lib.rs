@@ -26,6 +26,7 @@ use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
 
 pub mod artifact;
 pub mod conformance;
+pub mod cuda;
 pub mod difftest;
 pub mod dot;
 pub mod generate;
@@ -175,7 +176,7 @@ pub struct RunOptions {
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// The target: [`Backend::Cpu`], or [`Backend::Cuda`] for [`Model::lower`] and ahead-of-time PTX artifacts
-    /// (the interpreter needs no compilation; the CUDA runtime is not built yet).
+    /// (the interpreter needs no compilation; [`Model::compile_cuda`] compiles for a device in memory).
     pub backend: Backend,
     /// The pass pipeline run before code generation (`cpu-default`, `O0`…`O3`, or any pipeline string).
     pub pipeline: String,
@@ -315,24 +316,20 @@ impl Request {
     }
 }
 
-/// Why a model cannot run on CUDA here: no driver or device (probed without panicking), or — with a device — that
-/// running programs on it is not built yet.
-fn cuda_unavailable() -> String {
-    match kiln_runtime::cuda::CudaDevice::open(0) {
-        Err(kiln_runtime::RunError::NoDevice { reason, .. }) => reason,
-        Err(e) => e.to_string(),
-        Ok(device) => format!(
-            "found device 0 ({}), but running programs on CUDA is not built yet; use --backend cpu",
-            device.name()
-        ),
-    }
-}
-
 /// A runtime error as the facade reports it: bad inputs as [`Error::Input`], the rest as the backend's.
 fn run_error(e: kiln_runtime::RunError) -> Error {
     match e {
         kiln_runtime::RunError::Input(m) => Error::Input(m),
+        kiln_runtime::RunError::NoDevice { reason, .. } => Error::Backend { backend: "cuda", message: reason },
         e => Error::Backend { backend: "cpu", message: e.to_string() },
+    }
+}
+
+/// A CUDA runtime error as the facade reports it: as [`run_error`], attributed to the cuda backend.
+fn cuda_run_error(e: kiln_runtime::RunError) -> Error {
+    match run_error(e) {
+        Error::Backend { message, .. } => Error::Backend { backend: "cuda", message },
+        e => e,
     }
 }
 
@@ -470,7 +467,7 @@ impl Model {
                     self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
                 compiled.run(inputs)
             }
-            b @ Backend::Cuda => Err(Error::Backend { backend: b.name(), message: cuda_unavailable() }),
+            Backend::Cuda => self.compile_cuda(0, None)?.run(inputs),
         }
     }
 
@@ -525,7 +522,7 @@ impl Model {
     /// Compiles the model for `options.backend`: [`Model::lower`], then machine code in memory (JIT).
     pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
         if options.backend != Backend::Cpu {
-            let message = "only the cpu backend compiles in memory (cuda compiles ahead of time to PTX)".into();
+            let message = "`compile` is the cpu backend's JIT; use `compile_cuda` for a CUDA device".into();
             return Err(Error::Backend { backend: options.backend.name(), message });
         }
         let Lowered { executable: exe, mut report, inputs, provenance, .. } = self.lower(options)?;

@@ -20,6 +20,7 @@
 
 mod approx;
 pub mod cpu;
+pub mod device;
 pub mod exec;
 pub mod kernel;
 pub mod library;

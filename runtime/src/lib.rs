@@ -7,6 +7,7 @@
 //! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
 
 pub mod artifact;
+pub mod bind;
 pub mod checkpoint;
 pub mod contract;
 pub mod cpu;

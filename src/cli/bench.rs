@@ -25,7 +25,8 @@ pub struct BenchArgs {
     /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
     #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
-    /// The backend to compile for (cpu; interp times the reference interpreter).
+    /// The backend to compile for (cpu; cuda on a GPU; interp times the reference interpreter). A compiled
+    /// artifact runs on the backend it was compiled for.
     #[arg(long, default_value = "cpu", value_parser = super::run::parse_backend)]
     backend: Backend,
     /// The pass pipeline before code generation.
@@ -76,6 +77,14 @@ struct Report<'a> {
     p90_ms: f64,
     max_ms: f64,
     peak_rss_bytes: u64,
+    /// The GPU (cuda only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<String>,
+    /// Bytes the inputs and outputs of one run hold (what a memory-bound model must move at least).
+    io_bytes: u64,
+    /// The device's copy bandwidth, device to device, in GB/s (read + write; cuda only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_copy_gbps: Option<f64>,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -101,7 +110,28 @@ pub fn run(a: BenchArgs) -> Result<()> {
         profile = Some(Box::new(move || c.profile(&i).map_err(Into::into)));
         Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into))
     };
-    let (runner, report, compile_ms): (Runner, Option<kiln::CompileReport>, f64) = if is_artifact {
+    let mut device: Option<(String, f64)> = None;
+    let mut io_bytes = 0u64;
+    let mut cuda_runner = |compiled: kiln::cuda::CudaCompiled, ins: BTreeMap<String, Tensor>| -> Result<Runner> {
+        let copy_gbps = compiled.copy_bandwidth_gbps()?;
+        device = Some((compiled.device_name(), copy_gbps));
+        let outputs = compiled.run(&ins)?;
+        io_bytes = ins.values().chain(outputs.iter().map(|(_, t)| t)).map(|t| t.as_bytes().len() as u64).sum();
+        Ok(Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)))
+    };
+    let is_cuda_artifact = is_artifact && kiln::Artifact::is_cuda(&a.model.model);
+    let (runner, report, compile_ms): (Runner, Option<kiln::CompileReport>, f64) = if is_cuda_artifact {
+        if a.model.weights.is_some() {
+            bail!("--weights: a compiled artifact carries its weights ({})", a.model.model.display());
+        }
+        if a.backend != Backend::Cpu && a.backend != Backend::Cuda {
+            bail!("--backend {}: a CUDA artifact runs on the cuda backend", a.backend.name());
+        }
+        let compiled = kiln::Artifact::load_cuda(&a.model.model, 0)?;
+        let report = compiled.report().clone();
+        let ins = compiled.complete_inputs(given, &a.model.shapes()?, 0)?;
+        (cuda_runner(compiled, ins)?, Some(report), 0.0)
+    } else if is_artifact {
         super::run::check_artifact_options(&a.model, Some(a.backend))?;
         let compiled = kiln::Artifact::load(&a.model.model, threads)?;
         let report = compiled.report().clone();
@@ -116,6 +146,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Backend::Interp => {
                 let opts = kiln::RunOptions { backend: Backend::Interp, threads };
                 (Box::new(move || model.run(&ins, &opts).map(drop).map_err(Into::into)), None, 0.0)
+            }
+            Backend::Cuda => {
+                let pipeline = (a.pipeline != "cpu-default").then_some(a.pipeline.as_str());
+                let compiled = model.compile_cuda(0, pipeline)?;
+                let report = compiled.report().clone();
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                (cuda_runner(compiled, ins)?, Some(report), ms)
             }
             backend => {
                 let compiled = model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?;
@@ -191,10 +228,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let peak_rss_bytes = peak_rss_bytes();
     println!("peak RSS {:.1} MiB", peak_rss_bytes as f64 / (1 << 20) as f64);
+    if let Some((name, copy_gbps)) = &device {
+        let gbps = io_bytes as f64 / (pick(0.5) * 1e-3) / 1e9;
+        println!(
+            "device {name}: inputs and outputs {:.1} MiB, {gbps:.1} GB/s at the median ({:.0}% of its copy bandwidth, {copy_gbps:.1} GB/s)",
+            io_bytes as f64 / (1 << 20) as f64,
+            100.0 * gbps / copy_gbps
+        );
+    }
     if a.json {
         let report = Report {
             model: a.model.model.display().to_string(),
-            backend: if is_artifact { "cpu" } else { a.backend.name() },
+            backend: if is_cuda_artifact {
+                "cuda"
+            } else if is_artifact {
+                "cpu"
+            } else {
+                a.backend.name()
+            },
             threads,
             compile_ms,
             load_ms: ms(r.load),
@@ -215,6 +266,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             p90_ms: pick(0.9),
             max_ms: times[times.len() - 1],
             peak_rss_bytes,
+            device: device.as_ref().map(|(n, _)| n.clone()),
+            io_bytes,
+            device_copy_gbps: device.as_ref().map(|&(_, g)| g),
         };
         println!("{}", serde_json::to_string(&report)?);
     }

@@ -106,6 +106,9 @@ fn check_artifact_backend(backend: Option<Backend>) -> Result<()> {
 /// the checkpoint's weights replace the artifact's, atomically, before the run (a checkpoint that does not fit
 /// is an error and nothing runs).
 fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
+    if kiln::Artifact::is_cuda(&a.model.model) {
+        return run_cuda_artifact(a, given);
+    }
     check_artifact_backend(a.backend)?;
     let t0 = Instant::now();
     let compiled = kiln::Artifact::load(&a.model.model, a.threads)?;
@@ -129,6 +132,31 @@ fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
     println!(
         "artifact {} (cpu backend): loaded in {load_ms:.1} ms (no code generation), ran in {run_ms:.1} ms",
         a.model.model.display()
+    );
+    report_outputs(&outputs, &a.output_dir);
+    Ok(())
+}
+
+/// `kiln run CUDA_ARTIFACT_DIR`: load the PTX artifact onto GPU 0 and run it there.
+fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
+    if let Some(b) = a.backend.filter(|b| *b != Backend::Cuda) {
+        bail!("--backend {}: a CUDA artifact runs on the cuda backend it was compiled for", b.name());
+    }
+    if a.model.weights.is_some() {
+        bail!("--weights: a compiled artifact carries its weights ({})", a.model.model.display());
+    }
+    let t0 = Instant::now();
+    let compiled = kiln::Artifact::load_cuda(&a.model.model, 0)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
+    let t1 = Instant::now();
+    let outputs = compiled.run(&inputs)?;
+    let run_ms = t1.elapsed().as_secs_f64() * 1e3;
+    write_outputs(&a.output_dir, &outputs)?;
+    println!(
+        "artifact {} (cuda backend, {}): loaded in {load_ms:.1} ms (the driver compiled the PTX), ran in {run_ms:.1} ms",
+        a.model.model.display(),
+        compiled.device_name()
     );
     report_outputs(&outputs, &a.output_dir);
     Ok(())

@@ -63,18 +63,76 @@ pub fn matmul_f64(
     matmul(a, a_shape, b, b_shape, c, None, par)
 }
 
-/// The batch layout of one matmul call, checked against the slices.
-struct Plan {
-    m: usize,
-    k: usize,
-    n: usize,
-    /// Per result batch: (offset into `a`, offset into `b`) in elements.
-    offsets: Vec<(usize, usize)>,
+/// The batch layout of one matmul (numpy semantics: rank-1 operands promoted, batch dims broadcast): every
+/// backend's matmul follows it, so broadcasting is decided in one place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// Rows of each product.
+    pub m: usize,
+    /// The contraction length.
+    pub k: usize,
+    /// Columns of each product.
+    pub n: usize,
+    /// Per result batch, in order: (offset into `a`, offset into `b`) in elements. Result batch `i` starts at
+    /// `i·m·n`.
+    pub offsets: Vec<(usize, usize)>,
     /// The right operand is one matrix and the left's batches are consecutive: fold batches into rows.
-    foldable: bool,
+    pub foldable: bool,
 }
 
-fn plan(a_len: usize, a_shape: &[usize], b_len: usize, b_shape: &[usize], c_len: usize) -> Result<Plan, LibraryError> {
+/// The batch layout of `a · b` for operands of these shapes (an error when they do not multiply).
+pub fn batch_plan(a_shape: &[usize], b_shape: &[usize]) -> Result<BatchPlan, LibraryError> {
+    let (a_len, b_len) = (a_shape.iter().product(), b_shape.iter().product());
+    let c_len = result_len(a_shape, b_shape)?;
+    plan(a_len, a_shape, b_len, b_shape, c_len)
+}
+
+/// `c[m×n] = a[m×k] · b[k×n]` (or `c += …` with `accumulate`), row-major with leading dims `lda`, `ldb`, `ldc`,
+/// on the calling thread: the GEMM other backends' host emulations use.
+///
+/// # Panics
+/// When a slice is too short for its block.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    gemm_rowmajor(m, n, k, a, lda, b, ldb, c, ldc, accumulate, Par::SERIAL)
+}
+
+/// The element count of `a · b` (checked by [`plan`]; an error only for rank-0 operands or overflow).
+fn result_len(a_shape: &[usize], b_shape: &[usize]) -> Result<usize, LibraryError> {
+    let (ra, rb) = (a_shape.len(), b_shape.len());
+    if ra == 0 || rb == 0 {
+        return Err(LibraryError::shape(OP, format!("operands must have rank 1 or more, got {a_shape:?} and {b_shape:?}")));
+    }
+    let m = if ra == 1 { 1 } else { a_shape[ra - 2] };
+    let n = if rb == 1 { 1 } else { b_shape[rb - 1] };
+    let (ba, bb) = (&a_shape[..ra.saturating_sub(2)], &b_shape[..rb.saturating_sub(2)]);
+    let rank = ba.len().max(bb.len());
+    let dim = |s: &[usize], i: usize| if i + s.len() >= rank { s[i + s.len() - rank] } else { 1 };
+    let batches = (0..rank).map(|i| dim(ba, i).max(dim(bb, i))).try_fold(1usize, |acc, d| acc.checked_mul(d));
+    batches
+        .and_then(|b| b.checked_mul(m))
+        .and_then(|b| b.checked_mul(n))
+        .ok_or_else(|| LibraryError::shape(OP, format!("{a_shape:?} · {b_shape:?} overflows")))
+}
+
+fn plan(
+    a_len: usize,
+    a_shape: &[usize],
+    b_len: usize,
+    b_shape: &[usize],
+    c_len: usize,
+) -> Result<BatchPlan, LibraryError> {
     if a_shape.is_empty() || b_shape.is_empty() {
         return Err(LibraryError::shape(
             OP,
@@ -133,7 +191,7 @@ fn plan(a_len: usize, a_shape: &[usize], b_len: usize, b_shape: &[usize], c_len:
         })
         .collect();
     let foldable = offsets.iter().enumerate().all(|(i, &(oa, ob))| ob == 0 && oa == i * m * k);
-    Ok(Plan { m, k, n, offsets, foldable })
+    Ok(BatchPlan { m, k, n, offsets, foldable })
 }
 
 fn matmul<T: GemmScalar>(

@@ -16,7 +16,7 @@ mod pool;
 mod winograd;
 
 pub use conv::conv_f32;
-pub use matmul::{matmul_f32, matmul_f64};
+pub use matmul::{BatchPlan, batch_plan, gemm_f32, matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
 pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies};

@@ -50,50 +50,15 @@ use inkwell::OptimizationLevel;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
-use kiln_ir::DType;
 
-use crate::kernel::{ArgId, IExpr, Kernel};
+pub use crate::device::{DEFAULT_BLOCK_SIZE, MAX_BLOCKS, PtxArch, PtxKernelInfo, PtxParam};
+use crate::kernel::{ArgId, Kernel};
 
 /// The target triple PTX is generated for.
 pub const PTX_TRIPLE: &str = "nvptx64-nvidia-cuda";
 
 /// The target features: PTX ISA 7.8, the newest CUDA 11.8's `ptxas` reads.
 pub const PTX_FEATURES: &str = "+ptx78";
-
-/// The GPU architecture PTX is generated for.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum PtxArch {
-    /// Ampere (A100): `sm_80`.
-    #[default]
-    #[serde(rename = "sm_80")]
-    Sm80,
-    /// Hopper (H100, H200): `sm_90`.
-    #[serde(rename = "sm_90")]
-    Sm90,
-}
-
-impl PtxArch {
-    /// The LLVM CPU name and `ptxas -arch` value: `sm_80` or `sm_90`.
-    pub fn name(self) -> &'static str {
-        match self {
-            PtxArch::Sm80 => "sm_80",
-            PtxArch::Sm90 => "sm_90",
-        }
-    }
-
-    /// Every architecture the emitter targets.
-    pub const ALL: [PtxArch; 2] = [PtxArch::Sm80, PtxArch::Sm90];
-}
-
-impl std::str::FromStr for PtxArch {
-    type Err = String;
-    fn from_str(s: &str) -> Result<PtxArch, String> {
-        PtxArch::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| format!("unknown GPU architecture `{s}` (expected sm_80 or sm_90)"))
-    }
-}
 
 /// How kernels are compiled to PTX.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -107,67 +72,6 @@ pub struct PtxOptions {
 impl Default for PtxOptions {
     fn default() -> Self {
         PtxOptions { arch: PtxArch::Sm80, block_size: DEFAULT_BLOCK_SIZE }
-    }
-}
-
-/// The default threads per block.
-pub const DEFAULT_BLOCK_SIZE: u32 = 256;
-
-/// The most blocks a launch uses: grid-stride loops cover larger iteration spaces.
-pub const MAX_BLOCKS: u32 = 65_535;
-
-/// A parameter of an entry, in order.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum PtxParam {
-    /// A launch buffer: a global pointer to its first element.
-    Buffer {
-        /// The kernel argument (its position in [`Kernel::args`]).
-        arg: u32,
-        /// Its name.
-        name: String,
-        /// Its element type.
-        dtype: DType,
-    },
-    /// A kernel symbol's value, as i64.
-    Symbol {
-        /// Its position in [`Kernel::symbols`].
-        index: usize,
-        /// Its name.
-        name: String,
-    },
-}
-
-/// What a runtime needs to launch one entry.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PtxKernelInfo {
-    /// The entry's name in the PTX module.
-    pub entry: String,
-    /// The kernel's name.
-    pub kernel: String,
-    /// The parameters, in order.
-    pub params: Vec<PtxParam>,
-    /// Threads per block (the x dimension; y and z are 1).
-    pub block_size: u32,
-    /// Threads each part wants (the flattened trip count of a parallel part — times 32 for one that runs a
-    /// row per warp —, 1 for a serial one), over the kernel's symbols.
-    pub work: Vec<IExpr>,
-    /// Whether some part reduces cooperatively (a row per warp with warp shuffles, or a block with shared
-    /// memory and barriers): the threads of a block must run together, as they do on a GPU (the emulator then
-    /// runs them concurrently).
-    pub cooperative: bool,
-}
-
-impl PtxKernelInfo {
-    /// The launch geometry rule: `(blocks, threads per block)`, with `blocks = clamp(ceil(max work / block
-    /// size), 1, MAX_BLOCKS)`; any grid is correct (the loops are grid-stride), this one gives every work item
-    /// its own thread up to the cap.
-    pub fn launch_geometry(&self, symbols: &[i64]) -> Result<(u32, u32), String> {
-        let mut most = 1i64;
-        for w in &self.work {
-            most = most.max(w.eval(&|_| None, symbols)?);
-        }
-        let blocks = (most as u64).div_ceil(u64::from(self.block_size)).clamp(1, u64::from(MAX_BLOCKS));
-        Ok((blocks as u32, self.block_size))
     }
 }
 
@@ -288,6 +192,7 @@ fn params(k: &Kernel) -> Vec<PtxParam> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::IExpr;
 
     fn info(work: Vec<IExpr>, block_size: u32) -> PtxKernelInfo {
         PtxKernelInfo {

@@ -39,8 +39,12 @@ pub(crate) const EMU_SHUFFLE: &str = "kiln_emu_shfl_bfly_i32";
 /// The host function standing in for `bar.sync 0` in the emulation module.
 pub(crate) const EMU_BARRIER: &str = "kiln_emu_barrier";
 
+/// Reductions shorter than this (a trip count known when compiling) stay sequential in one thread: a warp on a
+/// 3×3 window would leave most lanes idle and pay its shuffles for nothing.
+pub(crate) const MIN_COOPERATIVE_TRIPS: i64 = 2 * WARP as i64;
+
 /// Whether the statements `stmts` (a row: the innermost body of a flattened parallel nest, or a serial part)
-/// run cooperatively.
+/// run cooperatively: they reduce, in a form lanes can share, and no reduction is known to be short.
 pub(super) fn eligible<'s>(stmts: impl IntoIterator<Item = &'s Stmt>) -> bool {
     let mut arg_accs = HashSet::new();
     let mut reduces = false;
@@ -55,7 +59,14 @@ pub(super) fn eligible<'s>(stmts: impl IntoIterator<Item = &'s Stmt>) -> bool {
             Stmt::Update { .. } => return false,
             Stmt::For { kind: LoopKind::Serial, .. } => return false,
             Stmt::For { kind: LoopKind::Reduction, .. } => {
-                let (_, body) = reduction_nest(s);
+                let (loops, body) = reduction_nest(s);
+                let trips = loops.iter().try_fold(1i64, |n, (_, e)| match e {
+                    crate::kernel::IExpr::Const(c) => Some(n.saturating_mul(*c)),
+                    _ => None,
+                });
+                if trips.is_some_and(|t| t < MIN_COOPERATIVE_TRIPS) {
+                    return false;
+                }
                 let updated = updated_accs(body);
                 let ok = body.0.iter().all(|s| match s {
                     Stmt::Let { value, .. } => !reads_any(value, &updated),

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use kiln_codegen::exec::{BufferId, Executable, Home, LibraryOp, Step};
 use kiln_codegen::kernel::{ArgRole, Extent, Kernel};
 use kiln_codegen::library::{self, Par};
-use kiln_ir::{Dim, Tensor};
+use kiln_ir::Tensor;
 
 use crate::RunError;
 
@@ -405,8 +405,8 @@ impl CpuProgram {
         inputs: &BTreeMap<String, Tensor>,
         mut times: Option<&mut Vec<std::time::Duration>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
-        let given = self.check_inputs(inputs)?;
-        let symbols = self.bind_symbols(&given)?;
+        let given = crate::bind::check_inputs(&self.exe, inputs)?;
+        let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
         // Read once: a weight swap during this run does not change what it reads.
         let set = self.weight_set();
         let set = set.as_ref();
@@ -455,57 +455,6 @@ impl CpuProgram {
         })();
         self.return_arena(arena);
         result
-    }
-
-    /// The inputs in executable order, checked for name, dtype and rank.
-    fn check_inputs<'a>(&self, inputs: &'a BTreeMap<String, Tensor>) -> Result<Vec<&'a Tensor>, RunError> {
-        let names = || self.exe.inputs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-        if let Some(extra) = inputs.keys().find(|k| !self.exe.inputs.iter().any(|(n, _)| n == *k)) {
-            return Err(RunError::Input(format!("the model has no input `{extra}` (inputs: {})", names())));
-        }
-        let mut out = Vec::with_capacity(self.exe.inputs.len());
-        for (name, b) in &self.exe.inputs {
-            let t = inputs.get(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
-            let ty = &self.exe.buffers[b.0 as usize].ty;
-            if t.dtype() != ty.dtype {
-                return Err(RunError::Input(format!("input `{name}` should be {}, got {}", ty.dtype, t.dtype())));
-            }
-            if t.shape().len() != ty.shape.0.len() {
-                return Err(RunError::Input(format!(
-                    "input `{name}` should have shape {}, got {:?}",
-                    ty.shape,
-                    t.shape()
-                )));
-            }
-            out.push(t);
-        }
-        Ok(out)
-    }
-
-    /// Symbolic dims bound from the inputs' shapes; static dims checked.
-    fn bind_symbols(&self, given: &[&Tensor]) -> Result<HashMap<String, u64>, RunError> {
-        let mut symbols: HashMap<String, u64> = HashMap::new();
-        for ((name, b), t) in self.exe.inputs.iter().zip(given) {
-            let ty = &self.exe.buffers[b.0 as usize].ty;
-            for (axis, (d, &n)) in ty.shape.0.iter().zip(t.shape()).enumerate() {
-                let ok = match d {
-                    Dim::Static(s) => *s == n as u64,
-                    Dim::Sym(s) => *symbols.entry(s.clone()).or_insert(n as u64) == n as u64,
-                };
-                if !ok {
-                    return Err(RunError::Input(format!(
-                        "input `{name}` should have shape {} (dim {axis} is {d}{}), got {:?}",
-                        ty.shape,
-                        match d {
-                            Dim::Sym(s) => format!(" = {}", symbols[s]),
-                            Dim::Static(_) => String::new(),
-                        },
-                        t.shape()
-                    )));
-                }
-            }
-        }
-        Ok(symbols)
     }
 
     /// Symbol values for each kernel, by kernel index, in the kernel's symbol order.

@@ -1,15 +1,25 @@
-//! The CUDA backend: today, finding a device — with a clear error, never a panic, where there is none.
+//! The CUDA backend: finding a device, and running a device plan on it.
 //!
 //! cudarc loads the driver library (`libcuda.so`) at run time, so kiln builds without a CUDA toolkit and runs on
 //! machines without a GPU. Its driver calls panic when the library is missing, so [`CudaDevice::open`] asks
 //! first ([`cudarc::driver::sys::is_culib_present`]) and turns every failure into a [`RunError`] naming what is
-//! missing. Running programs on the device (PTX modules from `codegen::ptx`, streams as executors, events as
-//! completions, cuBLAS for GEMMs) is the GPU backend issue's next step; until then a present device is reported
-//! as such and compiling for it is refused with that reason.
+//! missing.
+//!
+//! [`GpuProgram`] runs an executable's `codegen::device::DevicePlan` on any [`Gpu`]: [`CudaGpu`] is a real
+//! device (the driver API, one stream, the PTX module, cuBLAS); the root crate's host emulation is another, which
+//! is how this module is tested on machines without a GPU.
+
+mod driver;
+pub mod gpu;
+mod program;
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
+
+pub use driver::CudaGpu;
+pub use gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
+pub use program::GpuProgram;
 
 use crate::RunError;
 
@@ -60,6 +70,13 @@ impl CudaDevice {
     /// The device's name (`NVIDIA H200`, say).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The compute capability, `(major, minor)`: `(9, 0)` on an H100 or H200.
+    pub fn compute_capability(&self) -> Result<(i32, i32), RunError> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let get = |a| self.context.attribute(a).map_err(|e| unavailable(format!("cannot query device {}: {e}", self.ordinal)));
+        Ok((get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?))
     }
 
     /// The driver context.

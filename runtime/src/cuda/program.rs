@@ -1,0 +1,437 @@
+//! [`GpuProgram`]: an executable's [`DevicePlan`] bound to a [`Gpu`] with its weights resident, run on named
+//! inputs.
+//!
+//! Buffers live where the executable's plan puts them, on the device: weights, constants and prepared weights
+//! are uploaded (or computed there) once, when the program is made; a run gets one arena for every planned
+//! intermediate (kept between runs), a device copy of each input, and a fresh allocation for each output and
+//! unplanned value. Steps are queued in order on the device's one queue; the outputs are copied back at the end.
+//! Runs of one program take turns (they share the arena).
+//!
+//! Step by step: a kernel launches on the grid its [`PtxKernelInfo::launch_geometry`] gives for this run's
+//! symbols; a matmul is one GEMM when the batches fold into rows or fall at regular strides (broadcast batches
+//! at stride 0), one GEMM per batch otherwise; a one-group conv pre-fills its output with the bias (or zeros),
+//! writes the im2col matrix of every image into a scratch buffer (unless the input already is it) and
+//! accumulates one GEMM per image; a gather checks its indices on the host before its kernel runs, so an index
+//! out of range is the interpreter's error and not a clamped read; an interpreter fallback copies its operands
+//! to the host, runs `eval_op` there and copies its results back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use kiln_codegen::device::{DevicePlan, DeviceStep, PtxKernelInfo, PtxParam, conv_gemm_shape};
+use kiln_codegen::exec::{BufferId, Executable, Home};
+use kiln_codegen::library::batch_plan;
+use kiln_ir::{DType, Tensor};
+
+use super::gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
+use crate::RunError;
+
+/// A program resident on a device. See the module docs.
+pub struct GpuProgram<G: Gpu> {
+    gpu: Arc<G>,
+    exe: Executable,
+    plan: DevicePlan,
+    infos: Vec<PtxKernelInfo>,
+    /// Device address of each weight, constant and prepared buffer.
+    resident: HashMap<BufferId, DevPtr>,
+    /// What `resident` owns, freed on drop.
+    owned: Vec<DevPtr>,
+    /// The arena, reused by run after run (one run at a time).
+    arena: Mutex<Option<DevPtr>>,
+}
+
+impl<G: Gpu> std::fmt::Debug for GpuProgram<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuProgram({} on {})", self.exe.name, self.gpu.name())
+    }
+}
+
+fn backend(message: impl std::fmt::Display) -> RunError {
+    RunError::Backend(format!("cuda: {message}"))
+}
+
+impl<G: Gpu> GpuProgram<G> {
+    /// Binds `exe` (whose weights it uploads) and `plan` to `gpu`, whose loaded module holds `infos.len()`
+    /// kernels in [`DevicePlan::kernels`] order, and runs the plan's prepare steps.
+    pub fn new(
+        gpu: Arc<G>,
+        exe: Executable,
+        plan: DevicePlan,
+        infos: Vec<PtxKernelInfo>,
+    ) -> Result<GpuProgram<G>, RunError> {
+        plan.check_references(exe.buffers.len(), infos.len()).map_err(backend)?;
+        let mut program = GpuProgram {
+            gpu,
+            exe,
+            plan,
+            infos,
+            resident: HashMap::new(),
+            owned: Vec::new(),
+            arena: Mutex::new(None),
+        };
+        program.upload_weights()?;
+        Ok(program)
+    }
+
+    /// The executable.
+    pub fn executable(&self) -> &Executable {
+        &self.exe
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Arc<G> {
+        &self.gpu
+    }
+
+    /// Times `repeats` device-to-device copies of `bytes` after one warm-up: bytes read plus written per second,
+    /// in GB/s.
+    pub fn copy_bandwidth_gbps(&self, bytes: usize, repeats: usize) -> Result<f64, RunError> {
+        let gpu = self.gpu.as_ref();
+        let (src, dst) = (DeviceBuffer::new(gpu, bytes)?, DeviceBuffer::new(gpu, bytes)?);
+        // SAFETY: both allocations hold `bytes` bytes.
+        unsafe {
+            gpu.zero(src.ptr(), bytes)?;
+            gpu.copy(dst.ptr(), src.ptr(), bytes)?;
+        }
+        gpu.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..repeats {
+            // SAFETY: as above.
+            unsafe { gpu.copy(dst.ptr(), src.ptr(), bytes)? };
+        }
+        gpu.synchronize()?;
+        Ok((2 * bytes * repeats) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    }
+
+    fn own(&mut self, bytes: usize) -> Result<DevPtr, RunError> {
+        let p = self.gpu.alloc(bytes.max(1))?;
+        self.owned.push(p);
+        Ok(p)
+    }
+
+    fn upload_weights(&mut self) -> Result<(), RunError> {
+        let no_symbols = HashMap::new();
+        let mut by_name: HashMap<String, DevPtr> = HashMap::new();
+        for (i, info) in self.exe.buffers.clone().iter().enumerate() {
+            let id = BufferId(i as u32);
+            let tensor: Arc<Tensor> = match &info.home {
+                Home::Weight(name) => {
+                    if let Some(&p) = by_name.get(name) {
+                        self.resident.insert(id, p);
+                        continue;
+                    }
+                    let t = self.exe.weights.get(name).ok_or_else(|| {
+                        RunError::Weights(format!("weight `{name}` is missing (the program reads it)"))
+                    })?;
+                    Arc::clone(t)
+                }
+                Home::Constant(t) => Arc::clone(t),
+                Home::Prepared(_) => {
+                    let dims = self.exe.dims(id, &no_symbols).map_err(backend)?;
+                    let bytes = dims.iter().product::<usize>() * info.ty.dtype.size_bytes();
+                    let p = self.own(bytes)?;
+                    self.resident.insert(id, p);
+                    continue;
+                }
+                _ => continue,
+            };
+            if tensor.dtype() != info.ty.dtype {
+                return Err(RunError::Weights(format!(
+                    "a weight is {} where the program expects {}",
+                    tensor.dtype(),
+                    info.ty.dtype
+                )));
+            }
+            let bytes = tensor.as_bytes();
+            let p = self.own(bytes.len())?;
+            // SAFETY: `p` holds `bytes.len()` bytes.
+            unsafe { self.gpu.upload(p, bytes)? };
+            if let Home::Weight(name) = &info.home {
+                by_name.insert(name.clone(), p);
+            }
+            self.resident.insert(id, p);
+        }
+        if !self.plan.prepare.is_empty() {
+            let addrs: Vec<DevPtr> = (0..self.exe.buffers.len())
+                .map(|i| self.resident.get(&BufferId(i as u32)).copied().unwrap_or(DevPtr(0)))
+                .collect();
+            let steps = self.plan.prepare.clone();
+            self.run_steps(&steps, &addrs, &no_symbols)?;
+            self.gpu.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the program on `inputs` (by name); outputs come in order.
+    pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        let given = crate::bind::check_inputs(&self.exe, inputs)?;
+        let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
+        let gpu = self.gpu.as_ref();
+        let mut arena_slot = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        let arena = match *arena_slot {
+            Some(p) => p,
+            None => {
+                let p = gpu.alloc((self.exe.arena_bytes as usize).max(1))?;
+                *arena_slot = Some(p);
+                p
+            }
+        };
+        let mut run_owned: Vec<DeviceBuffer<'_, G>> = Vec::new();
+        let mut addrs = vec![DevPtr(0); self.exe.buffers.len()];
+        for (i, info) in self.exe.buffers.iter().enumerate() {
+            let id = BufferId(i as u32);
+            addrs[i] = match &info.home {
+                Home::Input(k) => {
+                    let b = DeviceBuffer::from_bytes(gpu, given[*k].as_bytes())?;
+                    let p = b.ptr();
+                    run_owned.push(b);
+                    p
+                }
+                Home::Weight(_) | Home::Constant(_) | Home::Prepared(_) => self.resident[&id],
+                Home::Arena(offset) => arena.offset(*offset as usize),
+                Home::Dynamic => {
+                    let b = DeviceBuffer::new(gpu, self.bytes(id, &symbols)?)?;
+                    let p = b.ptr();
+                    run_owned.push(b);
+                    p
+                }
+            };
+        }
+        self.run_steps(&self.plan.steps, &addrs, &symbols)?;
+        let mut out = Vec::with_capacity(self.exe.outputs.len());
+        for (name, b) in &self.exe.outputs {
+            let dims = self.exe.dims(*b, &symbols).map_err(backend)?;
+            out.push((name.clone(), self.download(*b, dims, addrs[b.0 as usize])?));
+        }
+        drop(run_owned);
+        Ok(out)
+    }
+
+    fn bytes(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<usize, RunError> {
+        let dims = self.exe.dims(b, symbols).map_err(backend)?;
+        Ok(dims.iter().product::<usize>() * self.exe.buffers[b.0 as usize].ty.dtype.size_bytes())
+    }
+
+    fn download(&self, b: BufferId, dims: Vec<usize>, at: DevPtr) -> Result<Tensor, RunError> {
+        let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
+        let mut bytes = vec![0u8; dims.iter().product::<usize>() * dtype.size_bytes()];
+        if !bytes.is_empty() {
+            // SAFETY: the buffer at `at` holds `bytes.len()` bytes for these dims.
+            unsafe { self.gpu.download(at, &mut bytes)? };
+        }
+        Tensor::from_bytes(dtype, dims, &bytes).ok_or_else(|| backend("a buffer has the wrong size"))
+    }
+
+    fn symbol_values(&self, kernel: usize, symbols: &HashMap<String, u64>) -> Vec<i64> {
+        self.infos[kernel]
+            .params
+            .iter()
+            .filter_map(|p| match p {
+                PtxParam::Symbol { name, .. } => Some(symbols.get(name).map_or(0, |&n| n as i64)),
+                PtxParam::Buffer { .. } => None,
+            })
+            .collect()
+    }
+
+    fn launch(
+        &self,
+        kernel: usize,
+        args: &[BufferId],
+        addrs: &[DevPtr],
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(), RunError> {
+        let info = &self.infos[kernel];
+        let buffers: Vec<DevPtr> = args.iter().map(|b| addrs[b.0 as usize]).collect();
+        let want = info.params.iter().filter(|p| matches!(p, PtxParam::Buffer { .. })).count();
+        if buffers.len() != want {
+            return Err(backend(format!("kernel `{}` takes {want} buffers, the step passes {}", info.kernel, args.len())));
+        }
+        let values = self.symbol_values(kernel, symbols);
+        let (blocks, threads) = info.launch_geometry(&values).map_err(|e| backend(format!("{}: {e}", info.kernel)))?;
+        // SAFETY: the buffers are the executable's, sized for this run's symbols, as the kernel's args expect.
+        unsafe { self.gpu.launch(kernel, blocks, threads, &buffers, &values) }
+    }
+
+    fn run_steps(
+        &self,
+        steps: &[DeviceStep],
+        addrs: &[DevPtr],
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(), RunError> {
+        let gpu = self.gpu.as_ref();
+        let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(backend);
+        let at = |b: BufferId| addrs[b.0 as usize];
+        for step in steps {
+            match step {
+                DeviceStep::Kernel { kernel, args } => self.launch(*kernel, args, addrs, symbols)?,
+                DeviceStep::MatMul { a, b, out } => self.matmul(at(*a), &dims(*a)?, at(*b), &dims(*b)?, at(*out))?,
+                DeviceStep::Conv { x, w, bias, out, im2col } => {
+                    let (xd, wd, od) = (dims(*x)?, dims(*w)?, dims(*out)?);
+                    let g = conv_gemm_shape(&xd, &wd, &od)
+                        .ok_or_else(|| backend(format!("conv of {xd:?} by {wd:?} into {od:?}")))?;
+                    let n = xd[0];
+                    if n * g.cout * g.p == 0 {
+                        continue;
+                    }
+                    match bias {
+                        Some((b, fill)) => self.launch(*fill, &[*b, *out], addrs, symbols)?,
+                        // SAFETY: the output holds N·Cout·P f32s.
+                        None => unsafe { gpu.zero(at(*out), n * g.cout * g.p * 4)? },
+                    }
+                    let scratch;
+                    let cols = match im2col {
+                        Some(k) => {
+                            scratch = DeviceBuffer::new(gpu, n * g.k * g.p * 4)?;
+                            let col = scratch.ptr();
+                            let buffers = [at(*x), col];
+                            let values = self.symbol_values(*k, symbols);
+                            let (blocks, threads) = self.infos[*k].launch_geometry(&values).map_err(backend)?;
+                            // SAFETY: the scratch holds the [N, K, P] matrix the im2col kernel writes.
+                            unsafe { gpu.launch(*k, blocks, threads, &buffers, &values)? };
+                            col
+                        }
+                        None => at(*x),
+                    };
+                    self.gemm(Gemm {
+                        m: g.cout,
+                        n: g.p,
+                        k: g.k,
+                        a: at(*w),
+                        lda: g.k,
+                        stride_a: 0,
+                        b: cols,
+                        ldb: g.p,
+                        stride_b: g.k * g.p,
+                        c: at(*out),
+                        ldc: g.p,
+                        stride_c: g.cout * g.p,
+                        batch: n,
+                        accumulate: true,
+                    })?;
+                }
+                DeviceStep::Gather { kernel, data, indices, out, axis } => {
+                    self.check_indices(*indices, &dims(*indices)?, at(*indices), dims(*data)?[*axis], *axis)?;
+                    self.launch(*kernel, &[*data, *indices, *out], addrs, symbols)?;
+                }
+                DeviceStep::Copy { src, dst } => {
+                    let n = self.bytes(*src, symbols)?;
+                    if at(*src) != at(*dst) && n > 0 {
+                        // SAFETY: both buffers hold `n` bytes.
+                        unsafe { gpu.copy(at(*dst), at(*src), n)? };
+                    }
+                }
+                DeviceStep::Host { op, inputs, outputs, node } => {
+                    let mut operands = Vec::with_capacity(inputs.len());
+                    for &b in inputs {
+                        operands.push(self.download(b, dims(b)?, at(b))?);
+                    }
+                    let refs: Vec<&Tensor> = operands.iter().collect();
+                    let results =
+                        kiln_ir::interp::eval_op(op, &refs).map_err(|e| RunError::Op(format!("{node}: {e}")))?;
+                    for (&b, t) in outputs.iter().zip(&results) {
+                        let want = dims(b)?;
+                        if t.shape() != want.as_slice() {
+                            return Err(RunError::Op(format!("{node}: result shape {:?}, expected {want:?}", t.shape())));
+                        }
+                        if !t.as_bytes().is_empty() {
+                            // SAFETY: the buffer holds exactly this many bytes for these dims.
+                            unsafe { gpu.upload(at(b), t.as_bytes())? };
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `out = a · b` on f32, numpy semantics, as few GEMMs as the batch layout allows.
+    fn matmul(&self, a: DevPtr, ad: &[usize], b: DevPtr, bd: &[usize], out: DevPtr) -> Result<(), RunError> {
+        let p = batch_plan(ad, bd).map_err(|e| RunError::Op(e.to_string()))?;
+        let (m, k, n) = (p.m, p.k, p.n);
+        let one = |batch: usize, stride_a: usize, stride_b: usize| Gemm {
+            m,
+            n,
+            k,
+            a,
+            lda: k,
+            stride_a,
+            b,
+            ldb: n,
+            stride_b,
+            c: out,
+            ldc: n,
+            stride_c: m * n,
+            batch,
+            accumulate: false,
+        };
+        if p.foldable {
+            return self.gemm(Gemm { m: m * p.offsets.len(), ..one(1, 0, 0) });
+        }
+        // Regular strides (broadcast batches at stride 0): one batched GEMM.
+        let (sa, sb) = match p.offsets.get(1) {
+            Some(&(oa, ob)) => (oa, ob),
+            None => (0, 0),
+        };
+        if p.offsets.iter().enumerate().all(|(i, &o)| o == (i * sa, i * sb)) {
+            return self.gemm(one(p.offsets.len(), sa, sb));
+        }
+        for (i, &(oa, ob)) in p.offsets.iter().enumerate() {
+            let f = DType::F32.size_bytes();
+            self.gemm(Gemm {
+                a: a.offset(oa * f),
+                b: b.offset(ob * f),
+                c: out.offset(i * m * n * f),
+                ..one(1, 0, 0)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Queues `g`, handling the empty shapes a GEMM library may refuse.
+    fn gemm(&self, g: Gemm) -> Result<(), RunError> {
+        if g.m == 0 || g.n == 0 || g.batch == 0 {
+            return Ok(());
+        }
+        if g.k == 0 {
+            if !g.accumulate {
+                for i in 0..g.batch {
+                    for r in 0..g.m {
+                        // SAFETY: row `r` of `C_i` lies in the result buffer.
+                        unsafe { self.gpu.zero(g.c.offset((i * g.stride_c + r * g.ldc) * 4), g.n * 4)? };
+                    }
+                }
+            }
+            return Ok(());
+        }
+        // SAFETY: the descriptor's matrices lie in the operands' and result's buffers (shapes checked above).
+        unsafe { self.gpu.gemm(&g) }
+    }
+
+    /// Checks a gather's indices against the axis length, as the interpreter does.
+    fn check_indices(&self, b: BufferId, dims: &[usize], at: DevPtr, len: usize, axis: usize) -> Result<(), RunError> {
+        let t = self.download(b, dims.to_vec(), at)?;
+        let values: Vec<i64> = match t.dtype() {
+            DType::I64 => t.as_slice::<i64>().map(<[i64]>::to_vec),
+            DType::I32 => t.as_slice::<i32>().map(|s| s.iter().map(|&v| i64::from(v)).collect()),
+            _ => None,
+        }
+        .ok_or_else(|| RunError::Op(format!("gather: indices must be i32 or i64, not {}", t.dtype())))?;
+        for i in values {
+            kiln_ir::interp::resolve_index(i, len, axis).map_err(|e| RunError::Op(format!("gather: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl<G: Gpu> Drop for GpuProgram<G> {
+    fn drop(&mut self) {
+        if self.gpu.synchronize().is_err() {
+            return;
+        }
+        let arena = self.arena.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        for p in self.owned.drain(..).chain(arena) {
+            // SAFETY: each was allocated on this device by this program, is freed once, and the queue is drained.
+            unsafe { self.gpu.free(p) };
+        }
+    }
+}
