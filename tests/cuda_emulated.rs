@@ -21,6 +21,7 @@ fn fixtures_match_the_interpreter_through_the_cuda_runtime() {
     let mut failures = Vec::new();
     for (name, mut g) in common::fixtures() {
         common::bind_weights(&mut g);
+        let t0 = std::time::Instant::now();
         let model = Model::from_graph(g).unwrap();
         let inputs = common::fixture_inputs(&model);
         let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
@@ -32,6 +33,7 @@ fn fixtures_match_the_interpreter_through_the_cuda_runtime() {
                 std::panic::catch_unwind(|| common::assert_outputs(&name, &got, &want, 1e-3, 1e-4))
                     .map_err(|_| "outputs differ (see above)".to_string())
             });
+        eprintln!("{name}: {} in {:.1} s", if result.is_ok() { "ok" } else { "FAILED" }, t0.elapsed().as_secs_f64());
         if let Err(e) = result {
             failures.push(format!("{name}: {e}"));
         }

@@ -1,5 +1,6 @@
 //! PTX for the reference models (`../shared/models`, or `KILN_MODELS_DIR`): every kernel of each model's
-//! executable (`cuda-default` pipeline, then the target-independent lowering) compiles to PTX that `ptxas`
+//! device plan (`cuda-default` pipeline, the target-independent lowering, then the builtin kernels of its
+//! library steps) compiles to PTX that `ptxas`
 //! assembles for `sm_80` and `sm_90` (`SKIPPED:` when no `ptxas` is found; `scripts/test.sh` fetches it), and
 //! computes the kernel evaluator's results in host emulation (the same LLVM IR run on the CPU over an emulated
 //! grid; rtol 1e-3, atol 1e-4, random inputs).
@@ -71,7 +72,10 @@ fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result
         kiln::CompileOptions { backend: kiln::Backend::Cuda, pipeline: "cuda-default".into(), ..Default::default() };
     let lowered = model.lower(&options).map_err(|e| format!("lower: {e}"))?;
     let bound = bind_symbols(&lowered.inputs, &inputs);
-    let ks = &lowered.executable.kernels;
+    // The device plan's kernels: the executable's, then the builtins its library steps need (im2col, bias, pool,
+    // gather, direct conv).
+    let plan = kiln_codegen::device::DevicePlan::build(&lowered.executable).map_err(|e| format!("plan: {e}"))?;
+    let ks = &plan.kernels;
     for arch in PtxArch::ALL {
         let m = ptx::compile(ks, &PtxOptions { arch, ..PtxOptions::default() }).map_err(|e| e.to_string())?;
         if let Some(ptxas) = ptxas {

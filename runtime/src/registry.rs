@@ -85,6 +85,23 @@ impl BackendRegistry {
         r
     }
 
+    /// [`BackendRegistry::with_defaults`], plus CUDA device 0 as `cuda` ([`crate::cuda::CudaNodeBackend`], priority
+    /// [`crate::cuda::CUDA_PRIORITY`], above the host's) when this machine has one. Also returns why no device was
+    /// added, if none was.
+    pub fn with_devices() -> (BackendRegistry, Option<String>) {
+        let mut r = BackendRegistry::with_defaults();
+        let device = crate::cuda::CudaDevice::open(0)
+            .and_then(|d| crate::cuda::CudaGpu::new(d, "", &[]))
+            .map(|gpu| Arc::new(crate::cuda::CudaNodeBackend::new(Arc::new(gpu))));
+        match device {
+            Ok(b) => {
+                r.register("cuda", b, crate::cuda::CUDA_PRIORITY).expect("`cuda` is not registered yet");
+                (r, None)
+            }
+            Err(e) => (r, Some(e.to_string())),
+        }
+    }
+
     /// Adds `backend` as `name` with `priority` (higher wins). An empty name or one already registered is an
     /// error.
     pub fn register(&mut self, name: &str, backend: Arc<dyn Backend>, priority: i32) -> Result<(), RunError> {

@@ -16,7 +16,8 @@ use crate::RunError;
 pub struct CudaGpu {
     device: CudaDevice,
     stream: Arc<CudaStream>,
-    module: sys::CUmodule,
+    /// The loaded module; none for a device that launches no kernels (GEMMs only).
+    module: Option<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
     blas: CudaBlas,
 }
@@ -33,13 +34,16 @@ fn failed(what: &str, e: impl std::fmt::Display) -> RunError {
 
 impl CudaGpu {
     /// Opens `device`, creates its stream and cuBLAS handle, and loads `ptx`, resolving `entries` (in kernel
-    /// order). A module the driver cannot JIT-compile (for an architecture above the device's, say) is a clear
-    /// error naming it.
+    /// order; none: no module is loaded). A module the driver cannot JIT-compile (for an architecture above the
+    /// device's, say) is a clear error naming it.
     pub fn new(device: CudaDevice, ptx: &str, entries: &[String]) -> Result<CudaGpu, RunError> {
         let ctx = Arc::clone(device.context());
         ctx.bind_to_thread().map_err(|e| failed("binding the context", e))?;
         let stream = ctx.new_stream().map_err(|e| failed("creating a stream", e))?;
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| failed("creating the cuBLAS handle", e))?;
+        if entries.is_empty() {
+            return Ok(CudaGpu { device, stream, module: None, functions: Vec::new(), blas });
+        }
         let text = CString::new(ptx).map_err(|_| failed("loading the PTX module", "it contains a NUL byte"))?;
         // SAFETY: `text` is a NUL-terminated PTX image that outlives the call.
         let module = unsafe { result::module::load_data(text.as_ptr() as *const c_void) }.map_err(|e| {
@@ -53,7 +57,7 @@ impl CudaGpu {
                 .map_err(|e| failed(&format!("finding entry `{entry}`"), e))?;
             functions.push(f);
         }
-        Ok(CudaGpu { device, stream, module, functions, blas })
+        Ok(CudaGpu { device, stream, module: Some(module), functions, blas })
     }
 
     /// The device.
@@ -68,9 +72,12 @@ impl CudaGpu {
 
 impl Drop for CudaGpu {
     fn drop(&mut self) {
-        if self.bind().is_ok() && self.stream.synchronize().is_ok() {
+        if let Some(module) = self.module
+            && self.bind().is_ok()
+            && self.stream.synchronize().is_ok()
+        {
             // SAFETY: loaded by `new`, unloaded once, with no work left on the stream.
-            let _ = unsafe { result::module::unload(self.module) };
+            let _ = unsafe { result::module::unload(module) };
         }
     }
 }

@@ -11,6 +11,8 @@
 
 mod driver;
 pub mod gpu;
+mod host;
+mod node;
 mod program;
 
 use std::sync::Arc;
@@ -19,6 +21,8 @@ use cudarc::driver::CudaContext;
 
 pub use driver::CudaGpu;
 pub use gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
+pub use host::{HostGpu, HostKernels, NoKernels};
+pub use node::{CUDA_PRIORITY, CudaNodeBackend};
 pub use program::GpuProgram;
 
 use crate::RunError;

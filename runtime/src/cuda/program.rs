@@ -435,3 +435,70 @@ impl<G: Gpu> Drop for GpuProgram<G> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kiln_codegen::exec::BufferInfo;
+    use kiln_ir::TensorType;
+    use kiln_ir::graph::Weights;
+
+    use super::*;
+    use crate::cuda::{HostGpu, NoKernels};
+
+    fn exe(buffers: Vec<BufferInfo>) -> Executable {
+        Executable {
+            name: "t".into(),
+            inputs: vec![("x".into(), BufferId(0))],
+            outputs: vec![("y".into(), BufferId(1))],
+            buffers,
+            arena_bytes: 0,
+            prepare: Vec::new(),
+            prepared: Vec::new(),
+            steps: Vec::new(),
+            kernels: Vec::new(),
+            weights: Weights::default(),
+            fallbacks: Vec::new(),
+        }
+    }
+
+    fn f32s(n: usize) -> TensorType {
+        TensorType::new(DType::F32, kiln_ir::Shape::of(&[n as u64]))
+    }
+
+    fn host() -> Arc<HostGpu<NoKernels>> {
+        Arc::new(HostGpu::new(NoKernels))
+    }
+
+    #[test]
+    fn plans_naming_missing_buffers_or_kernels_are_refused() {
+        let buffers = vec![
+            BufferInfo { ty: f32s(4), home: Home::Input(0) },
+            BufferInfo { ty: f32s(4), home: Home::Dynamic },
+        ];
+        let plan = |steps| DevicePlan { prepare: Vec::new(), steps, kernels: Vec::new(), fallbacks: Vec::new() };
+        let bad_buffer = plan(vec![DeviceStep::Copy { src: BufferId(0), dst: BufferId(7) }]);
+        let err = GpuProgram::new(host(), exe(buffers.clone()), bad_buffer, Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("buffer 7 of 2"), "{err}");
+        let bad_kernel = plan(vec![DeviceStep::Kernel { kernel: 0, args: vec![BufferId(0), BufferId(1)] }]);
+        let err = GpuProgram::new(host(), exe(buffers.clone()), bad_kernel, Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("kernel 0 of 0"), "{err}");
+        let copy = plan(vec![DeviceStep::Copy { src: BufferId(0), dst: BufferId(1) }]);
+        let p = GpuProgram::new(host(), exe(buffers), copy, Vec::new()).unwrap();
+        let x = Tensor::from_vec(vec![4], vec![1.0f32, -2.0, 3.5, f32::NAN]).unwrap();
+        let out = p.run(&BTreeMap::from([("x".to_string(), x.clone())])).unwrap();
+        assert_eq!(out[0].1.as_bytes(), x.as_bytes());
+        let err = p.run(&BTreeMap::new()).unwrap_err();
+        assert!(matches!(&err, RunError::Input(m) if m.contains("`x` is missing")), "{err}");
+    }
+
+    #[test]
+    fn a_missing_weight_is_a_clear_error() {
+        let buffers = vec![
+            BufferInfo { ty: f32s(4), home: Home::Input(0) },
+            BufferInfo { ty: f32s(4), home: Home::Weight("w".into()) },
+        ];
+        let plan = DevicePlan { prepare: Vec::new(), steps: Vec::new(), kernels: Vec::new(), fallbacks: Vec::new() };
+        let err = GpuProgram::new(host(), exe(buffers), plan, Vec::new()).unwrap_err();
+        assert!(matches!(&err, RunError::Weights(m) if m.contains("`w`")), "{err}");
+    }
+}
