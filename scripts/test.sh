@@ -43,6 +43,10 @@ echo "== ONNX node conformance (CPU backend: the same cases, compiled)"
 ./target/debug/kiln conformance "$cases" --backend cpu --min-passed "$(cat tests/conformance-floor.txt)" > target/conformance-cpu.txt \
   || { grep -E "^FAILED" target/conformance-cpu.txt; tail -1 target/conformance-cpu.txt; exit 1; }
 tail -1 target/conformance-cpu.txt
+echo "== ONNX node conformance (CUDA runtime and PTX kernels on the emulated device)"
+./target/debug/kiln conformance "$cases" --backend cuda-emulated --min-passed "$(cat tests/conformance-floor.txt)" > target/conformance-cuda.txt \
+  || { grep -E "^FAILED" target/conformance-cuda.txt; tail -1 target/conformance-cuda.txt; exit 1; }
+tail -1 target/conformance-cuda.txt
 
 echo "== ptxas (CUDA 11.8 from Debian non-free, for the PTX tests; nothing installed system-wide)"
 KILN_PTXAS="$PWD/$(scripts/get-ptxas.sh)"

@@ -127,6 +127,9 @@ pub enum Backend {
     Cpu,
     /// PTX kernels on an NVIDIA GPU.
     Cuda,
+    /// The CUDA backend's runtime and kernels on an emulated device on the host (`cuda::run_emulated`): slow; for
+    /// testing the GPU code path without a GPU. Needs the `ptx` feature.
+    CudaEmulated,
 }
 
 impl Backend {
@@ -136,6 +139,7 @@ impl Backend {
             Backend::Interp => "interp",
             Backend::Cpu => "cpu",
             Backend::Cuda => "cuda",
+            Backend::CudaEmulated => "cuda-emulated",
         }
     }
 }
@@ -147,7 +151,8 @@ impl FromStr for Backend {
             "interp" => Ok(Backend::Interp),
             "cpu" => Ok(Backend::Cpu),
             "cuda" => Ok(Backend::Cuda),
-            _ => Err(format!("unknown backend `{s}` (expected interp, cpu or cuda)")),
+            "cuda-emulated" => Ok(Backend::CudaEmulated),
+            _ => Err(format!("unknown backend `{s}` (expected interp, cpu, cuda or cuda-emulated)")),
         }
     }
 }
@@ -468,6 +473,7 @@ impl Model {
                 compiled.run(inputs)
             }
             Backend::Cuda => self.compile_cuda(0, None)?.run(inputs),
+            Backend::CudaEmulated => self.run_cuda_emulated(inputs),
         }
     }
 

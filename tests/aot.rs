@@ -265,7 +265,7 @@ fn cli_compile_then_run_matches_running_the_model() {
 
 #[cfg(feature = "ptx")]
 #[test]
-fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_run_refuses_it_clearly() {
+fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gpu() {
     let root = small_model_dir();
     let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
 
@@ -289,8 +289,8 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_run_refuses_it_clear
         serde_json::from_str(&std::fs::read_to_string(root.path().join("gpu/manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest.target.triple, "nvptx64-nvidia-cuda");
     assert_eq!(manifest.target.arch, kiln_codegen::ptx::PtxArch::Sm90);
-    manifest.executable.check_references(manifest.kernels.len()).unwrap();
-    assert!(!manifest.kernels.is_empty());
+    manifest.plan.check_references(manifest.executable.buffers.len(), manifest.kernels.len()).unwrap();
+    assert!(!manifest.kernels.is_empty() && !manifest.plan.steps.is_empty());
     let ptx = std::fs::read_to_string(root.path().join("gpu/kernels.ptx")).unwrap();
     assert!(ptx.contains(".target sm_90") && ptx.contains(".version 7.8"), "{ptx}");
     for k in &manifest.kernels {
@@ -309,13 +309,23 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_run_refuses_it_clear
         assert!(std::fs::read_to_string(root.path().join("cpu/kernels.ptx")).unwrap().contains(".target sm_80"));
     }
 
-    // The CUDA runtime is not built yet: loading says so in one line.
+    // The CPU loader refuses it by name; `kiln run` loads it onto GPU 0: without one, the device's one clear line.
+    let e = Artifact::load(&root.path().join("gpu"), 1).err().expect("refused").to_string();
+    assert!(e.contains("a CUDA artifact (PTX for sm_90)"), "{e}");
     let o = kiln(&["run", &p("gpu")]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("a CUDA artifact (PTX for sm_90)") && !err.contains("panicked"),
-        "{err}"
-    );
-    let e = Artifact::load(&root.path().join("gpu"), 1).err().expect("refused").to_string();
-    assert!(e.contains("CUDA artifact"), "{e}");
+    if !o.status.success() {
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("backend `cuda`") && !err.contains("panicked"), "{err}");
+    }
+    let o = kiln(&["run", &p("gpu"), "--backend", "cpu"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("runs on the cuda backend"), "{o:?}");
+
+    // A damaged plan (a step naming a buffer that does not exist) is refused, not run.
+    let path = root.path().join("gpu/manifest.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["plan"]["steps"] = serde_json::json!([{ "Copy": { "src": 0, "dst": 9999 } }]);
+    std::fs::write(&path, v.to_string()).unwrap();
+    let e = Artifact::load_cuda(&root.path().join("gpu"), 0).err().expect("refused").to_string();
+    assert!(e.contains("device plan is inconsistent") && e.contains("buffer 9999"), "{e}");
 }

@@ -140,6 +140,24 @@ pub fn compile_device(exe: &Executable, options: &kiln_codegen::ptx::PtxOptions)
 }
 
 impl crate::Model {
+    /// Runs the model through the CUDA runtime on the emulated device ([`crate::Backend::CudaEmulated`]).
+    pub fn run_cuda_emulated(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
+        #[cfg(feature = "ptx")]
+        {
+            let options = crate::CompileOptions {
+                backend: crate::Backend::Cuda,
+                pipeline: "cuda-default".into(),
+                threads: 1,
+            };
+            run_emulated(&self.lower(&options)?, inputs, kiln_codegen::ptx::DEFAULT_BLOCK_SIZE)
+        }
+        #[cfg(not(feature = "ptx"))]
+        {
+            let _ = inputs;
+            Err(cuda_error("this kiln was built without the PTX emitter (feature `ptx`), which the emulation needs"))
+        }
+    }
+
     /// Compiles the model for CUDA device `ordinal` and binds it there (see the module docs). Without a device,
     /// the device's clear error, before any compilation.
     pub fn compile_cuda(&self, ordinal: usize, pipeline: Option<&str>) -> Result<CudaCompiled, Error> {
