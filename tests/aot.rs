@@ -326,6 +326,6 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gp
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     v["plan"]["steps"] = serde_json::json!([{ "Copy": { "src": 0, "dst": 9999 } }]);
     std::fs::write(&path, v.to_string()).unwrap();
-    let e = Artifact::load_cuda(&root.path().join("gpu"), 0).err().expect("refused").to_string();
+    let e = Artifact::load_cuda(&root.path().join("gpu"), 0).expect_err("refused").to_string();
     assert!(e.contains("device plan is inconsistent") && e.contains("buffer 9999"), "{e}");
 }

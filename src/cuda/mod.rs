@@ -21,7 +21,7 @@ use std::sync::Arc;
 use kiln_codegen::device::{DevicePlan, PtxKernelInfo};
 use kiln_codegen::exec::Executable;
 use kiln_ir::Tensor;
-use kiln_runtime::cuda::{CudaDevice, CudaGpu, GpuProgram};
+use kiln_runtime::cuda::{CudaDevice, CudaGpu, GpuCompletion, GpuExecutor, GpuProgram, PendingRun};
 
 #[cfg(feature = "ptx")]
 pub use emulated::run_emulated;
@@ -68,6 +68,25 @@ impl CudaCompiled {
         self.program.run(inputs).map_err(crate::cuda_run_error)
     }
 
+    /// `count` executors: streams of their own on the model's device (the contract's submission lanes).
+    pub fn executors(&self, count: usize) -> Result<Vec<GpuExecutor<CudaGpu>>, Error> {
+        use kiln_runtime::contract::SubmissionBackend;
+        let root = GpuExecutor::new("cuda0", self.program.gpu().as_ref().clone());
+        kiln_runtime::cuda::GpuBackend::fork_executors(&root, count).map_err(crate::cuda_run_error)
+    }
+
+    /// Queues a run on `executor`'s stream and returns at once; the request's completion is an event after its
+    /// last copy (order other executors after it with `GpuBackend::order_after`).
+    pub fn submit(
+        &self,
+        executor: &GpuExecutor<CudaGpu>,
+        inputs: &BTreeMap<String, Tensor>,
+    ) -> Result<CudaRequest, Error> {
+        let pending = self.program.enqueue(executor.gpu(), inputs).map_err(crate::cuda_run_error)?;
+        let completion = executor.mark().map_err(crate::cuda_run_error)?;
+        Ok(CudaRequest { pending, completion })
+    }
+
     /// The device's copy bandwidth in GB/s (bytes read plus bytes written per second, device to device, over
     /// 256 MiB copies): what a memory-bound kernel is measured against.
     pub fn copy_bandwidth_gbps(&self) -> Result<f64, Error> {
@@ -101,6 +120,24 @@ impl CudaCompiled {
         seed: u64,
     ) -> Result<BTreeMap<String, Tensor>, Error> {
         crate::complete_inputs(&self.inputs, given, shapes, seed)
+    }
+}
+
+/// A run submitted with [`CudaCompiled::submit`].
+pub struct CudaRequest {
+    pending: PendingRun<CudaGpu>,
+    completion: GpuCompletion<CudaGpu>,
+}
+
+impl CudaRequest {
+    /// The run's completion: poll it, or order another executor after it.
+    pub fn completion(&self) -> &GpuCompletion<CudaGpu> {
+        &self.completion
+    }
+
+    /// Waits for the run; its outputs in the model's order.
+    pub fn wait(self) -> Result<Vec<(String, Tensor)>, Error> {
+        self.pending.wait().map_err(crate::cuda_run_error)
     }
 }
 
@@ -144,11 +181,8 @@ impl crate::Model {
     pub fn run_cuda_emulated(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
         #[cfg(feature = "ptx")]
         {
-            let options = crate::CompileOptions {
-                backend: crate::Backend::Cuda,
-                pipeline: "cuda-default".into(),
-                threads: 1,
-            };
+            let options =
+                crate::CompileOptions { backend: crate::Backend::Cuda, pipeline: "cuda-default".into(), threads: 1 };
             run_emulated(&self.lower(&options)?, inputs, kiln_codegen::ptx::DEFAULT_BLOCK_SIZE)
         }
         #[cfg(not(feature = "ptx"))]

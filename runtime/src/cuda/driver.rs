@@ -1,5 +1,8 @@
-//! [`CudaGpu`]: the [`Gpu`] of a real device — the CUDA driver API through cudarc (loaded at run time), one
-//! stream, the PTX module JIT-compiled by the driver, and cuBLAS for GEMMs.
+//! [`CudaGpu`]: the [`Gpu`] of a real device — the CUDA driver API through cudarc (loaded at run time), the PTX
+//! module JIT-compiled by the driver, cuBLAS for GEMMs. Each handle owns a stream and a cuBLAS handle bound to it
+//! (clones share them; [`Gpu::fork`] makes new ones); the module and the device are shared by all handles.
+//! Events are CUDA events without timing; host buffers are pinned (`cuMemHostAlloc`), so device-to-host copies
+//! into them are truly asynchronous.
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
@@ -12,24 +15,96 @@ use super::CudaDevice;
 use super::gpu::{DevPtr, Gemm, Gpu};
 use crate::RunError;
 
-/// A device with a loaded module: see the module docs.
-pub struct CudaGpu {
+/// What every handle on one device shares.
+struct Shared {
     device: CudaDevice,
-    stream: Arc<CudaStream>,
     /// The loaded module; none for a device that launches no kernels (GEMMs only).
     module: Option<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
-    blas: CudaBlas,
 }
 
 // SAFETY: the module and function handles are plain driver handles, valid in the context on any thread (every
 // call binds the context first); cudarc's own `CudaFunction` is `Send + Sync` for the same reason.
-unsafe impl Send for CudaGpu {}
-// SAFETY: as above; the stream orders the work callers queue from any thread.
-unsafe impl Sync for CudaGpu {}
+unsafe impl Send for Shared {}
+// SAFETY: as above; they are only read.
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(module) = self.module
+            && self.device.context().bind_to_thread().is_ok()
+            && self.device.context().synchronize().is_ok()
+        {
+            // SAFETY: loaded by `CudaGpu::new`, unloaded once, with no work left in the context.
+            let _ = unsafe { result::module::unload(module) };
+        }
+    }
+}
+
+/// A handle's queue: a stream and a cuBLAS handle issuing onto it.
+struct Queue {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+}
+
+/// A handle on a CUDA device: see the module docs.
+#[derive(Clone)]
+pub struct CudaGpu {
+    shared: Arc<Shared>,
+    queue: Arc<Queue>,
+}
+
+/// A CUDA event (no timing), destroyed when dropped.
+pub struct CudaEvent {
+    event: sys::CUevent,
+    shared: Arc<Shared>,
+}
+
+// SAFETY: an event handle is usable from any thread with the context bound.
+unsafe impl Send for CudaEvent {}
+// SAFETY: as above; recording happens once, at creation.
+unsafe impl Sync for CudaEvent {}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        if self.shared.device.context().bind_to_thread().is_ok() {
+            // SAFETY: created by `record`, destroyed once (the driver defers it until the event completes).
+            let _ = unsafe { result::event::destroy(self.event) };
+        }
+    }
+}
+
+/// Pinned host memory, freed when dropped.
+pub struct PinnedBuffer {
+    ptr: *mut u8,
+    len: usize,
+    shared: Arc<Shared>,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for PinnedBuffer {}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.shared.device.context().bind_to_thread().is_ok() {
+            // SAFETY: allocated by `alloc_host`, freed once; its owner guarantees no copy into it is pending.
+            let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+        }
+    }
+}
 
 fn failed(what: &str, e: impl std::fmt::Display) -> RunError {
     RunError::Backend(format!("cuda: {what}: {e}"))
+}
+
+impl Queue {
+    fn new(device: &CudaDevice) -> Result<Queue, RunError> {
+        let stream = device.context().new_stream().map_err(|e| failed("creating a stream", e))?;
+        let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| failed("creating a cuBLAS handle", e))?;
+        Ok(Queue { stream, blas })
+    }
 }
 
 impl CudaGpu {
@@ -37,54 +112,130 @@ impl CudaGpu {
     /// order; none: no module is loaded). A module the driver cannot JIT-compile (for an architecture above the
     /// device's, say) is a clear error naming it.
     pub fn new(device: CudaDevice, ptx: &str, entries: &[String]) -> Result<CudaGpu, RunError> {
-        let ctx = Arc::clone(device.context());
-        ctx.bind_to_thread().map_err(|e| failed("binding the context", e))?;
-        let stream = ctx.new_stream().map_err(|e| failed("creating a stream", e))?;
-        let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| failed("creating the cuBLAS handle", e))?;
-        if entries.is_empty() {
-            return Ok(CudaGpu { device, stream, module: None, functions: Vec::new(), blas });
+        device.context().bind_to_thread().map_err(|e| failed("binding the context", e))?;
+        // cudarc panics on a call into a library it cannot load: ask first.
+        // SAFETY: probing only tries to load the library; it calls nothing in it.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(RunError::NoDevice {
+                backend: "cuda".into(),
+                reason: "cuBLAS (libcublas.so, or libcublas.so.12) was not found: install CUDA's cuBLAS or put its \
+                         folder on LD_LIBRARY_PATH"
+                    .into(),
+            });
         }
-        let text = CString::new(ptx).map_err(|_| failed("loading the PTX module", "it contains a NUL byte"))?;
-        // SAFETY: `text` is a NUL-terminated PTX image that outlives the call.
-        let module = unsafe { result::module::load_data(text.as_ptr() as *const c_void) }.map_err(|e| {
-            RunError::Load { path: "kernels.ptx".into(), message: format!("the driver refused the PTX module: {e}") }
-        })?;
-        let mut functions = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let name = CString::new(entry.as_str()).map_err(|_| failed("an entry name", entry))?;
-            // SAFETY: `module` is loaded in this context.
-            let f = unsafe { result::module::get_function(module, name) }
-                .map_err(|e| failed(&format!("finding entry `{entry}`"), e))?;
-            functions.push(f);
-        }
-        Ok(CudaGpu { device, stream, module: Some(module), functions, blas })
+        let queue = Queue::new(&device)?;
+        let (module, functions) = if entries.is_empty() {
+            (None, Vec::new())
+        } else {
+            let text = CString::new(ptx).map_err(|_| failed("loading the PTX module", "it contains a NUL byte"))?;
+            // SAFETY: `text` is a NUL-terminated PTX image that outlives the call.
+            let module =
+                unsafe { result::module::load_data(text.as_ptr() as *const c_void) }.map_err(|e| RunError::Load {
+                    path: "kernels.ptx".into(),
+                    message: format!("the driver refused the PTX module: {e}"),
+                })?;
+            let mut functions = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let name = CString::new(entry.as_str()).map_err(|_| failed("an entry name", entry))?;
+                // SAFETY: `module` is loaded in this context.
+                match unsafe { result::module::get_function(module, name) } {
+                    Ok(f) => functions.push(f),
+                    Err(e) => {
+                        // SAFETY: loaded above, unloaded once; nothing uses it yet.
+                        let _ = unsafe { result::module::unload(module) };
+                        return Err(failed(&format!("finding entry `{entry}`"), e));
+                    }
+                }
+            }
+            (Some(module), functions)
+        };
+        Ok(CudaGpu { shared: Arc::new(Shared { device, module, functions }), queue: Arc::new(queue) })
     }
 
     /// The device.
     pub fn device(&self) -> &CudaDevice {
-        &self.device
+        &self.shared.device
     }
 
     fn bind(&self) -> Result<(), RunError> {
-        self.device.context().bind_to_thread().map_err(|e| failed("binding the context", e))
+        self.shared.device.context().bind_to_thread().map_err(|e| failed("binding the context", e))
     }
-}
 
-impl Drop for CudaGpu {
-    fn drop(&mut self) {
-        if let Some(module) = self.module
-            && self.bind().is_ok()
-            && self.stream.synchronize().is_ok()
-        {
-            // SAFETY: loaded by `new`, unloaded once, with no work left on the stream.
-            let _ = unsafe { result::module::unload(module) };
-        }
+    fn stream(&self) -> sys::CUstream {
+        self.queue.stream.cu_stream()
     }
 }
 
 impl Gpu for CudaGpu {
+    type Event = CudaEvent;
+    type HostBuffer = PinnedBuffer;
+
     fn name(&self) -> String {
-        self.device.name().to_string()
+        self.shared.device.name().to_string()
+    }
+
+    fn fork(&self) -> Result<CudaGpu, RunError> {
+        self.bind()?;
+        Ok(CudaGpu { shared: Arc::clone(&self.shared), queue: Arc::new(Queue::new(&self.shared.device)?) })
+    }
+
+    fn record(&self) -> Result<CudaEvent, RunError> {
+        self.bind()?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| failed("creating an event", e))?;
+        let event = CudaEvent { event, shared: Arc::clone(&self.shared) };
+        // SAFETY: both handles are live in the bound context.
+        unsafe { result::event::record(event.event, self.stream()) }.map_err(|e| failed("recording an event", e))?;
+        Ok(event)
+    }
+
+    fn wait_for(&self, event: &CudaEvent) -> Result<(), RunError> {
+        self.bind()?;
+        // SAFETY: both handles are live in the bound context.
+        unsafe {
+            result::stream::wait_event(self.stream(), event.event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        }
+        .map_err(|e| failed("ordering a stream after an event", e))
+    }
+
+    fn event_done(&self, event: &CudaEvent) -> Result<bool, RunError> {
+        self.bind()?;
+        // SAFETY: a live event in the bound context.
+        match unsafe { sys::cuEventQuery(event.event) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(failed("querying an event", format!("{e:?}"))),
+        }
+    }
+
+    fn event_wait(&self, event: &CudaEvent) -> Result<(), RunError> {
+        self.bind()?;
+        // SAFETY: a live event in the bound context.
+        unsafe { sys::cuEventSynchronize(event.event) }.result().map_err(|e| failed("waiting for an event", e))
+    }
+
+    fn alloc_host(&self, bytes: usize) -> Result<PinnedBuffer, RunError> {
+        self.bind()?;
+        // SAFETY: a plain pinned allocation in the bound context.
+        let ptr = unsafe { result::malloc_host(bytes.max(1), 0) }
+            .map_err(|e| RunError::Memory(format!("cuda: cannot pin {bytes} bytes of host memory: {e}")))?;
+        Ok(PinnedBuffer { ptr: ptr as *mut u8, len: bytes, shared: Arc::clone(&self.shared) })
+    }
+
+    fn host_bytes<'b>(&self, buffer: &'b PinnedBuffer) -> &'b [u8] {
+        // SAFETY: the allocation holds `len` bytes; the caller reads it only after its download completed.
+        unsafe { std::slice::from_raw_parts(buffer.ptr, buffer.len) }
+    }
+
+    unsafe fn download_async(&self, src: DevPtr, dst: &mut PinnedBuffer, bytes: usize) -> Result<(), RunError> {
+        if bytes > dst.len {
+            return Err(failed("copying from the device", format!("{bytes} bytes into a {}-byte buffer", dst.len)));
+        }
+        self.bind()?;
+        // SAFETY: the caller guarantees `src` and keeps `dst` alive and unread until the copy completes.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.ptr as *mut c_void, src.0, bytes, self.stream()) }
+            .result()
+            .map_err(|e| failed("copying from the device", e))
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, RunError> {
@@ -104,17 +255,15 @@ impl Gpu for CudaGpu {
 
     unsafe fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<(), RunError> {
         self.bind()?;
-        // SAFETY: the caller guarantees `dst` holds `src.len()` bytes; the wait below keeps `src` borrowed until
-        // the copy is done.
-        unsafe { result::memcpy_htod_async(dst.0, src, self.stream.cu_stream()) }
-            .map_err(|e| failed("copying to the device", e))?;
-        self.synchronize()
+        // SAFETY: the caller guarantees `dst` holds `src.len()` bytes. From pageable memory the driver stages the
+        // bytes before returning, so `src` may be reused at once.
+        unsafe { result::memcpy_htod_async(dst.0, src, self.stream()) }.map_err(|e| failed("copying to the device", e))
     }
 
     unsafe fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<(), RunError> {
         self.bind()?;
         // SAFETY: the caller guarantees `src` holds `dst.len()` bytes; the wait below completes the copy.
-        unsafe { result::memcpy_dtoh_async(dst, src.0, self.stream.cu_stream()) }
+        unsafe { result::memcpy_dtoh_async(dst, src.0, self.stream()) }
             .map_err(|e| failed("copying from the device", e))?;
         self.synchronize()
     }
@@ -122,14 +271,14 @@ impl Gpu for CudaGpu {
     unsafe fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), RunError> {
         self.bind()?;
         // SAFETY: the caller guarantees both ranges.
-        unsafe { result::memcpy_dtod_async(dst.0, src.0, bytes, self.stream.cu_stream()) }
+        unsafe { result::memcpy_dtod_async(dst.0, src.0, bytes, self.stream()) }
             .map_err(|e| failed("copying on the device", e))
     }
 
     unsafe fn zero(&self, dst: DevPtr, bytes: usize) -> Result<(), RunError> {
         self.bind()?;
         // SAFETY: the caller guarantees the range.
-        unsafe { result::memset_d8_async(dst.0, 0, bytes, self.stream.cu_stream()) }
+        unsafe { result::memset_d8_async(dst.0, 0, bytes, self.stream()) }
             .map_err(|e| failed("clearing device memory", e))
     }
 
@@ -141,17 +290,15 @@ impl Gpu for CudaGpu {
         buffers: &[DevPtr],
         symbols: &[i64],
     ) -> Result<(), RunError> {
-        let f = *self.functions.get(kernel).ok_or_else(|| failed("launch", format!("no kernel {kernel}")))?;
+        let f = *self.shared.functions.get(kernel).ok_or_else(|| failed("launch", format!("no kernel {kernel}")))?;
         self.bind()?;
         // Every parameter is 8 bytes: a global pointer or an i64 symbol.
         let mut values: Vec<u64> = buffers.iter().map(|p| p.0).chain(symbols.iter().map(|&s| s as u64)).collect();
         let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         // SAFETY: the entry takes exactly these parameters (the manifest's parameter list), the caller guarantees
         // the buffers, and `values` outlives the call (the driver copies parameters at launch).
-        unsafe {
-            result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 0, self.stream.cu_stream(), &mut params)
-        }
-        .map_err(|e| failed(&format!("launching kernel {kernel}"), e))
+        unsafe { result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 0, self.stream(), &mut params) }
+            .map_err(|e| failed(&format!("launching kernel {kernel}"), e))
     }
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), RunError> {
@@ -164,7 +311,7 @@ impl Gpu for CudaGpu {
         // SAFETY: the caller guarantees the matrices; alpha and beta are host scalars living through the call.
         unsafe {
             cudarc::cublas::result::sgemm_strided_batched(
-                *self.blas.handle(),
+                *self.queue.blas.handle(),
                 cublasOperation_t::CUBLAS_OP_N,
                 cublasOperation_t::CUBLAS_OP_N,
                 int(g.n, "n")?,
@@ -189,6 +336,6 @@ impl Gpu for CudaGpu {
 
     fn synchronize(&self) -> Result<(), RunError> {
         self.bind()?;
-        self.stream.synchronize().map_err(|e| failed("waiting for the stream", e))
+        self.queue.stream.synchronize().map_err(|e| failed("waiting for the stream", e))
     }
 }

@@ -52,11 +52,46 @@ pub struct Gemm {
     pub accumulate: bool,
 }
 
-/// A device, its memory and its queue. Every operation is queued in call order; [`Gpu::download`] and
-/// [`Gpu::synchronize`] wait for what was queued before them.
-pub trait Gpu: Send + Sync {
+/// A handle on a device — its memory, its loaded module, its GEMM library — with a queue of its own (a CUDA
+/// stream). Every operation is queued in call order; [`Gpu::download`] and [`Gpu::synchronize`] wait for what was
+/// queued before them. Clones share the queue; [`Gpu::fork`] makes a handle with a new one.
+pub trait Gpu: Clone + Send + Sync {
+    /// A marker in a queue (a CUDA event): complete once everything queued before it is.
+    type Event: Send + Sync;
+    /// Host memory the device copies into without the host waiting (pinned memory on a real device).
+    type HostBuffer: Send + Sync;
+
     /// The device's name, for reports.
     fn name(&self) -> String;
+
+    /// Another handle on the same device (memory, module and weights shared) with a new queue.
+    fn fork(&self) -> Result<Self, RunError>;
+
+    /// Marks the end of what is queued so far.
+    fn record(&self) -> Result<Self::Event, RunError>;
+
+    /// Makes this queue wait for `event` (of any handle on the device) before running what is queued next; the
+    /// host does not wait.
+    fn wait_for(&self, event: &Self::Event) -> Result<(), RunError>;
+
+    /// Whether everything before `event` has run.
+    fn event_done(&self, event: &Self::Event) -> Result<bool, RunError>;
+
+    /// Waits on the host until everything before `event` has run.
+    fn event_wait(&self, event: &Self::Event) -> Result<(), RunError>;
+
+    /// Host memory of `bytes` bytes for [`Gpu::download_async`].
+    fn alloc_host(&self, bytes: usize) -> Result<Self::HostBuffer, RunError>;
+
+    /// The bytes of a host buffer (read them only once the download into it has completed).
+    fn host_bytes<'b>(&self, buffer: &'b Self::HostBuffer) -> &'b [u8];
+
+    /// Queues a copy of `bytes` device bytes from `src` into `dst`; the host does not wait.
+    ///
+    /// # Safety
+    /// `src` is valid for `bytes` bytes, `dst` holds at least `bytes`, and `dst` is neither read nor dropped
+    /// before an event recorded after this call has completed.
+    unsafe fn download_async(&self, src: DevPtr, dst: &mut Self::HostBuffer, bytes: usize) -> Result<(), RunError>;
 
     /// Allocates `bytes` (at least 1) of device memory, 256-byte aligned.
     fn alloc(&self, bytes: usize) -> Result<DevPtr, RunError>;
@@ -67,7 +102,7 @@ pub trait Gpu: Send + Sync {
     /// `ptr` came from [`Gpu::alloc`] of this device, is not freed yet, and no queued work still uses it.
     unsafe fn free(&self, ptr: DevPtr);
 
-    /// Copies host bytes to `dst` (the host slice may be reused once this returns).
+    /// Queues a copy of host bytes to `dst` (the host slice may be reused once this returns).
     ///
     /// # Safety
     /// `dst` is valid for `src.len()` bytes.
@@ -116,13 +151,13 @@ pub trait Gpu: Send + Sync {
 }
 
 /// An allocation freed when dropped (after waiting for the queue, so no queued work still uses it).
-pub struct DeviceBuffer<'g, G: Gpu + ?Sized> {
+pub struct DeviceBuffer<'g, G: Gpu> {
     gpu: &'g G,
     ptr: DevPtr,
     bytes: usize,
 }
 
-impl<'g, G: Gpu + ?Sized> DeviceBuffer<'g, G> {
+impl<'g, G: Gpu> DeviceBuffer<'g, G> {
     /// Allocates `bytes` on `gpu`.
     pub fn new(gpu: &'g G, bytes: usize) -> Result<DeviceBuffer<'g, G>, RunError> {
         Ok(DeviceBuffer { gpu, ptr: gpu.alloc(bytes.max(1))?, bytes })
@@ -152,7 +187,7 @@ impl<'g, G: Gpu + ?Sized> DeviceBuffer<'g, G> {
     }
 }
 
-impl<G: Gpu + ?Sized> Drop for DeviceBuffer<'_, G> {
+impl<G: Gpu> Drop for DeviceBuffer<'_, G> {
     fn drop(&mut self) {
         // A failing device cannot be helped here; freeing after a failed wait would risk use after free, so the
         // allocation is leaked instead.

@@ -5,7 +5,7 @@
 
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::gpu::{DevPtr, Gemm, Gpu};
 use crate::RunError;
@@ -39,8 +39,19 @@ impl HostKernels for NoKernels {
     }
 }
 
-/// A device on the host. See the module docs.
+/// A device on the host. See the module docs. Clones and forks share everything: operations run as they are
+/// queued, so every queue is always drained and every event complete.
 pub struct HostGpu<K: HostKernels> {
+    shared: Arc<Shared<K>>,
+}
+
+impl<K: HostKernels> Clone for HostGpu<K> {
+    fn clone(&self) -> Self {
+        HostGpu { shared: Arc::clone(&self.shared) }
+    }
+}
+
+struct Shared<K> {
     kernels: K,
     /// Live allocations: address → layout.
     allocations: Mutex<HashMap<u64, Layout>>,
@@ -49,11 +60,16 @@ pub struct HostGpu<K: HostKernels> {
 impl<K: HostKernels> HostGpu<K> {
     /// A host device running `kernels`.
     pub fn new(kernels: K) -> HostGpu<K> {
-        HostGpu { kernels, allocations: Mutex::new(HashMap::new()) }
+        HostGpu { shared: Arc::new(Shared { kernels, allocations: Mutex::new(HashMap::new()) }) }
+    }
+
+    /// Bytes allocated on the device and not freed yet (for leak checks).
+    pub fn allocated_bytes(&self) -> usize {
+        self.shared.allocations.lock().unwrap_or_else(|e| e.into_inner()).values().map(Layout::size).sum()
     }
 }
 
-impl<K: HostKernels> Drop for HostGpu<K> {
+impl<K> Drop for Shared<K> {
     fn drop(&mut self) {
         for (p, layout) in self.allocations.get_mut().unwrap_or_else(|e| e.into_inner()).drain() {
             // SAFETY: allocated by `alloc` with this layout and not freed yet.
@@ -63,8 +79,44 @@ impl<K: HostKernels> Drop for HostGpu<K> {
 }
 
 impl<K: HostKernels> Gpu for HostGpu<K> {
+    type Event = ();
+    type HostBuffer = Vec<u8>;
+
     fn name(&self) -> String {
         "host emulation".into()
+    }
+
+    fn fork(&self) -> Result<Self, RunError> {
+        Ok(self.clone())
+    }
+
+    fn record(&self) -> Result<(), RunError> {
+        Ok(())
+    }
+
+    fn wait_for(&self, _: &()) -> Result<(), RunError> {
+        Ok(())
+    }
+
+    fn event_done(&self, _: &()) -> Result<bool, RunError> {
+        Ok(true)
+    }
+
+    fn event_wait(&self, _: &()) -> Result<(), RunError> {
+        Ok(())
+    }
+
+    fn alloc_host(&self, bytes: usize) -> Result<Vec<u8>, RunError> {
+        Ok(vec![0; bytes])
+    }
+
+    fn host_bytes<'b>(&self, buffer: &'b Vec<u8>) -> &'b [u8] {
+        buffer
+    }
+
+    unsafe fn download_async(&self, src: DevPtr, dst: &mut Vec<u8>, bytes: usize) -> Result<(), RunError> {
+        // SAFETY: the caller guarantees `src` holds `bytes` bytes and `dst` at least as many.
+        unsafe { self.download(src, &mut dst[..bytes]) }
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, RunError> {
@@ -75,12 +127,12 @@ impl<K: HostKernels> Gpu for HostGpu<K> {
         if p.is_null() {
             return Err(RunError::Memory(format!("cannot allocate {bytes} bytes")));
         }
-        self.allocations.lock().unwrap_or_else(|e| e.into_inner()).insert(p as u64, layout);
+        self.shared.allocations.lock().unwrap_or_else(|e| e.into_inner()).insert(p as u64, layout);
         Ok(DevPtr(p as u64))
     }
 
     unsafe fn free(&self, ptr: DevPtr) {
-        if let Some(layout) = self.allocations.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr.0) {
+        if let Some(layout) = self.shared.allocations.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr.0) {
             // SAFETY: allocated by `alloc` with this layout; removed from the table, so freed once.
             unsafe { std::alloc::dealloc(ptr.0 as *mut u8, layout) };
         }
@@ -121,7 +173,7 @@ impl<K: HostKernels> Gpu for HostGpu<K> {
     ) -> Result<(), RunError> {
         let ptrs: Vec<*mut u8> = buffers.iter().map(|p| p.0 as *mut u8).collect();
         // SAFETY: the caller guarantees the buffers for the symbols' shapes.
-        unsafe { self.kernels.launch(kernel, blocks, threads, &ptrs, symbols) }
+        unsafe { self.shared.kernels.launch(kernel, blocks, threads, &ptrs, symbols) }
     }
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), RunError> {

@@ -14,6 +14,7 @@ pub mod gpu;
 mod host;
 mod node;
 mod program;
+mod submission;
 
 use std::sync::Arc;
 
@@ -23,7 +24,8 @@ pub use driver::CudaGpu;
 pub use gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
 pub use host::{HostGpu, HostKernels, NoKernels};
 pub use node::{CUDA_PRIORITY, CudaNodeBackend};
-pub use program::GpuProgram;
+pub use program::{GpuProgram, PendingRun};
+pub use submission::{GpuBackend, GpuCompletion, GpuExecutor, GpuWork};
 
 use crate::RunError;
 
@@ -79,8 +81,13 @@ impl CudaDevice {
     /// The compute capability, `(major, minor)`: `(9, 0)` on an H100 or H200.
     pub fn compute_capability(&self) -> Result<(i32, i32), RunError> {
         use cudarc::driver::sys::CUdevice_attribute as A;
-        let get = |a| self.context.attribute(a).map_err(|e| unavailable(format!("cannot query device {}: {e}", self.ordinal)));
-        Ok((get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?))
+        let get = |a| {
+            self.context.attribute(a).map_err(|e| unavailable(format!("cannot query device {}: {e}", self.ordinal)))
+        };
+        Ok((
+            get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
     }
 
     /// The driver context.

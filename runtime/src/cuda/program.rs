@@ -60,15 +60,8 @@ impl<G: Gpu> GpuProgram<G> {
         infos: Vec<PtxKernelInfo>,
     ) -> Result<GpuProgram<G>, RunError> {
         plan.check_references(exe.buffers.len(), infos.len()).map_err(backend)?;
-        let mut program = GpuProgram {
-            gpu,
-            exe,
-            plan,
-            infos,
-            resident: HashMap::new(),
-            owned: Vec::new(),
-            arena: Mutex::new(None),
-        };
+        let mut program =
+            GpuProgram { gpu, exe, plan, infos, resident: HashMap::new(), owned: Vec::new(), arena: Mutex::new(None) };
         program.upload_weights()?;
         Ok(program)
     }
@@ -156,55 +149,86 @@ impl<G: Gpu> GpuProgram<G> {
                 .map(|i| self.resident.get(&BufferId(i as u32)).copied().unwrap_or(DevPtr(0)))
                 .collect();
             let steps = self.plan.prepare.clone();
-            self.run_steps(&steps, &addrs, &no_symbols)?;
-            self.gpu.synchronize()?;
+            self.run_steps(&self.gpu, &steps, &addrs, &no_symbols)?;
         }
-        Ok(())
+        // Weights are uploaded on the program's queue; runs on other queues read them.
+        self.gpu.synchronize()
     }
 
-    /// Runs the program on `inputs` (by name); outputs come in order.
+    /// Runs the program on `inputs` (by name) on the program's own queue, with its cached arena; outputs come in
+    /// order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        if arena.is_none() {
+            *arena = Some(self.gpu.alloc((self.exe.arena_bytes as usize).max(1))?);
+        }
+        self.queue_run(self.gpu.as_ref(), inputs, *arena)?.wait()
+    }
+
+    /// Queues a run on `gpu` (a handle on the program's device, [`Gpu::fork`]ed for a queue of its own) with an
+    /// arena of its own, and returns at once (unless a step must come back to the host: an interpreter fallback,
+    /// a gather's index check). The run's memory is freed once it has completed.
+    pub fn enqueue(&self, gpu: &G, inputs: &BTreeMap<String, Tensor>) -> Result<PendingRun<G>, RunError> {
+        self.queue_run(gpu, inputs, None)
+    }
+
+    fn queue_run(
+        &self,
+        gpu: &G,
+        inputs: &BTreeMap<String, Tensor>,
+        arena: Option<DevPtr>,
+    ) -> Result<PendingRun<G>, RunError> {
         let given = crate::bind::check_inputs(&self.exe, inputs)?;
         let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
-        let gpu = self.gpu.as_ref();
-        let mut arena_slot = self.arena.lock().unwrap_or_else(|e| e.into_inner());
-        let arena = match *arena_slot {
+        // Until the run is queued, the run's memory is freed here if anything fails.
+        let mut pending =
+            PendingRun { gpu: gpu.clone(), event: None, outputs: Vec::new(), owned: Vec::new(), done: false };
+        let arena = match arena {
             Some(p) => p,
             None => {
                 let p = gpu.alloc((self.exe.arena_bytes as usize).max(1))?;
-                *arena_slot = Some(p);
+                pending.owned.push(p);
                 p
             }
         };
-        let mut run_owned: Vec<DeviceBuffer<'_, G>> = Vec::new();
         let mut addrs = vec![DevPtr(0); self.exe.buffers.len()];
         for (i, info) in self.exe.buffers.iter().enumerate() {
             let id = BufferId(i as u32);
             addrs[i] = match &info.home {
                 Home::Input(k) => {
-                    let b = DeviceBuffer::from_bytes(gpu, given[*k].as_bytes())?;
-                    let p = b.ptr();
-                    run_owned.push(b);
+                    let bytes = given[*k].as_bytes();
+                    let p = gpu.alloc(bytes.len())?;
+                    pending.owned.push(p);
+                    // SAFETY: `p` holds `bytes.len()` bytes.
+                    unsafe { gpu.upload(p, bytes)? };
                     p
                 }
                 Home::Weight(_) | Home::Constant(_) | Home::Prepared(_) => self.resident[&id],
                 Home::Arena(offset) => arena.offset(*offset as usize),
                 Home::Dynamic => {
-                    let b = DeviceBuffer::new(gpu, self.bytes(id, &symbols)?)?;
-                    let p = b.ptr();
-                    run_owned.push(b);
+                    let p = gpu.alloc(self.bytes(id, &symbols)?)?;
+                    pending.owned.push(p);
                     p
                 }
             };
         }
-        self.run_steps(&self.plan.steps, &addrs, &symbols)?;
-        let mut out = Vec::with_capacity(self.exe.outputs.len());
+        self.run_steps(gpu, &self.plan.steps, &addrs, &symbols)?;
         for (name, b) in &self.exe.outputs {
             let dims = self.exe.dims(*b, &symbols).map_err(backend)?;
-            out.push((name.clone(), self.download(*b, dims, addrs[b.0 as usize])?));
+            let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
+            let bytes = dims.iter().product::<usize>() * dtype.size_bytes();
+            let host = if bytes == 0 {
+                None
+            } else {
+                let mut h = gpu.alloc_host(bytes)?;
+                // SAFETY: the buffer holds `bytes` for these dims; `pending` keeps `h` until the copy completed.
+                unsafe { gpu.download_async(addrs[b.0 as usize], &mut h, bytes)? };
+                Some(h)
+            };
+            pending.outputs.push((name.clone(), dtype, dims, host));
         }
-        drop(run_owned);
-        Ok(out)
+        pending.event = Some(gpu.record()?);
+        Ok(pending)
     }
 
     fn bytes(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<usize, RunError> {
@@ -212,12 +236,12 @@ impl<G: Gpu> GpuProgram<G> {
         Ok(dims.iter().product::<usize>() * self.exe.buffers[b.0 as usize].ty.dtype.size_bytes())
     }
 
-    fn download(&self, b: BufferId, dims: Vec<usize>, at: DevPtr) -> Result<Tensor, RunError> {
+    fn download(&self, gpu: &G, b: BufferId, dims: Vec<usize>, at: DevPtr) -> Result<Tensor, RunError> {
         let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
         let mut bytes = vec![0u8; dims.iter().product::<usize>() * dtype.size_bytes()];
         if !bytes.is_empty() {
             // SAFETY: the buffer at `at` holds `bytes.len()` bytes for these dims.
-            unsafe { self.gpu.download(at, &mut bytes)? };
+            unsafe { gpu.download(at, &mut bytes)? };
         }
         Tensor::from_bytes(dtype, dims, &bytes).ok_or_else(|| backend("a buffer has the wrong size"))
     }
@@ -235,6 +259,7 @@ impl<G: Gpu> GpuProgram<G> {
 
     fn launch(
         &self,
+        gpu: &G,
         kernel: usize,
         args: &[BufferId],
         addrs: &[DevPtr],
@@ -244,27 +269,33 @@ impl<G: Gpu> GpuProgram<G> {
         let buffers: Vec<DevPtr> = args.iter().map(|b| addrs[b.0 as usize]).collect();
         let want = info.params.iter().filter(|p| matches!(p, PtxParam::Buffer { .. })).count();
         if buffers.len() != want {
-            return Err(backend(format!("kernel `{}` takes {want} buffers, the step passes {}", info.kernel, args.len())));
+            return Err(backend(format!(
+                "kernel `{}` takes {want} buffers, the step passes {}",
+                info.kernel,
+                args.len()
+            )));
         }
         let values = self.symbol_values(kernel, symbols);
         let (blocks, threads) = info.launch_geometry(&values).map_err(|e| backend(format!("{}: {e}", info.kernel)))?;
         // SAFETY: the buffers are the executable's, sized for this run's symbols, as the kernel's args expect.
-        unsafe { self.gpu.launch(kernel, blocks, threads, &buffers, &values) }
+        unsafe { gpu.launch(kernel, blocks, threads, &buffers, &values) }
     }
 
     fn run_steps(
         &self,
+        gpu: &G,
         steps: &[DeviceStep],
         addrs: &[DevPtr],
         symbols: &HashMap<String, u64>,
     ) -> Result<(), RunError> {
-        let gpu = self.gpu.as_ref();
         let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(backend);
         let at = |b: BufferId| addrs[b.0 as usize];
         for step in steps {
             match step {
-                DeviceStep::Kernel { kernel, args } => self.launch(*kernel, args, addrs, symbols)?,
-                DeviceStep::MatMul { a, b, out } => self.matmul(at(*a), &dims(*a)?, at(*b), &dims(*b)?, at(*out))?,
+                DeviceStep::Kernel { kernel, args } => self.launch(gpu, *kernel, args, addrs, symbols)?,
+                DeviceStep::MatMul { a, b, out } => {
+                    self.matmul(gpu, at(*a), &dims(*a)?, at(*b), &dims(*b)?, at(*out))?
+                }
                 DeviceStep::Conv { x, w, bias, out, im2col } => {
                     let (xd, wd, od) = (dims(*x)?, dims(*w)?, dims(*out)?);
                     let g = conv_gemm_shape(&xd, &wd, &od)
@@ -274,7 +305,7 @@ impl<G: Gpu> GpuProgram<G> {
                         continue;
                     }
                     match bias {
-                        Some((b, fill)) => self.launch(*fill, &[*b, *out], addrs, symbols)?,
+                        Some((b, fill)) => self.launch(gpu, *fill, &[*b, *out], addrs, symbols)?,
                         // SAFETY: the output holds N·Cout·P f32s.
                         None => unsafe { gpu.zero(at(*out), n * g.cout * g.p * 4)? },
                     }
@@ -292,26 +323,29 @@ impl<G: Gpu> GpuProgram<G> {
                         }
                         None => at(*x),
                     };
-                    self.gemm(Gemm {
-                        m: g.cout,
-                        n: g.p,
-                        k: g.k,
-                        a: at(*w),
-                        lda: g.k,
-                        stride_a: 0,
-                        b: cols,
-                        ldb: g.p,
-                        stride_b: g.k * g.p,
-                        c: at(*out),
-                        ldc: g.p,
-                        stride_c: g.cout * g.p,
-                        batch: n,
-                        accumulate: true,
-                    })?;
+                    self.gemm(
+                        gpu,
+                        Gemm {
+                            m: g.cout,
+                            n: g.p,
+                            k: g.k,
+                            a: at(*w),
+                            lda: g.k,
+                            stride_a: 0,
+                            b: cols,
+                            ldb: g.p,
+                            stride_b: g.k * g.p,
+                            c: at(*out),
+                            ldc: g.p,
+                            stride_c: g.cout * g.p,
+                            batch: n,
+                            accumulate: true,
+                        },
+                    )?;
                 }
                 DeviceStep::Gather { kernel, data, indices, out, axis } => {
-                    self.check_indices(*indices, &dims(*indices)?, at(*indices), dims(*data)?[*axis], *axis)?;
-                    self.launch(*kernel, &[*data, *indices, *out], addrs, symbols)?;
+                    self.check_indices(gpu, *indices, &dims(*indices)?, at(*indices), dims(*data)?[*axis], *axis)?;
+                    self.launch(gpu, *kernel, &[*data, *indices, *out], addrs, symbols)?;
                 }
                 DeviceStep::Copy { src, dst } => {
                     let n = self.bytes(*src, symbols)?;
@@ -323,7 +357,7 @@ impl<G: Gpu> GpuProgram<G> {
                 DeviceStep::Host { op, inputs, outputs, node } => {
                     let mut operands = Vec::with_capacity(inputs.len());
                     for &b in inputs {
-                        operands.push(self.download(b, dims(b)?, at(b))?);
+                        operands.push(self.download(gpu, b, dims(b)?, at(b))?);
                     }
                     let refs: Vec<&Tensor> = operands.iter().collect();
                     let results =
@@ -331,7 +365,10 @@ impl<G: Gpu> GpuProgram<G> {
                     for (&b, t) in outputs.iter().zip(&results) {
                         let want = dims(b)?;
                         if t.shape() != want.as_slice() {
-                            return Err(RunError::Op(format!("{node}: result shape {:?}, expected {want:?}", t.shape())));
+                            return Err(RunError::Op(format!(
+                                "{node}: result shape {:?}, expected {want:?}",
+                                t.shape()
+                            )));
                         }
                         if !t.as_bytes().is_empty() {
                             // SAFETY: the buffer holds exactly this many bytes for these dims.
@@ -345,7 +382,7 @@ impl<G: Gpu> GpuProgram<G> {
     }
 
     /// `out = a · b` on f32, numpy semantics, as few GEMMs as the batch layout allows.
-    fn matmul(&self, a: DevPtr, ad: &[usize], b: DevPtr, bd: &[usize], out: DevPtr) -> Result<(), RunError> {
+    fn matmul(&self, gpu: &G, a: DevPtr, ad: &[usize], b: DevPtr, bd: &[usize], out: DevPtr) -> Result<(), RunError> {
         let p = batch_plan(ad, bd).map_err(|e| RunError::Op(e.to_string()))?;
         let (m, k, n) = (p.m, p.k, p.n);
         let one = |batch: usize, stride_a: usize, stride_b: usize| Gemm {
@@ -365,7 +402,7 @@ impl<G: Gpu> GpuProgram<G> {
             accumulate: false,
         };
         if p.foldable {
-            return self.gemm(Gemm { m: m * p.offsets.len(), ..one(1, 0, 0) });
+            return self.gemm(gpu, Gemm { m: m * p.offsets.len(), ..one(1, 0, 0) });
         }
         // Regular strides (broadcast batches at stride 0): one batched GEMM.
         let (sa, sb) = match p.offsets.get(1) {
@@ -373,22 +410,20 @@ impl<G: Gpu> GpuProgram<G> {
             None => (0, 0),
         };
         if p.offsets.iter().enumerate().all(|(i, &o)| o == (i * sa, i * sb)) {
-            return self.gemm(one(p.offsets.len(), sa, sb));
+            return self.gemm(gpu, one(p.offsets.len(), sa, sb));
         }
         for (i, &(oa, ob)) in p.offsets.iter().enumerate() {
             let f = DType::F32.size_bytes();
-            self.gemm(Gemm {
-                a: a.offset(oa * f),
-                b: b.offset(ob * f),
-                c: out.offset(i * m * n * f),
-                ..one(1, 0, 0)
-            })?;
+            self.gemm(
+                gpu,
+                Gemm { a: a.offset(oa * f), b: b.offset(ob * f), c: out.offset(i * m * n * f), ..one(1, 0, 0) },
+            )?;
         }
         Ok(())
     }
 
     /// Queues `g`, handling the empty shapes a GEMM library may refuse.
-    fn gemm(&self, g: Gemm) -> Result<(), RunError> {
+    fn gemm(&self, gpu: &G, g: Gemm) -> Result<(), RunError> {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
@@ -397,19 +432,27 @@ impl<G: Gpu> GpuProgram<G> {
                 for i in 0..g.batch {
                     for r in 0..g.m {
                         // SAFETY: row `r` of `C_i` lies in the result buffer.
-                        unsafe { self.gpu.zero(g.c.offset((i * g.stride_c + r * g.ldc) * 4), g.n * 4)? };
+                        unsafe { gpu.zero(g.c.offset((i * g.stride_c + r * g.ldc) * 4), g.n * 4)? };
                     }
                 }
             }
             return Ok(());
         }
         // SAFETY: the descriptor's matrices lie in the operands' and result's buffers (shapes checked above).
-        unsafe { self.gpu.gemm(&g) }
+        unsafe { gpu.gemm(&g) }
     }
 
     /// Checks a gather's indices against the axis length, as the interpreter does.
-    fn check_indices(&self, b: BufferId, dims: &[usize], at: DevPtr, len: usize, axis: usize) -> Result<(), RunError> {
-        let t = self.download(b, dims.to_vec(), at)?;
+    fn check_indices(
+        &self,
+        gpu: &G,
+        b: BufferId,
+        dims: &[usize],
+        at: DevPtr,
+        len: usize,
+        axis: usize,
+    ) -> Result<(), RunError> {
+        let t = self.download(gpu, b, dims.to_vec(), at)?;
         let values: Vec<i64> = match t.dtype() {
             DType::I64 => t.as_slice::<i64>().map(<[i64]>::to_vec),
             DType::I32 => t.as_slice::<i32>().map(|s| s.iter().map(|&v| i64::from(v)).collect()),
@@ -420,6 +463,80 @@ impl<G: Gpu> GpuProgram<G> {
             kiln_ir::interp::resolve_index(i, len, axis).map_err(|e| RunError::Op(format!("gather: {e}")))?;
         }
         Ok(())
+    }
+}
+
+/// An output of a queued run: name, dtype, dims and the host buffer it is copied into (none when empty).
+type QueuedOutput<G> = (String, DType, Vec<usize>, Option<<G as Gpu>::HostBuffer>);
+
+/// A queued run ([`GpuProgram::enqueue`]): its outputs once it has completed.
+pub struct PendingRun<G: Gpu> {
+    gpu: G,
+    /// Recorded after the run's last copy; `None` while it is being queued.
+    event: Option<G::Event>,
+    /// Each output and the host buffer it is copied into.
+    outputs: Vec<QueuedOutput<G>>,
+    /// The run's device memory, freed once it has completed.
+    owned: Vec<DevPtr>,
+    /// Whether the run is known complete.
+    done: bool,
+}
+
+impl<G: Gpu> PendingRun<G> {
+    /// Whether the run has completed.
+    pub fn is_done(&mut self) -> Result<bool, RunError> {
+        if !self.done {
+            self.done = match &self.event {
+                Some(e) => self.gpu.event_done(e)?,
+                None => true,
+            };
+        }
+        Ok(self.done)
+    }
+
+    /// The event marking the run's end (for ordering other queues after it).
+    pub fn event(&self) -> Option<&G::Event> {
+        self.event.as_ref()
+    }
+
+    /// Waits for the run; its outputs, in order.
+    pub fn wait(mut self) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.settle()?;
+        let outputs = std::mem::take(&mut self.outputs);
+        let mut out = Vec::with_capacity(outputs.len());
+        for (name, dtype, dims, host) in outputs {
+            let bytes = host.as_ref().map_or(&[][..], |h| self.gpu.host_bytes(h));
+            let n = dims.iter().product::<usize>() * dtype.size_bytes();
+            let t = Tensor::from_bytes(dtype, dims, &bytes[..n.min(bytes.len())])
+                .ok_or_else(|| backend(format!("output `{name}` has the wrong size")))?;
+            out.push((name, t));
+        }
+        Ok(out)
+    }
+
+    /// Waits for the run's end and frees its device memory (once).
+    fn settle(&mut self) -> Result<(), RunError> {
+        let waited = match &self.event {
+            Some(e) if !self.done => self.gpu.event_wait(e),
+            Some(_) => Ok(()),
+            // Never queued completely (an error while queueing): wait for whatever was.
+            None => self.gpu.synchronize(),
+        };
+        if waited.is_ok() {
+            self.done = true;
+            for p in self.owned.drain(..) {
+                // SAFETY: allocated for this run on this device, freed once, after the run's last use of it.
+                unsafe { self.gpu.free(p) };
+            }
+        }
+        waited
+    }
+}
+
+impl<G: Gpu> Drop for PendingRun<G> {
+    fn drop(&mut self) {
+        // A failing device leaks the run's memory rather than free what queued work may still use.
+        let _ = self.settle();
     }
 }
 
@@ -471,10 +588,8 @@ mod tests {
 
     #[test]
     fn plans_naming_missing_buffers_or_kernels_are_refused() {
-        let buffers = vec![
-            BufferInfo { ty: f32s(4), home: Home::Input(0) },
-            BufferInfo { ty: f32s(4), home: Home::Dynamic },
-        ];
+        let buffers =
+            vec![BufferInfo { ty: f32s(4), home: Home::Input(0) }, BufferInfo { ty: f32s(4), home: Home::Dynamic }];
         let plan = |steps| DevicePlan { prepare: Vec::new(), steps, kernels: Vec::new(), fallbacks: Vec::new() };
         let bad_buffer = plan(vec![DeviceStep::Copy { src: BufferId(0), dst: BufferId(7) }]);
         let err = GpuProgram::new(host(), exe(buffers.clone()), bad_buffer, Vec::new()).unwrap_err();
@@ -489,6 +604,32 @@ mod tests {
         assert_eq!(out[0].1.as_bytes(), x.as_bytes());
         let err = p.run(&BTreeMap::new()).unwrap_err();
         assert!(matches!(&err, RunError::Input(m) if m.contains("`x` is missing")), "{err}");
+    }
+
+    #[test]
+    fn queued_runs_on_forked_queues_match_and_free_their_memory() {
+        let buffers =
+            vec![BufferInfo { ty: f32s(3), home: Home::Input(0) }, BufferInfo { ty: f32s(3), home: Home::Dynamic }];
+        let copy = DevicePlan {
+            prepare: Vec::new(),
+            steps: vec![DeviceStep::Copy { src: BufferId(0), dst: BufferId(1) }],
+            kernels: Vec::new(),
+            fallbacks: Vec::new(),
+        };
+        let gpu = host();
+        let p = GpuProgram::new(Arc::clone(&gpu), exe(buffers), copy, Vec::new()).unwrap();
+        let before = gpu.allocated_bytes();
+        let lane = gpu.fork().unwrap();
+        let inputs = |v: f32| BTreeMap::from([("x".to_string(), Tensor::from_vec(vec![3], vec![v, -v, 0.5]).unwrap())]);
+        let mut first = p.enqueue(&lane, &inputs(1.0)).unwrap();
+        let second = p.enqueue(&lane, &inputs(2.0)).unwrap();
+        assert!(first.is_done().unwrap() && first.event().is_some());
+        assert_eq!(second.wait().unwrap()[0].1.to_f64_vec(), [2.0, -2.0, 0.5]);
+        assert_eq!(first.wait().unwrap()[0].1.to_f64_vec(), [1.0, -1.0, 0.5]);
+        assert_eq!(gpu.allocated_bytes(), before, "a completed run frees its memory");
+        let failed = p.enqueue(&lane, &BTreeMap::new());
+        assert!(failed.is_err());
+        assert_eq!(gpu.allocated_bytes(), before, "a run that fails to queue frees its memory");
     }
 
     #[test]
