@@ -164,6 +164,11 @@ impl CudaGpu {
     fn stream(&self) -> sys::CUstream {
         self.queue.stream.cu_stream()
     }
+
+    /// The handle's stream, for libraries that queue on it (NCCL).
+    pub(crate) fn raw_stream(&self) -> *mut c_void {
+        self.stream() as *mut c_void
+    }
 }
 
 impl Gpu for CudaGpu {

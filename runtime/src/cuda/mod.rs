@@ -12,7 +12,9 @@
 mod driver;
 pub mod gpu;
 mod host;
+mod nccl;
 mod node;
+mod parameters;
 mod program;
 mod submission;
 
@@ -23,7 +25,9 @@ use cudarc::driver::CudaContext;
 pub use driver::CudaGpu;
 pub use gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
 pub use host::{HostGpu, HostKernels, NoKernels};
+pub use nccl::{NcclGroup, NcclId};
 pub use node::{CUDA_PRIORITY, CudaNodeBackend};
+pub use parameters::{GpuHostBuffer, GpuMaterialization, GpuParameter, GpuWeight};
 pub use program::{GpuProgram, PendingRun};
 pub use submission::{GpuBackend, GpuCompletion, GpuExecutor, GpuWork};
 
