@@ -52,6 +52,10 @@ pub(crate) const ERF_Q: [f32; 6] = [
 ];
 /// From this magnitude on, f32 `erf` is exactly ±1 (the smallest such f32 is 3.919206).
 pub(crate) const ERF_ONE_FROM: f32 = 3.92;
+/// Where the rational `x P(x^2) / Q(x^2)` evaluated in f32 (with FMA) is exactly ±1: clamping the argument to
+/// ±this saturates `erf` without a select (between [`ERF_ONE_FROM`] and here it is at most 2 ulps below 1,
+/// 1.2e-7 relative).
+pub(crate) const ERF_CLAMP: f32 = 4.0;
 
 /// `log(1 + r) = r - r^2/2 + r^3 P(r)` for `r` in `[sqrt(1/2) - 1, sqrt(2) - 1)`.
 pub(crate) const LOG_P: [f32; 9] = [

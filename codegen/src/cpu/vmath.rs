@@ -24,7 +24,7 @@ use kiln_ir::op::UnaryOp;
 
 use super::emit::{EResult, Emitter};
 use crate::approx::{
-    ERF_ONE_FROM, ERF_P, ERF_Q, EXP_P, EXP_RANGE, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
+    ERF_CLAMP, ERF_P, ERF_Q, EXP_P, EXP_RANGE, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
 };
 
 impl Emitter<'_, '_> {
@@ -180,25 +180,23 @@ impl Emitter<'_, '_> {
         self.select_mask(is_small, small, big)
     }
 
-    /// `erf(x)` for every lane (NaN in, NaN out): one rational function, `x P(x^2) / Q(x^2)`, below 3.92 in magnitude,
-    /// and exactly ±1 from there (where f32 `erf` rounds to ±1). One division and no `exp`, against two ranges,
-    /// an `exp` and a division before.
+    /// `erf(x)` for every lane (NaN in, NaN out): one rational function, `x P(x^2) / Q(x^2)`, of the argument
+    /// clamped to ±4, where that function is exactly ±1 in f32. One division, no `exp` and no select: the clamps
+    /// are `minps`/`maxps` (Cranelift matches `pmin`/`pmax`-shaped selects), whose operand order lets a NaN lane
+    /// through.
     fn verf(&mut self, x: Value) -> Value {
+        let (hi, lo) = (self.vconst(ERF_CLAMP), self.vconst(-ERF_CLAMP));
+        // min(4, x): `4 < x ? 4 : x`, NaN → x.
+        let above = self.b.ins().fcmp(FloatCC::LessThan, hi, x);
+        let x = self.select_mask(above, hi, x);
+        // max(-4, x): `x < -4 ? -4 : x`, NaN → x.
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
+        let x = self.select_mask(below, lo, x);
         let z = self.b.ins().fmul(x, x);
         let p = self.horner(z, &ERF_P);
         let q = self.horner(z, &ERF_Q);
         let num = self.b.ins().fmul(x, p);
-        // Large lanes may overflow to inf / inf here; they are replaced below.
-        let y = self.b.ins().fdiv(num, q);
-        let ax = self.b.ins().fabs(x);
-        let limit = self.vconst(ERF_ONE_FROM);
-        let saturated = self.b.ins().fcmp(FloatCC::GreaterThanOrEqual, ax, limit);
-        let zero = self.vconst(0.0);
-        let negative = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
-        let one = self.vconst(1.0);
-        let minus_one = self.vconst(-1.0);
-        let unit = self.select_mask(negative, minus_one, one);
-        self.select_mask(saturated, unit, y)
+        self.b.ins().fdiv(num, q)
     }
 
     /// `ln(x)` for normal positive finite lanes.
