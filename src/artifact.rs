@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_codegen::cpu::{self, CpuOptions, CpuTarget, KernelInfo};
-use kiln_codegen::exec::Executable;
 use kiln_codegen::device::{DevicePlan, PtxArch, PtxKernelInfo};
+use kiln_codegen::exec::Executable;
 #[cfg(feature = "ptx")]
 use kiln_codegen::ptx::PtxOptions;
 use serde::{Deserialize, Serialize};
@@ -301,7 +301,8 @@ impl Artifact {
         executable.weights = crate::weights::load(&artifact_file(dir, &weights_file)?)?;
         let weights_load = tw.elapsed();
         let ptx_path = artifact_file(dir, &ptx_file)?;
-        let ptx = std::fs::read_to_string(&ptx_path).map_err(|e| artifact_error(&ptx_path, format!("cannot read: {e}")))?;
+        let ptx =
+            std::fs::read_to_string(&ptx_path).map_err(|e| artifact_error(&ptx_path, format!("cannot read: {e}")))?;
         let report = crate::CompileReport {
             kernels: kernels.len(),
             steps: executable.step_counts(),

@@ -384,4 +384,3 @@ impl PtxKernelInfo {
         Ok((blocks as u32, self.block_size))
     }
 }
-

@@ -22,11 +22,7 @@ pub fn check_inputs<'a>(exe: &Executable, inputs: &'a BTreeMap<String, Tensor>) 
             return Err(RunError::Input(format!("input `{name}` should be {}, got {}", ty.dtype, t.dtype())));
         }
         if t.shape().len() != ty.shape.0.len() {
-            return Err(RunError::Input(format!(
-                "input `{name}` should have shape {}, got {:?}",
-                ty.shape,
-                t.shape()
-            )));
+            return Err(RunError::Input(format!("input `{name}` should have shape {}, got {:?}", ty.shape, t.shape())));
         }
         out.push(t);
     }

@@ -55,8 +55,7 @@ pub fn run_emulated(
     with_emulated(&kernels, block_size, |module| {
         let infos = (0..kernels.len()).map(|i| module.info(i).clone()).collect();
         let gpu = Arc::new(HostGpu::new(EmulatedKernels(module)));
-        let program =
-            GpuProgram::new(gpu, lowered.executable.clone(), plan, infos).map_err(crate::cuda_run_error)?;
+        let program = GpuProgram::new(gpu, lowered.executable.clone(), plan, infos).map_err(crate::cuda_run_error)?;
         program.run(inputs).map_err(crate::cuda_run_error)
     })
     .map_err(|e| fail(e.to_string()))?

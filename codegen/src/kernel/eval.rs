@@ -157,33 +157,48 @@ impl Machine<'_> {
     }
 
     fn index(&self, e: &IExpr) -> Result<i64, String> {
-        e.eval(&|v| self.env.loops.get(&v).copied(), self.symbols)
+        e.eval_reading(&|v| self.env.loops.get(&v).copied(), self.symbols, &|arg, i| self.read_index(arg, i))
+    }
+
+    /// Element `i` of a read-only buffer (what `what` does, for messages).
+    fn element(&self, arg: ArgId, i: i64, what: &str) -> Result<Scalar, String> {
+        let a = self.kernel.args.get(arg.0 as usize).ok_or_else(|| format!("no argument arg{}", arg.0))?;
+        let data = match (&a.role, self.slots[arg.0 as usize]) {
+            (ArgRole::Constant(t), _) => t.data(),
+            (ArgRole::Input, Slot::Launch(s)) => &self.data[s].1,
+            _ => return Err(format!("{what} `{}`, which is not an input or constant", a.name)),
+        };
+        let i = usize::try_from(i)
+            .ok()
+            .filter(|&i| i < data.len())
+            .ok_or_else(|| format!("{what} `{}` at {i} is out of range (length {})", a.name, data.len()))?;
+        Ok(Scalar::read(data, i))
+    }
+
+    /// An [`IExpr::Read`]: element `i` of an i32 or i64 buffer, sign-extended.
+    fn read_index(&self, arg: ArgId, i: i64) -> Result<i64, String> {
+        match self.element(arg, i, "index read from")? {
+            Scalar::I32(v) => Ok(i64::from(v)),
+            Scalar::I64(v) => Ok(v),
+            other => Err(format!("index read from arg{} of {}, not i32 or i64", arg.0, other.dtype())),
+        }
     }
 
     fn expr(&self, e: &Expr) -> Result<Scalar, String> {
         match e {
             Expr::Const(s) => Ok(*s),
-            Expr::Load { arg, index } => {
-                let i = self.index(index)?;
-                let a = self.kernel.args.get(arg.0 as usize).ok_or_else(|| format!("no argument arg{}", arg.0))?;
-                let data = match (&a.role, self.slots[arg.0 as usize]) {
-                    (ArgRole::Constant(t), _) => t.data(),
-                    (ArgRole::Input, Slot::Launch(s)) => &self.data[s].1,
-                    _ => return Err(format!("load from `{}`, which is not an input or constant", a.name)),
-                };
-                let i = usize::try_from(i)
-                    .ok()
-                    .filter(|&i| i < data.len())
-                    .ok_or_else(|| format!("load from `{}` at {i} is out of range (length {})", a.name, data.len()))?;
-                Ok(Scalar::read(data, i))
-            }
+            Expr::Load { arg, index } => self.element(*arg, self.index(index)?, "load from"),
             Expr::Var(v) => self.env.lets.get(v).copied().ok_or_else(|| format!("v{} is not defined", v.0)),
             Expr::Acc(a) => {
                 let st = self.env.accs.get(a).ok_or_else(|| format!("accumulator a{} is not declared", a.0))?;
                 Ok(if st.op.is_arg() { Scalar::I64(st.position) } else { st.value })
             }
             Expr::Index { value, dtype } => Ok(Scalar::from_i64(*dtype, self.index(value)?)),
-            Expr::Cond(c) => Ok(Scalar::Bool(c.eval(&|v| self.env.loops.get(&v).copied(), self.symbols)?)),
+            Expr::Cond(c) => {
+                Ok(Scalar::Bool(c.eval_reading(&|v| self.env.loops.get(&v).copied(), self.symbols, &|arg, i| {
+                    self.read_index(arg, i)
+                })?))
+            }
             Expr::Unary(k, x) => scalar::unary(*k, self.expr(x)?),
             Expr::Binary(k, a, b) => scalar::binary(*k, self.expr(a)?, self.expr(b)?),
             Expr::Select(c, a, b) => {

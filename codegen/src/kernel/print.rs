@@ -4,7 +4,7 @@
 //! loop tree with two-space indentation. Loop variables print as `i<n>`, `Let` variables as `v<n>`,
 //! accumulators as `a<n>`, buffers as `arg<n>` and symbols as `s<n>`. Index arithmetic is infix: `/` is floor
 //! division and `%` the remainder with the divisor's sign (both exact on the non-negative indices lowering
-//! produces). Scalar constants carry their dtype (`0.5f32`, `3i64`, `true`). Output is deterministic for a
+//! produces); an indirect index reads like a load, `arg1[i0]`. Scalar constants carry their dtype (`0.5f32`, `3i64`, `true`). Output is deterministic for a
 //! given kernel, so snapshots only change when lowering does.
 
 use std::fmt::Write;
@@ -162,6 +162,7 @@ fn iexpr_prec(e: &IExpr, outer: u8) -> String {
         IExpr::Min(a, b) => (format!("min({}, {})", iexpr(a), iexpr(b)), 3),
         IExpr::Max(a, b) => (format!("max({}, {})", iexpr(a), iexpr(b)), 3),
         IExpr::Select(c, a, b) => (format!("select({}, {}, {})", cond(c), iexpr(a), iexpr(b)), 3),
+        IExpr::Read { arg, index } => (format!("arg{}[{}]", arg.0, iexpr(index)), 3),
     };
     if prec < outer { format!("({s})") } else { s }
 }

@@ -6,8 +6,10 @@
 //! the linear form splits into a part whose coefficients are multiples of `c` and a rest, so `(x*c + r)/c` is
 //! `x` and `(x*c + r) mod c` is `r` whenever the rest provably lies in `0..c` (which covers `(x*c)/c` and
 //! reshape round trips). Ranges come from loop extents (`0..n`), symbols (`0..`), constants and the operators;
-//! `min`, `max` and `select` fold when ranges decide them. Every rewrite is exact for all values in range, so it
-//! never changes what an index evaluates to.
+//! `min`, `max` and `select` fold when ranges decide them. A buffer read ([`IExpr::Read`]) is an opaque atom of
+//! unknown range: its index simplifies, its value never folds (equal reads still cancel, since a read-only
+//! buffer gives one value per element). Every rewrite is exact for all values in range, so it never changes
+//! what an index evaluates to.
 
 use super::ir::{CmpOp, ICond, IExpr, LoopVar};
 
@@ -45,6 +47,8 @@ pub fn simplify(e: &IExpr, ext: Extents<'_>) -> IExpr {
                 None => IExpr::Select(Box::new(ICond { op: c.op, lhs, rhs }), Box::new(a), Box::new(b)),
             }
         }
+        // A buffer's value is opaque: only its index simplifies.
+        IExpr::Read { arg, index } => IExpr::read(*arg, simplify(index, ext)),
     }
 }
 
@@ -138,6 +142,7 @@ pub fn range(e: &IExpr, ext: Extents<'_>) -> Range {
             let (a, b) = (range(a, ext), range(b, ext));
             Range { lo: opt2(a.lo, b.lo, |x, y| Some(x.min(y))), hi: opt2(a.hi, b.hi, |x, y| Some(x.max(y))) }
         }
+        IExpr::Read { .. } => Range { lo: None, hi: None },
     }
 }
 

@@ -112,7 +112,10 @@ pub fn gemm_f32(
 fn result_len(a_shape: &[usize], b_shape: &[usize]) -> Result<usize, LibraryError> {
     let (ra, rb) = (a_shape.len(), b_shape.len());
     if ra == 0 || rb == 0 {
-        return Err(LibraryError::shape(OP, format!("operands must have rank 1 or more, got {a_shape:?} and {b_shape:?}")));
+        return Err(LibraryError::shape(
+            OP,
+            format!("operands must have rank 1 or more, got {a_shape:?} and {b_shape:?}"),
+        ));
     }
     let m = if ra == 1 { 1 } else { a_shape[ra - 2] };
     let n = if rb == 1 { 1 } else { b_shape[rb - 1] };

@@ -148,10 +148,8 @@ impl Gpu for CudaGpu {
         let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         // SAFETY: the entry takes exactly these parameters (the manifest's parameter list), the caller guarantees
         // the buffers, and `values` outlives the call (the driver copies parameters at launch).
-        unsafe {
-            result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 0, self.stream.cu_stream(), &mut params)
-        }
-        .map_err(|e| failed(&format!("launching kernel {kernel}"), e))
+        unsafe { result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 0, self.stream.cu_stream(), &mut params) }
+            .map_err(|e| failed(&format!("launching kernel {kernel}"), e))
     }
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<(), RunError> {

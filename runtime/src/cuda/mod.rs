@@ -79,8 +79,13 @@ impl CudaDevice {
     /// The compute capability, `(major, minor)`: `(9, 0)` on an H100 or H200.
     pub fn compute_capability(&self) -> Result<(i32, i32), RunError> {
         use cudarc::driver::sys::CUdevice_attribute as A;
-        let get = |a| self.context.attribute(a).map_err(|e| unavailable(format!("cannot query device {}: {e}", self.ordinal)));
-        Ok((get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?))
+        let get = |a| {
+            self.context.attribute(a).map_err(|e| unavailable(format!("cannot query device {}: {e}", self.ordinal)))
+        };
+        Ok((
+            get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
     }
 
     /// The driver context.

@@ -79,7 +79,9 @@ impl<G: Gpu + 'static> Backend for CudaNodeBackend<G> {
         let unsupported = |reason: String| RunError::Unsupported { node: node.name.clone(), reason };
         let op = match &node.kind {
             NodeKind::Op(op @ Op::MatMul) => op,
-            NodeKind::Op(op) => return Err(unsupported(format!("the cuda backend runs matmul, not {}", op.mnemonic()))),
+            NodeKind::Op(op) => {
+                return Err(unsupported(format!("the cuda backend runs matmul, not {}", op.mnemonic())));
+            }
             NodeKind::Token { model } => return Err(unsupported(format!("no token nodes (model `{model}`)"))),
         };
         if let Some(t) = inputs.iter().find(|t| t.dtype() != DType::F32) {
@@ -141,6 +143,9 @@ mod tests {
         let mut r = BackendRegistry::with_defaults();
         r.register("cuda", host_backend(), CUDA_PRIORITY).unwrap();
         assert_eq!(r.select(&Node::op("mm", Op::MatMul)).unwrap().name, "cuda");
-        assert_eq!(r.select(&Node::op("add", Op::Binary(BinaryOp::Add))).unwrap().name, crate::registry::REFERENCE_BACKEND);
+        assert_eq!(
+            r.select(&Node::op("add", Op::Binary(BinaryOp::Add))).unwrap().name,
+            crate::registry::REFERENCE_BACKEND
+        );
     }
 }

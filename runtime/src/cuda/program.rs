@@ -60,15 +60,8 @@ impl<G: Gpu> GpuProgram<G> {
         infos: Vec<PtxKernelInfo>,
     ) -> Result<GpuProgram<G>, RunError> {
         plan.check_references(exe.buffers.len(), infos.len()).map_err(backend)?;
-        let mut program = GpuProgram {
-            gpu,
-            exe,
-            plan,
-            infos,
-            resident: HashMap::new(),
-            owned: Vec::new(),
-            arena: Mutex::new(None),
-        };
+        let mut program =
+            GpuProgram { gpu, exe, plan, infos, resident: HashMap::new(), owned: Vec::new(), arena: Mutex::new(None) };
         program.upload_weights()?;
         Ok(program)
     }
@@ -244,7 +237,11 @@ impl<G: Gpu> GpuProgram<G> {
         let buffers: Vec<DevPtr> = args.iter().map(|b| addrs[b.0 as usize]).collect();
         let want = info.params.iter().filter(|p| matches!(p, PtxParam::Buffer { .. })).count();
         if buffers.len() != want {
-            return Err(backend(format!("kernel `{}` takes {want} buffers, the step passes {}", info.kernel, args.len())));
+            return Err(backend(format!(
+                "kernel `{}` takes {want} buffers, the step passes {}",
+                info.kernel,
+                args.len()
+            )));
         }
         let values = self.symbol_values(kernel, symbols);
         let (blocks, threads) = info.launch_geometry(&values).map_err(|e| backend(format!("{}: {e}", info.kernel)))?;
@@ -331,7 +328,10 @@ impl<G: Gpu> GpuProgram<G> {
                     for (&b, t) in outputs.iter().zip(&results) {
                         let want = dims(b)?;
                         if t.shape() != want.as_slice() {
-                            return Err(RunError::Op(format!("{node}: result shape {:?}, expected {want:?}", t.shape())));
+                            return Err(RunError::Op(format!(
+                                "{node}: result shape {:?}, expected {want:?}",
+                                t.shape()
+                            )));
                         }
                         if !t.as_bytes().is_empty() {
                             // SAFETY: the buffer holds exactly this many bytes for these dims.
@@ -377,12 +377,7 @@ impl<G: Gpu> GpuProgram<G> {
         }
         for (i, &(oa, ob)) in p.offsets.iter().enumerate() {
             let f = DType::F32.size_bytes();
-            self.gemm(Gemm {
-                a: a.offset(oa * f),
-                b: b.offset(ob * f),
-                c: out.offset(i * m * n * f),
-                ..one(1, 0, 0)
-            })?;
+            self.gemm(Gemm { a: a.offset(oa * f), b: b.offset(ob * f), c: out.offset(i * m * n * f), ..one(1, 0, 0) })?;
         }
         Ok(())
     }
@@ -471,10 +466,8 @@ mod tests {
 
     #[test]
     fn plans_naming_missing_buffers_or_kernels_are_refused() {
-        let buffers = vec![
-            BufferInfo { ty: f32s(4), home: Home::Input(0) },
-            BufferInfo { ty: f32s(4), home: Home::Dynamic },
-        ];
+        let buffers =
+            vec![BufferInfo { ty: f32s(4), home: Home::Input(0) }, BufferInfo { ty: f32s(4), home: Home::Dynamic }];
         let plan = |steps| DevicePlan { prepare: Vec::new(), steps, kernels: Vec::new(), fallbacks: Vec::new() };
         let bad_buffer = plan(vec![DeviceStep::Copy { src: BufferId(0), dst: BufferId(7) }]);
         let err = GpuProgram::new(host(), exe(buffers.clone()), bad_buffer, Vec::new()).unwrap_err();
