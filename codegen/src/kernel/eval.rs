@@ -239,3 +239,77 @@ fn fold(st: AccState, v: Scalar, position: Option<i64>) -> Result<AccState, Stri
     };
     Ok(AccState { value, ..st })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::ir::{KernelArg, LoopKind};
+
+    /// `y[i] = x[idx[i]]` for `i < n`, with `idx` of `index_dtype`: no clamping, so bad indices reach the loads.
+    fn indirect(index_dtype: DType) -> Kernel {
+        let i = IExpr::Var(LoopVar(0));
+        let arg =
+            |name: &str, dtype, n, role| KernelArg { name: name.into(), dtype, shape: vec![Extent::Const(n)], role };
+        Kernel {
+            name: "indirect".into(),
+            args: vec![
+                arg("x", DType::F32, 4, ArgRole::Input),
+                arg("idx", index_dtype, 3, ArgRole::Input),
+                arg("y", DType::F32, 3, ArgRole::Output),
+            ],
+            symbols: vec![],
+            body: Block(vec![Stmt::For {
+                var: LoopVar(0),
+                extent: IExpr::Const(3),
+                kind: LoopKind::Parallel,
+                body: Block(vec![Stmt::Store {
+                    arg: ArgId(2),
+                    index: i.clone(),
+                    value: Expr::Load { arg: ArgId(0), index: IExpr::read(ArgId(1), i) },
+                }]),
+            }]),
+        }
+    }
+
+    fn run(k: &Kernel, idx: Tensor) -> Result<Vec<f64>, EvalError> {
+        let x = Tensor::from_vec(vec![4], vec![10f32, 11.0, 12.0, 13.0]).unwrap();
+        let mut args = vec![x, idx, Tensor::zeros(DType::F32, vec![3])];
+        eval(k, &mut args, &[])?;
+        Ok(args[2].to_f64_vec())
+    }
+
+    #[test]
+    fn reads_index_buffers_sign_extended() {
+        let idx = Tensor::from_vec(vec![3], vec![3i32, 0, 2]).unwrap();
+        assert_eq!(run(&indirect(DType::I32), idx).unwrap(), [13.0, 10.0, 12.0]);
+        let idx = Tensor::from_vec(vec![3], vec![1i64, 1, 3]).unwrap();
+        assert_eq!(run(&indirect(DType::I64), idx).unwrap(), [11.0, 11.0, 13.0]);
+        // -1 as i32 is -1 as an index (sign extension), so the load it addresses is out of range.
+        let idx = Tensor::from_vec(vec![3], vec![0i32, -1, 0]).unwrap();
+        let e = run(&indirect(DType::I32), idx).unwrap_err();
+        assert!(e.message.contains("load from `x` at -1"), "{e}");
+    }
+
+    #[test]
+    fn bad_reads_are_errors() {
+        // The read's own index out of range.
+        let mut k = indirect(DType::I64);
+        let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
+        let Stmt::Store { value: Expr::Load { index, .. }, .. } = &mut body.0[0] else { unreachable!() };
+        *index = IExpr::read(ArgId(1), IExpr::Const(3));
+        let e = run(&k, Tensor::from_vec(vec![3], vec![0i64, 0, 0]).unwrap()).unwrap_err();
+        assert!(e.message.contains("index read from `idx` at 3 is out of range"), "{e}");
+        // A float buffer, and an output.
+        let e = run(&indirect(DType::F32), Tensor::from_vec(vec![3], vec![0f32; 3]).unwrap()).unwrap_err();
+        assert!(e.message.contains("not i32 or i64"), "{e}");
+        let mut k = indirect(DType::I64);
+        let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
+        let Stmt::Store { value: Expr::Load { index, .. }, .. } = &mut body.0[0] else { unreachable!() };
+        *index = IExpr::read(ArgId(2), IExpr::Const(0));
+        let e = run(&k, Tensor::from_vec(vec![3], vec![0i64, 0, 0]).unwrap()).unwrap_err();
+        assert!(e.message.contains("not an input or constant"), "{e}");
+        // No buffers bound at all (launch geometry).
+        let e = IExpr::read(ArgId(0), IExpr::Const(0)).eval(&|_| None, &[]).unwrap_err();
+        assert!(e.contains("no buffers"), "{e}");
+    }
+}

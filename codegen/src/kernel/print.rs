@@ -166,3 +166,23 @@ fn iexpr_prec(e: &IExpr, outer: u8) -> String {
     };
     if prec < outer { format!("({s})") } else { s }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::ir::ArgId;
+
+    #[test]
+    fn reads_print_like_loads_inside_index_arithmetic() {
+        let i0 = IExpr::Var(LoopVar(0));
+        let read = IExpr::read(ArgId(1), IExpr::plus(IExpr::times(i0.clone(), IExpr::Const(5)), IExpr::Const(2)));
+        assert_eq!(iexpr(&read), "arg1[i0*5 + 2]");
+        let row = IExpr::plus(IExpr::times(read.clone(), IExpr::Const(8)), i0);
+        assert_eq!(iexpr(&row), "arg1[i0*5 + 2]*8 + i0");
+        let wrap =
+            IExpr::select(CmpOp::Lt, read.clone(), IExpr::Const(0), IExpr::plus(read.clone(), IExpr::Sym(0)), read);
+        assert_eq!(iexpr(&wrap), "select(arg1[i0*5 + 2] < 0, arg1[i0*5 + 2] + s0, arg1[i0*5 + 2])");
+        let load = Expr::Load { arg: ArgId(0), index: IExpr::read(ArgId(1), IExpr::Const(3)) };
+        assert_eq!(expr(&load), "arg0[arg1[3]]");
+    }
+}

@@ -406,4 +406,24 @@ mod tests {
         assert_eq!(s(IExpr::plus(split, v(0))), IExpr::plus(v(2), v(0)));
         assert_eq!(s(IExpr::minus(c(4), v(0))), IExpr::minus(c(4), v(0)));
     }
+
+    #[test]
+    fn reads_are_opaque_atoms() {
+        use crate::kernel::ir::ArgId;
+        let s = |e: IExpr| simplify(&e, &ext);
+        let r = |i: IExpr| IExpr::read(ArgId(1), i);
+        // The index inside simplifies; the value is never assumed in range, so no clamp or select folds.
+        assert_eq!(s(r(IExpr::plus(v(0), c(0)))), r(v(0)));
+        let clamp = IExpr::max(IExpr::min(r(v(0)), c(9)), c(0));
+        assert_eq!(s(clamp.clone()), clamp);
+        let wrap = IExpr::select(CmpOp::Lt, r(v(0)), c(0), IExpr::plus(r(v(0)), c(10)), r(v(0)));
+        assert_eq!(s(wrap.clone()), wrap);
+        assert_eq!(range(&r(v(0)), &ext), Range { lo: None, hi: None });
+        assert_eq!(s(IExpr::floor_div(r(v(0)), c(4))), IExpr::floor_div(r(v(0)), c(4)));
+        // In linear forms a read is an atom: coefficients fold around it, and equal reads (one element of a
+        // read-only buffer) cancel.
+        assert_eq!(s(IExpr::plus(IExpr::times(r(v(1)), c(2)), r(v(1)))), IExpr::times(r(v(1)), c(3)));
+        assert_eq!(s(IExpr::minus(r(v(1)), r(v(1)))), c(0));
+        assert_ne!(s(IExpr::minus(r(v(1)), r(v(0)))), c(0));
+    }
 }
