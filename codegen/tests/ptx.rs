@@ -200,7 +200,10 @@ fn emulated_ptx_code_matches_the_evaluator_on_every_fixture_kernel() {
     }
     eprintln!("{kernels} emulated kernels match the evaluator (each under two grids), {cooperative} cooperative");
     assert!(kernels > 40);
-    assert!(cooperative >= 5, "reductions run cooperatively");
+    // The fixtures' long reductions (mlp_params' row sums) run cooperatively; their other reductions are short
+    // and stay in one thread, and gathers no longer reduce (one indirect load per element). Cooperative rows and
+    // blocks on edge values have tests of their own below.
+    assert!(cooperative >= 1, "reductions run cooperatively");
 }
 
 /// A graph of `ops` (`name` or `name rhs`) on inputs `x`, `y` and divisor `d` of `dt`, one output each.
