@@ -447,6 +447,18 @@ fn gather_from_a_large_table_is_one_load_per_element() {
     assert_bit_exact("gather f32[50000, 8] by i64[3, 5]", &got, &want);
 }
 
+#[test]
+fn gather_from_an_empty_axis_never_loads() {
+    // No index is valid for an empty axis (the runtime rejects the launch); the kernel still touches no data.
+    let data = Tensor::zeros(DType::F32, vec![0, 3]);
+    let idx = Tensor::from_vec(vec![2], vec![0i64, -1]).unwrap();
+    let out = TensorType::of(DType::F32, &[2, 3]);
+    let k = builtin::gather("gather", &data.tensor_type(), &idx.tensor_type(), &Gather { axis: 0 }, &out).unwrap();
+    assert!(!kernel::print(&k).contains("arg0["), "{}", kernel::print(&k));
+    let got = run(&k, &[data, idx], &Tensor::zeros(DType::F32, vec![2, 3]), &[]);
+    assert_eq!(got.to_f64_vec(), [0.0; 6]);
+}
+
 // ---- errors ---------------------------------------------------------------------------------------------------
 
 #[test]

@@ -17,14 +17,14 @@
 //! Memory: an index affine in the loop variable with coefficient 1 is one vector load or store, coefficient 0
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
 //! accesses, each index computed for its own iteration). An indirect index ([`IExpr::Read`]) at an index
-//! invariant in the loop variable is itself invariant, so `table[row(i)·n + j]` over `j` stays one vector
-//! load; one whose read index depends on the loop variable is not affine and goes lane by lane, each lane
-//! reading its own index, so such loops stay correct without a vector gather. Arithmetic, `min`/`max` (NaN-propagating, as the
-//! interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are vector instructions, as are
-//! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`, `sigmoid` and `erf` are inline
-//! approximations (`vmath`, same SSE4.1 condition); every other kind computes lane by lane through the same
-//! scalar code (and runtime functions) the scalar loop uses, bit-identical to it. `pow` by the constant 2, 3
-//! or 4 is repeated multiplication in both forms (see `Expr::small_power`).
+//! invariant in the loop variable is itself invariant, so `table[row·n + j]` over `j` stays one vector load; a
+//! read whose index moves with the loop variable makes the access not affine, so it goes lane by lane, each
+//! lane reading its own index (correct without a vector gather instruction). Arithmetic, `min`/`max`
+//! (NaN-propagating, as the interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are
+//! vector instructions, as are `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`,
+//! `sigmoid` and `erf` are inline approximations (`vmath`, same SSE4.1 condition); every other kind computes
+//! lane by lane through the same scalar code (and runtime functions) the scalar loop uses, bit-identical to it.
+//! `pow` by the constant 2, 3 or 4 is repeated multiplication in both forms (see `Expr::small_power`).
 
 use std::collections::{HashMap, HashSet};
 
