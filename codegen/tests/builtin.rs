@@ -430,6 +430,35 @@ fn gather_clamps_out_of_range_indices() {
     assert_eq!(got.to_i64_vec(), [10, 30, 30, 30, 10]);
 }
 
+#[test]
+fn gather_from_a_large_table_is_one_load_per_element() {
+    // An embedding table: 50 000 rows of 8, gathered by i64[3, 5] with negative indices.
+    let data = Tensor::random(DType::F32, vec![50_000, 8], 7);
+    let values: Vec<i64> = (0..15).map(|i| if i % 2 == 0 { i * 3331 } else { -i * 2711 }).collect();
+    let idx = Tensor::from_vec(vec![3, 5], values).unwrap();
+    let g = Gather { axis: 0 };
+    let want = kiln_ir::interp::eval_op(&Op::Gather(g.clone()), &[&data, &idx]).unwrap().remove(0);
+    let k = builtin::gather("embed", &data.tensor_type(), &idx.tensor_type(), &g, &want.tensor_type()).unwrap();
+    // O(1) per element: no reduction over the table, the row loop innermost (vectorizable), one indirect read.
+    let text = kernel::print(&k);
+    assert!(!text.contains("reduction") && !text.contains("acc "), "{text}");
+    assert!(text.contains("vectorizable") && text.contains("arg1["), "{text}");
+    let got = run(&k, &[data, idx], &want, &[]);
+    assert_bit_exact("gather f32[50000, 8] by i64[3, 5]", &got, &want);
+}
+
+#[test]
+fn gather_from_an_empty_axis_never_loads() {
+    // No index is valid for an empty axis (the runtime rejects the launch); the kernel still touches no data.
+    let data = Tensor::zeros(DType::F32, vec![0, 3]);
+    let idx = Tensor::from_vec(vec![2], vec![0i64, -1]).unwrap();
+    let out = TensorType::of(DType::F32, &[2, 3]);
+    let k = builtin::gather("gather", &data.tensor_type(), &idx.tensor_type(), &Gather { axis: 0 }, &out).unwrap();
+    assert!(!kernel::print(&k).contains("arg0["), "{}", kernel::print(&k));
+    let got = run(&k, &[data, idx], &Tensor::zeros(DType::F32, vec![2, 3]), &[]);
+    assert_eq!(got.to_f64_vec(), [0.0; 6]);
+}
+
 // ---- errors ---------------------------------------------------------------------------------------------------
 
 #[test]

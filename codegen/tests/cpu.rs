@@ -13,7 +13,7 @@ use kiln_codegen::cpu::{self, CpuError, CpuFeatures, CpuOptions, JitModule, Kern
 use kiln_codegen::kernel::{self, ArgRole, Block, Expr, Extent, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::UnaryOp;
-use kiln_ir::{DType, Tensor};
+use kiln_ir::{DType, Tensor, TensorType};
 
 /// Lowers `text` and checks it through the JIT for each binding of its symbol `n`; inputs named `d*` get
 /// [`safe_tensor`] values, others [`edge_tensor`] values.
@@ -717,5 +717,118 @@ fn only_f32_value_reductions_take_the_vector_form() {
         let x = edge_tensor(DType::from_name(dtype).unwrap(), vec![7, 128], 3);
         let out_dtype = if arg { DType::I64 } else { x.dtype() };
         check_jit(&format!("scalar {dtype} {kind}"), &k, &[x, Tensor::zeros(out_dtype, vec![7])], &[7]);
+    }
+}
+
+// ---- indirect indexing ----------------------------------------------------------------------------------------
+
+/// Indices of `shape` of `dtype` cycling through `[-n, n)`, negative ones included.
+fn wrapping_indices(dtype: DType, shape: Vec<usize>, n: usize, seed: usize) -> Tensor {
+    let count: usize = shape.iter().product();
+    let values = (0..count).map(|i| ((i * 7919 + seed * 31) % (2 * n)) as i64 - n as i64);
+    Tensor::new(shape, kiln_ir::tensor::Data::from_i64_iter(dtype, values)).unwrap()
+}
+
+#[test]
+fn builtin_gather_jit_matches_the_evaluator() {
+    use kiln_codegen::kernel::builtin;
+    use kiln_ir::op::Gather;
+    // (data dtype, data shape, axis, indices shape): an embedding table (rows of 8 and 37, so vector groups and
+    // a scalar tail), a gather along an inner axis, rows of one element, and a scalar index.
+    let cases: &[(DType, &[usize], i64, &[usize])] = &[
+        (DType::F32, &[50_000, 8], 0, &[3, 5]),
+        (DType::F32, &[1000, 37], 0, &[4]),
+        (DType::F32, &[3, 9, 5], 1, &[2, 2]),
+        (DType::F32, &[6, 7], 1, &[5]),
+        (DType::I64, &[10, 3], -2, &[]),
+        (DType::BF16, &[64, 12], 0, &[3]),
+    ];
+    for (c, &(dtype, shape, axis, idx_shape)) in cases.iter().enumerate() {
+        let g = Gather { axis };
+        let n = shape[kiln_ir::types::normalize_axis(axis, shape.len()).unwrap()];
+        for index_dtype in [DType::I32, DType::I64] {
+            let data = edge_tensor(dtype, shape.to_vec(), c);
+            let idx = wrapping_indices(index_dtype, idx_shape.to_vec(), n, c);
+            let out =
+                kiln_ir::infer::infer(&kiln_ir::op::Op::Gather(g.clone()), &[data.tensor_type(), idx.tensor_type()])
+                    .unwrap()
+                    .remove(0);
+            let k = builtin::gather("gather", &data.tensor_type(), &idx.tensor_type(), &g, &out).unwrap();
+            let out_shape: Vec<usize> = out.shape.0.iter().map(|d| d.as_static().unwrap() as usize).collect();
+            let args = vec![data, idx, Tensor::zeros(dtype, out_shape)];
+            let case = format!("gather {dtype}{shape:?} axis {axis} by {index_dtype}{idx_shape:?}");
+            check_jit(&case, &k, &args, &[]);
+            assert_bit_exact(&case, &k, &args, &[]);
+        }
+    }
+    // The table's rows are contiguous and the index read is invariant in the row loop: vector loads and stores.
+    let data = TensorType::of(DType::F32, &[50_000, 8]);
+    let idx = TensorType::of(DType::I64, &[3, 5]);
+    let k =
+        builtin::gather("gather", &data, &idx, &Gather { axis: 0 }, &TensorType::of(DType::F32, &[3, 5, 8])).unwrap();
+    let code = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    assert!(code.contains("f32x4") && !code.contains("insertlane"), "{code}");
+}
+
+/// `y[i] = x[clamp(idx[i])]` in one vectorizable loop: the read's index moves with the loop variable.
+fn lane_gather_kernel(index_dtype: DType) -> Kernel {
+    let i = || IExpr::Var(LoopVar(0));
+    let read = IExpr::read(kernel::ArgId(1), i());
+    let row = IExpr::max(IExpr::min(read, IExpr::minus(IExpr::Sym(1), IExpr::Const(1))), IExpr::Const(0));
+    let arg =
+        |name: &str, dtype, sym, role| KernelArg { name: name.into(), dtype, shape: vec![Extent::Sym(sym)], role };
+    Kernel {
+        name: "lane_gather".into(),
+        args: vec![
+            arg("x", DType::F32, 1, ArgRole::Input),
+            arg("idx", index_dtype, 0, ArgRole::Input),
+            arg("y", DType::F32, 0, ArgRole::Output),
+        ],
+        symbols: vec!["n".into(), "m".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![Stmt::Store {
+                arg: kernel::ArgId(2),
+                index: i(),
+                value: Expr::binary(
+                    kiln_ir::op::BinaryOp::Mul,
+                    Expr::Load { arg: kernel::ArgId(0), index: row },
+                    Expr::Const(Scalar::F32(3.0)),
+                ),
+            }]),
+        }]),
+    }
+}
+
+#[test]
+fn reads_at_a_varying_index_go_lane_by_lane() {
+    for index_dtype in [DType::I32, DType::I64] {
+        let k = lane_gather_kernel(index_dtype);
+        let code = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+        // Still the vector form: arithmetic and store in f32x4, the loads gathered lane by lane.
+        assert!(code.contains("f32x4") && code.contains("insertlane"), "{code}");
+        let m = 23;
+        for n in [0usize, 1, 4, 7, 13] {
+            let idx = Tensor::new(
+                vec![n],
+                kiln_ir::tensor::Data::from_i64_iter(index_dtype, (0..n as i64).map(|i| (i * 5) % 30 - 3)),
+            )
+            .unwrap();
+            let args = vec![edge_tensor(DType::F32, vec![m], n), idx, Tensor::zeros(DType::F32, vec![n])];
+            check_jit(&format!("lane gather by {index_dtype} [n={n}]"), &k, &args, &[n as i64, m as i64]);
+        }
+    }
+}
+
+#[test]
+fn reads_from_non_index_buffers_are_malformed() {
+    for (dtype, role) in [(DType::F32, ArgRole::Input), (DType::I64, ArgRole::Output)] {
+        let mut k = lane_gather_kernel(DType::I64);
+        k.args[1].dtype = dtype;
+        k.args[1].role = role.clone();
+        let err = JitModule::compile(&[k], &CpuOptions::default()).unwrap_err();
+        assert!(matches!(&err, CpuError::Malformed { kernel, .. } if kernel == "lane_gather"), "{err}");
     }
 }

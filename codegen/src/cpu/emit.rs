@@ -354,6 +354,20 @@ impl<'k, 'f> Emitter<'k, 'f> {
                 let (a, b) = (self.iexpr(a)?, self.iexpr(b)?);
                 self.b.ins().select(c, a, b)
             }
+            IExpr::Read { arg, index } => {
+                let a =
+                    self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
+                let ty = match a.dtype {
+                    DType::I32 => types::I32,
+                    DType::I64 => types::I64,
+                    d => return Err(self.malformed(format!("index read from `{}` of {d}", a.name))),
+                };
+                let addr = self.address(*arg, index, false)?;
+                // Read-only for the whole call (the buffer is never an output), so Cranelift may merge equal reads
+                // and hoist invariant ones out of loops.
+                let v = self.b.ins().load(ty, mem().with_readonly(), addr, 0);
+                if ty == types::I64 { v } else { self.b.ins().sextend(types::I64, v) }
+            }
         })
     }
 

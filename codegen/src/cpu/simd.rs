@@ -16,12 +16,15 @@
 //!
 //! Memory: an index affine in the loop variable with coefficient 1 is one vector load or store, coefficient 0
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
-//! accesses, each index computed for its own iteration). Arithmetic, `min`/`max` (NaN-propagating, as the
-//! interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are vector instructions, as are
-//! `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`, `sigmoid` and `erf` are inline
-//! approximations (`vmath`, same SSE4.1 condition); every other kind computes lane by lane through the same
-//! scalar code (and runtime functions) the scalar loop uses, bit-identical to it. `pow` by the constant 2, 3
-//! or 4 is repeated multiplication in both forms (see `Expr::small_power`).
+//! accesses, each index computed for its own iteration). An indirect index ([`IExpr::Read`]) at an index
+//! invariant in the loop variable is itself invariant, so `table[row·n + j]` over `j` stays one vector load; a
+//! read whose index moves with the loop variable makes the access not affine, so it goes lane by lane, each
+//! lane reading its own index (correct without a vector gather instruction). Arithmetic, `min`/`max`
+//! (NaN-propagating, as the interpreter), `sqrt`, `abs`, `neg`, `relu`, `sign`, comparisons and selects are
+//! vector instructions, as are `floor`/`ceil`/`round` where the target has SSE4.1; `exp`, `log`, `tanh`,
+//! `sigmoid` and `erf` are inline approximations (`vmath`, same SSE4.1 condition); every other kind computes
+//! lane by lane through the same scalar code (and runtime functions) the scalar loop uses, bit-identical to it.
+//! `pow` by the constant 2, 3 or 4 is repeated multiplication in both forms (see `Expr::small_power`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -54,6 +57,9 @@ pub(crate) fn affine(e: &IExpr, var: LoopVar) -> Option<i64> {
             invariant(&[a, b]).then_some(0)
         }
         IExpr::Select(c, a, b) => invariant(&[&c.lhs, &c.rhs, a, b]).then_some(0),
+        // A read at an invariant index is invariant (the buffer is read-only); otherwise its value is data, so
+        // an index using it goes lane by lane.
+        IExpr::Read { index, .. } => invariant(&[index]).then_some(0),
     }
 }
 

@@ -16,11 +16,12 @@
 //! identity for a max — so every load is in bounds, as the IR requires. Average pooling's divisor is a closed
 //! form per output position (the count of real taps, or of taps inside the explicit pads).
 //!
-//! **Gather** has no data-dependent address in the IR (an index expression cannot read a buffer), so each
-//! output element is a `Max` reduction over the gathered axis of `select(j == index, data[.., j, ..],
-//! identity)`: exact for every dtype (the identity never wins against the one selected element, NaN and
-//! signed zeros included) and memory-safe whatever the index, but O(axis extent) work per element — fine for
-//! shape-sized gathers, slow for large embedding tables until the IR gains indirect loads.
+//! **Gather** addresses the data through the indices ([`IExpr::Read`]): each output element is one load,
+//! `out[o…, i…, t…] = data[o…, clamp(wrap(indices[i…])), t…]`, O(1) work whatever the gathered axis' extent
+//! (embedding tables included), a copy and so exact for every dtype. The index read is data, so it is wrapped
+//! once (`i < 0 ? i + n : i`) and clamped into `[0, n)` before it addresses anything, keeping every load in
+//! bounds as the IR requires. The innermost output loop runs over the gathered row (`t…`, when there is one),
+//! where the index read is loop-invariant: the CPU emitter makes it one vector load per four elements.
 //!
 //! Dims may be symbolic: each distinct `Dim::Sym` becomes a kernel symbol named as in the graph. The type rules
 //! require static channels, weights and spatial dims, so in practice only the batch dim is symbolic.
@@ -29,9 +30,9 @@ use std::collections::HashMap;
 
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, Conv, Gather, Op, Pool, PoolKind};
-use kiln_ir::{DType, Dim, Shape, TensorType};
+use kiln_ir::{Dim, Shape, TensorType};
 
-use super::ir::{AccOp, AccVar, ArgId, ArgRole, CmpOp, Expr, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt, Var};
+use super::ir::{AccOp, AccVar, ArgId, ArgRole, CmpOp, Expr, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
 use super::lower::{LowerError, SymbolTable, compute_type};
 use super::simplify::simplify;
 
@@ -193,9 +194,9 @@ pub fn pool(name: &str, x: &TensorType, pool: &Pool, out: &TensorType) -> Result
 }
 
 /// Gather along `g.axis` (numpy `take`), any data dtype, i32 or i64 indices; a negative index wraps once
-/// (`i + dim`). The wrapped index is clamped into range, so any index is memory-safe; the caller validates
-/// indices before launching (an invalid one reads a clamped element here where the interpreter fails). Args
-/// `[data, indices, out]`.
+/// (`i + dim`). The wrapped index is clamped into range, so any index is memory-safe on a non-empty axis; the
+/// caller validates indices before launching (an invalid one reads a clamped element here where the interpreter
+/// fails, and an empty gathered axis admits no valid index at all). Args `[data, indices, out]`.
 pub fn gather(
     name: &str,
     data: &TensorType,
@@ -213,36 +214,23 @@ pub fn gather(
     let oa = b.arg("out", out, ArgRole::Output);
     let (dd, id, od) = (b.dims(&data.shape), b.dims(&indices.shape), b.dims(&out.shape));
     let (loops, idx) = b.loops(&od);
-    // The index, wrapped once and clamped into [0, n).
-    let i64e = |e: IExpr| Expr::index(e, DType::I64);
-    let raw =
-        Expr::cast(Expr::Load { arg: ia, index: b.flat(&idx[axis..axis + rank], &id) }, indices.dtype, DType::I64);
-    let raw_var = Var(0);
     let n = dd[axis].clone();
-    let wrapped = Expr::select(
-        Expr::binary(BinaryOp::Lt, Expr::Var(raw_var), i64e(IExpr::Const(0))),
-        Expr::binary(BinaryOp::Add, Expr::Var(raw_var), i64e(n.clone())),
-        Expr::Var(raw_var),
-    );
-    let last = b.simp(IExpr::minus(n.clone(), IExpr::Const(1)));
-    let clamped = Expr::binary(BinaryOp::Max, Expr::binary(BinaryOp::Min, wrapped, i64e(last)), i64e(IExpr::Const(0)));
-    let index_var = Var(1);
-    let acc = b.acc();
-    let (red_loops, red) = b.loops(std::slice::from_ref(&n));
+    if n == IExpr::Const(0) {
+        // No index is valid, so the runtime never launches this with a non-empty output: fill, never load.
+        let store =
+            Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::Const(Scalar::from_f64(data.dtype, 0.0)) };
+        return Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])));
+    }
+    // The index, wrapped once and clamped into [0, n).
+    let raw = IExpr::read(ia, b.flat(&idx[axis..axis + rank], &id));
+    let wrapped = IExpr::select(CmpOp::Lt, raw.clone(), IExpr::Const(0), IExpr::plus(raw.clone(), n.clone()), raw);
+    let clamped = IExpr::max(IExpr::min(wrapped, IExpr::minus(n, IExpr::Const(1))), IExpr::Const(0));
     let mut at = idx[..axis].to_vec();
-    at.push(red[0].clone());
+    at.push(clamped);
     at.extend_from_slice(&idx[axis + rank..]);
-    let hit = Expr::binary(BinaryOp::Eq, i64e(red[0].clone()), Expr::Var(index_var));
     let load = Expr::Load { arg: da, index: b.flat(&at, &dd) };
-    let value = Expr::select(hit, load, Expr::Const(AccOp::Max.identity(data.dtype)));
-    let mut body = vec![
-        Stmt::Let { var: raw_var, dtype: DType::I64, value: raw },
-        Stmt::Let { var: index_var, dtype: DType::I64, value: clamped },
-        Stmt::Acc { var: acc, dtype: data.dtype, op: AccOp::Max },
-    ];
-    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value, position: None }]));
-    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::Acc(acc) });
-    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+    let store = Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: load };
+    Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
 }
 
 /// `cond ? value : fill`, or `value` when nothing needs masking.

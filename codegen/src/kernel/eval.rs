@@ -157,33 +157,48 @@ impl Machine<'_> {
     }
 
     fn index(&self, e: &IExpr) -> Result<i64, String> {
-        e.eval(&|v| self.env.loops.get(&v).copied(), self.symbols)
+        e.eval_reading(&|v| self.env.loops.get(&v).copied(), self.symbols, &|arg, i| self.read_index(arg, i))
+    }
+
+    /// Element `i` of a read-only buffer (what `what` does, for messages).
+    fn element(&self, arg: ArgId, i: i64, what: &str) -> Result<Scalar, String> {
+        let a = self.kernel.args.get(arg.0 as usize).ok_or_else(|| format!("no argument arg{}", arg.0))?;
+        let data = match (&a.role, self.slots[arg.0 as usize]) {
+            (ArgRole::Constant(t), _) => t.data(),
+            (ArgRole::Input, Slot::Launch(s)) => &self.data[s].1,
+            _ => return Err(format!("{what} `{}`, which is not an input or constant", a.name)),
+        };
+        let i = usize::try_from(i)
+            .ok()
+            .filter(|&i| i < data.len())
+            .ok_or_else(|| format!("{what} `{}` at {i} is out of range (length {})", a.name, data.len()))?;
+        Ok(Scalar::read(data, i))
+    }
+
+    /// An [`IExpr::Read`]: element `i` of an i32 or i64 buffer, sign-extended.
+    fn read_index(&self, arg: ArgId, i: i64) -> Result<i64, String> {
+        match self.element(arg, i, "index read from")? {
+            Scalar::I32(v) => Ok(i64::from(v)),
+            Scalar::I64(v) => Ok(v),
+            other => Err(format!("index read from arg{} of {}, not i32 or i64", arg.0, other.dtype())),
+        }
     }
 
     fn expr(&self, e: &Expr) -> Result<Scalar, String> {
         match e {
             Expr::Const(s) => Ok(*s),
-            Expr::Load { arg, index } => {
-                let i = self.index(index)?;
-                let a = self.kernel.args.get(arg.0 as usize).ok_or_else(|| format!("no argument arg{}", arg.0))?;
-                let data = match (&a.role, self.slots[arg.0 as usize]) {
-                    (ArgRole::Constant(t), _) => t.data(),
-                    (ArgRole::Input, Slot::Launch(s)) => &self.data[s].1,
-                    _ => return Err(format!("load from `{}`, which is not an input or constant", a.name)),
-                };
-                let i = usize::try_from(i)
-                    .ok()
-                    .filter(|&i| i < data.len())
-                    .ok_or_else(|| format!("load from `{}` at {i} is out of range (length {})", a.name, data.len()))?;
-                Ok(Scalar::read(data, i))
-            }
+            Expr::Load { arg, index } => self.element(*arg, self.index(index)?, "load from"),
             Expr::Var(v) => self.env.lets.get(v).copied().ok_or_else(|| format!("v{} is not defined", v.0)),
             Expr::Acc(a) => {
                 let st = self.env.accs.get(a).ok_or_else(|| format!("accumulator a{} is not declared", a.0))?;
                 Ok(if st.op.is_arg() { Scalar::I64(st.position) } else { st.value })
             }
             Expr::Index { value, dtype } => Ok(Scalar::from_i64(*dtype, self.index(value)?)),
-            Expr::Cond(c) => Ok(Scalar::Bool(c.eval(&|v| self.env.loops.get(&v).copied(), self.symbols)?)),
+            Expr::Cond(c) => {
+                Ok(Scalar::Bool(c.eval_reading(&|v| self.env.loops.get(&v).copied(), self.symbols, &|arg, i| {
+                    self.read_index(arg, i)
+                })?))
+            }
             Expr::Unary(k, x) => scalar::unary(*k, self.expr(x)?),
             Expr::Binary(k, a, b) => scalar::binary(*k, self.expr(a)?, self.expr(b)?),
             Expr::Select(c, a, b) => {
@@ -223,4 +238,78 @@ fn fold(st: AccState, v: Scalar, position: Option<i64>) -> Result<AccState, Stri
         }
     };
     Ok(AccState { value, ..st })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::ir::{KernelArg, LoopKind};
+
+    /// `y[i] = x[idx[i]]` for `i < n`, with `idx` of `index_dtype`: no clamping, so bad indices reach the loads.
+    fn indirect(index_dtype: DType) -> Kernel {
+        let i = IExpr::Var(LoopVar(0));
+        let arg =
+            |name: &str, dtype, n, role| KernelArg { name: name.into(), dtype, shape: vec![Extent::Const(n)], role };
+        Kernel {
+            name: "indirect".into(),
+            args: vec![
+                arg("x", DType::F32, 4, ArgRole::Input),
+                arg("idx", index_dtype, 3, ArgRole::Input),
+                arg("y", DType::F32, 3, ArgRole::Output),
+            ],
+            symbols: vec![],
+            body: Block(vec![Stmt::For {
+                var: LoopVar(0),
+                extent: IExpr::Const(3),
+                kind: LoopKind::Parallel,
+                body: Block(vec![Stmt::Store {
+                    arg: ArgId(2),
+                    index: i.clone(),
+                    value: Expr::Load { arg: ArgId(0), index: IExpr::read(ArgId(1), i) },
+                }]),
+            }]),
+        }
+    }
+
+    fn run(k: &Kernel, idx: Tensor) -> Result<Vec<f64>, EvalError> {
+        let x = Tensor::from_vec(vec![4], vec![10f32, 11.0, 12.0, 13.0]).unwrap();
+        let mut args = vec![x, idx, Tensor::zeros(DType::F32, vec![3])];
+        eval(k, &mut args, &[])?;
+        Ok(args[2].to_f64_vec())
+    }
+
+    #[test]
+    fn reads_index_buffers_sign_extended() {
+        let idx = Tensor::from_vec(vec![3], vec![3i32, 0, 2]).unwrap();
+        assert_eq!(run(&indirect(DType::I32), idx).unwrap(), [13.0, 10.0, 12.0]);
+        let idx = Tensor::from_vec(vec![3], vec![1i64, 1, 3]).unwrap();
+        assert_eq!(run(&indirect(DType::I64), idx).unwrap(), [11.0, 11.0, 13.0]);
+        // -1 as i32 is -1 as an index (sign extension), so the load it addresses is out of range.
+        let idx = Tensor::from_vec(vec![3], vec![0i32, -1, 0]).unwrap();
+        let e = run(&indirect(DType::I32), idx).unwrap_err();
+        assert!(e.message.contains("load from `x` at -1"), "{e}");
+    }
+
+    #[test]
+    fn bad_reads_are_errors() {
+        // The read's own index out of range.
+        let mut k = indirect(DType::I64);
+        let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
+        let Stmt::Store { value: Expr::Load { index, .. }, .. } = &mut body.0[0] else { unreachable!() };
+        *index = IExpr::read(ArgId(1), IExpr::Const(3));
+        let e = run(&k, Tensor::from_vec(vec![3], vec![0i64, 0, 0]).unwrap()).unwrap_err();
+        assert!(e.message.contains("index read from `idx` at 3 is out of range"), "{e}");
+        // A float buffer, and an output.
+        let e = run(&indirect(DType::F32), Tensor::from_vec(vec![3], vec![0f32; 3]).unwrap()).unwrap_err();
+        assert!(e.message.contains("not i32 or i64"), "{e}");
+        let mut k = indirect(DType::I64);
+        let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
+        let Stmt::Store { value: Expr::Load { index, .. }, .. } = &mut body.0[0] else { unreachable!() };
+        *index = IExpr::read(ArgId(2), IExpr::Const(0));
+        let e = run(&k, Tensor::from_vec(vec![3], vec![0i64, 0, 0]).unwrap()).unwrap_err();
+        assert!(e.message.contains("not an input or constant"), "{e}");
+        // No buffers bound at all (launch geometry).
+        let e = IExpr::read(ArgId(0), IExpr::Const(0)).eval(&|_| None, &[]).unwrap_err();
+        assert!(e.contains("no buffers"), "{e}");
+    }
 }

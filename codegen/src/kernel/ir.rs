@@ -12,6 +12,12 @@
 //!   its block and everything nested there.
 //! - Top-level statements of a kernel never communicate through memory: no statement reads an output buffer, so
 //!   the top-level loop nests may run in any order or concurrently.
+//! - Indirect indexing ([`IExpr::Read`]) reads one element of a read-only buffer (an `Input` or a `Constant`,
+//!   never an output of the same kernel, so every read of one element gives one value during a launch) of dtype
+//!   i32 or i64, at an index that is itself in bounds. Its value is data, so nothing bounds it: an index built
+//!   from a read must be clamped into bounds by the producer before it addresses a `Load` or `Store` (the
+//!   in-bounds invariant above stays the producer's job). Reads never appear in a loop extent: launch geometry
+//!   (CPU parts' trip counts, the GPU grid) is computed from extents and symbols alone, without the buffers.
 
 use std::sync::Arc;
 
@@ -67,7 +73,7 @@ pub enum Extent {
 }
 
 /// A buffer: an index into [`Kernel::args`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ArgId(pub u32);
 
 /// A loop's induction variable (i64, from 0 to the extent, step 1).
@@ -237,7 +243,17 @@ pub struct ICond {
 impl ICond {
     /// Whether the comparison holds, evaluated as [`IExpr::eval`] does.
     pub fn eval(&self, loops: &dyn Fn(LoopVar) -> Option<i64>, symbols: &[i64]) -> Result<bool, String> {
-        let (a, b) = (self.lhs.eval(loops, symbols)?, self.rhs.eval(loops, symbols)?);
+        self.eval_reading(loops, symbols, &no_buffers)
+    }
+
+    /// Whether the comparison holds, evaluated as [`IExpr::eval_reading`] does.
+    pub fn eval_reading(
+        &self,
+        loops: &dyn Fn(LoopVar) -> Option<i64>,
+        symbols: &[i64],
+        read: BufferRead<'_>,
+    ) -> Result<bool, String> {
+        let (a, b) = (self.lhs.eval_reading(loops, symbols, read)?, self.rhs.eval_reading(loops, symbols, read)?);
         Ok(match self.op {
             CmpOp::Lt => a < b,
             CmpOp::Le => a <= b,
@@ -272,6 +288,24 @@ pub enum IExpr {
     Max(Box<IExpr>, Box<IExpr>),
     /// `cond ? a : b`.
     Select(Box<ICond>, Box<IExpr>, Box<IExpr>),
+    /// Element `index` (flat row-major) of the i32 or i64 buffer `arg`, sign-extended to i64: indirect
+    /// indexing (a gather's index, an embedding row). `arg` is an input or constant, `index` is in bounds, and
+    /// the value is not: see the module docs for what a producer must do before using it as an address.
+    Read {
+        /// The buffer (an input or constant of dtype i32 or i64).
+        arg: ArgId,
+        /// Element index.
+        index: Box<IExpr>,
+    },
+}
+
+/// How [`IExpr::eval_reading`] reads a buffer element: `(arg, flat index)` to the value sign-extended to i64, or
+/// `Err` for a missing buffer or an out-of-range index.
+pub type BufferRead<'a> = &'a dyn Fn(ArgId, i64) -> Result<i64, String>;
+
+/// The reader of an evaluation that has no buffers (launch geometry, symbols only).
+fn no_buffers(arg: ArgId, _: i64) -> Result<i64, String> {
+    Err(format!("reads arg{}, but no buffers are bound", arg.0))
 }
 
 /// A typed scalar expression.
@@ -415,13 +449,28 @@ impl IExpr {
         IExpr::Select(Box::new(ICond { op, lhs, rhs }), Box::new(a), Box::new(b))
     }
 
+    /// Element `index` of buffer `arg` as an index (see [`IExpr::Read`]).
+    pub fn read(arg: ArgId, index: IExpr) -> IExpr {
+        IExpr::Read { arg, index: Box::new(index) }
+    }
+
     /// The value with loop variables from `loops` and symbols from `symbols` (wrapping arithmetic; division
-    /// and remainder by zero give 0); `Err` names an unbound variable or symbol.
+    /// and remainder by zero give 0); `Err` names an unbound variable or symbol, or a [`IExpr::Read`], since no
+    /// buffers are bound here (see [`IExpr::eval_reading`]).
     pub fn eval(&self, loops: &dyn Fn(LoopVar) -> Option<i64>, symbols: &[i64]) -> Result<i64, String> {
+        self.eval_reading(loops, symbols, &no_buffers)
+    }
+
+    /// As [`IExpr::eval`], with buffer elements read by `read`.
+    pub fn eval_reading(
+        &self,
+        loops: &dyn Fn(LoopVar) -> Option<i64>,
+        symbols: &[i64],
+        read: BufferRead<'_>,
+    ) -> Result<i64, String> {
         use super::simplify::{floor_div, floor_rem};
-        let bin = |a: &IExpr, b: &IExpr| -> Result<(i64, i64), String> {
-            Ok((a.eval(loops, symbols)?, b.eval(loops, symbols)?))
-        };
+        let ev = |e: &IExpr| e.eval_reading(loops, symbols, read);
+        let bin = |a: &IExpr, b: &IExpr| -> Result<(i64, i64), String> { Ok((ev(a)?, ev(b)?)) };
         Ok(match self {
             IExpr::Const(c) => *c,
             IExpr::Var(v) => loops(*v).ok_or_else(|| format!("loop variable i{} is not bound", v.0))?,
@@ -434,12 +483,13 @@ impl IExpr {
             IExpr::Min(a, b) => bin(a, b).map(|(x, y)| x.min(y))?,
             IExpr::Max(a, b) => bin(a, b).map(|(x, y)| x.max(y))?,
             IExpr::Select(c, a, b) => {
-                if c.eval(loops, symbols)? {
-                    a.eval(loops, symbols)?
+                if c.eval_reading(loops, symbols, read)? {
+                    ev(a)?
                 } else {
-                    b.eval(loops, symbols)?
+                    ev(b)?
                 }
             }
+            IExpr::Read { arg, index } => read(*arg, ev(index)?)?,
         })
     }
 

@@ -11,7 +11,9 @@
 //!   the interpreter's folding rules, arg-max/min included so the GPU emitter can reduce (value, index) pairs),
 //!   and stores ([`Stmt::Store`]) at flat element indices;
 //! - i64 index arithmetic ([`IExpr`], kept lean by [`simplify`]) apart from typed element arithmetic
-//!   ([`Expr`]), which reuses `kiln_ir`'s unary/binary/cast semantics exactly.
+//!   ([`Expr`]), which reuses `kiln_ir`'s unary/binary/cast semantics exactly; an index may read an element of
+//!   an i32/i64 input ([`IExpr::Read`]: indirect indexing, as a gather needs), which the producer clamps into
+//!   bounds before it addresses memory.
 //!
 //! Two choices differ from the first sketch of this IR, for the emitters' sake: accumulators take their
 //! initial value from their op ([`AccOp::identity`]) rather than an arbitrary expression, so an emitter always

@@ -4,7 +4,7 @@
 //! loop tree with two-space indentation. Loop variables print as `i<n>`, `Let` variables as `v<n>`,
 //! accumulators as `a<n>`, buffers as `arg<n>` and symbols as `s<n>`. Index arithmetic is infix: `/` is floor
 //! division and `%` the remainder with the divisor's sign (both exact on the non-negative indices lowering
-//! produces). Scalar constants carry their dtype (`0.5f32`, `3i64`, `true`). Output is deterministic for a
+//! produces); an indirect index reads like a load, `arg1[i0]`. Scalar constants carry their dtype (`0.5f32`, `3i64`, `true`). Output is deterministic for a
 //! given kernel, so snapshots only change when lowering does.
 
 use std::fmt::Write;
@@ -162,6 +162,27 @@ fn iexpr_prec(e: &IExpr, outer: u8) -> String {
         IExpr::Min(a, b) => (format!("min({}, {})", iexpr(a), iexpr(b)), 3),
         IExpr::Max(a, b) => (format!("max({}, {})", iexpr(a), iexpr(b)), 3),
         IExpr::Select(c, a, b) => (format!("select({}, {}, {})", cond(c), iexpr(a), iexpr(b)), 3),
+        IExpr::Read { arg, index } => (format!("arg{}[{}]", arg.0, iexpr(index)), 3),
     };
     if prec < outer { format!("({s})") } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::ir::ArgId;
+
+    #[test]
+    fn reads_print_like_loads_inside_index_arithmetic() {
+        let i0 = IExpr::Var(LoopVar(0));
+        let read = IExpr::read(ArgId(1), IExpr::plus(IExpr::times(i0.clone(), IExpr::Const(5)), IExpr::Const(2)));
+        assert_eq!(iexpr(&read), "arg1[i0*5 + 2]");
+        let row = IExpr::plus(IExpr::times(read.clone(), IExpr::Const(8)), i0);
+        assert_eq!(iexpr(&row), "arg1[i0*5 + 2]*8 + i0");
+        let wrap =
+            IExpr::select(CmpOp::Lt, read.clone(), IExpr::Const(0), IExpr::plus(read.clone(), IExpr::Sym(0)), read);
+        assert_eq!(iexpr(&wrap), "select(arg1[i0*5 + 2] < 0, arg1[i0*5 + 2] + s0, arg1[i0*5 + 2])");
+        let load = Expr::Load { arg: ArgId(0), index: IExpr::read(ArgId(1), IExpr::Const(3)) };
+        assert_eq!(expr(&load), "arg0[arg1[3]]");
+    }
 }

@@ -6,8 +6,10 @@
 //! the linear form splits into a part whose coefficients are multiples of `c` and a rest, so `(x*c + r)/c` is
 //! `x` and `(x*c + r) mod c` is `r` whenever the rest provably lies in `0..c` (which covers `(x*c)/c` and
 //! reshape round trips). Ranges come from loop extents (`0..n`), symbols (`0..`), constants and the operators;
-//! `min`, `max` and `select` fold when ranges decide them. Every rewrite is exact for all values in range, so it
-//! never changes what an index evaluates to.
+//! `min`, `max` and `select` fold when ranges decide them. A buffer read ([`IExpr::Read`]) is an opaque atom of
+//! unknown range: its index simplifies, its value never folds (equal reads still cancel, since a read-only
+//! buffer gives one value per element). Every rewrite is exact for all values in range, so it never changes
+//! what an index evaluates to.
 
 use super::ir::{CmpOp, ICond, IExpr, LoopVar};
 
@@ -45,6 +47,8 @@ pub fn simplify(e: &IExpr, ext: Extents<'_>) -> IExpr {
                 None => IExpr::Select(Box::new(ICond { op: c.op, lhs, rhs }), Box::new(a), Box::new(b)),
             }
         }
+        // A buffer's value is opaque: only its index simplifies.
+        IExpr::Read { arg, index } => IExpr::read(*arg, simplify(index, ext)),
     }
 }
 
@@ -138,6 +142,7 @@ pub fn range(e: &IExpr, ext: Extents<'_>) -> Range {
             let (a, b) = (range(a, ext), range(b, ext));
             Range { lo: opt2(a.lo, b.lo, |x, y| Some(x.min(y))), hi: opt2(a.hi, b.hi, |x, y| Some(x.max(y))) }
         }
+        IExpr::Read { .. } => Range { lo: None, hi: None },
     }
 }
 
@@ -400,5 +405,25 @@ mod tests {
         let split = IExpr::plus(IExpr::times(IExpr::floor_div(v(2), c(6)), c(6)), IExpr::modulo(v(2), c(6)));
         assert_eq!(s(IExpr::plus(split, v(0))), IExpr::plus(v(2), v(0)));
         assert_eq!(s(IExpr::minus(c(4), v(0))), IExpr::minus(c(4), v(0)));
+    }
+
+    #[test]
+    fn reads_are_opaque_atoms() {
+        use crate::kernel::ir::ArgId;
+        let s = |e: IExpr| simplify(&e, &ext);
+        let r = |i: IExpr| IExpr::read(ArgId(1), i);
+        // The index inside simplifies; the value is never assumed in range, so no clamp or select folds.
+        assert_eq!(s(r(IExpr::plus(v(0), c(0)))), r(v(0)));
+        let clamp = IExpr::max(IExpr::min(r(v(0)), c(9)), c(0));
+        assert_eq!(s(clamp.clone()), clamp);
+        let wrap = IExpr::select(CmpOp::Lt, r(v(0)), c(0), IExpr::plus(r(v(0)), c(10)), r(v(0)));
+        assert_eq!(s(wrap.clone()), wrap);
+        assert_eq!(range(&r(v(0)), &ext), Range { lo: None, hi: None });
+        assert_eq!(s(IExpr::floor_div(r(v(0)), c(4))), IExpr::floor_div(r(v(0)), c(4)));
+        // In linear forms a read is an atom: coefficients fold around it, and equal reads (one element of a
+        // read-only buffer) cancel.
+        assert_eq!(s(IExpr::plus(IExpr::times(r(v(1)), c(2)), r(v(1)))), IExpr::times(r(v(1)), c(3)));
+        assert_eq!(s(IExpr::minus(r(v(1)), r(v(1)))), c(0));
+        assert_ne!(s(IExpr::minus(r(v(1)), r(v(0)))), c(0));
     }
 }

@@ -541,6 +541,16 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                 let (a, b) = (self.iexpr(a)?, self.iexpr(b)?);
                 self.b.build_select(c, a, b, "sel")?.into_int_value()
             }
+            IExpr::Read { arg, index } => {
+                let a =
+                    self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
+                if a.role == ArgRole::Output || !matches!(a.dtype, DType::I32 | DType::I64) {
+                    return Err(self.malformed(format!("index read from arg{} ({} {:?})", arg.0, a.dtype, a.role)));
+                }
+                let (v, d) = self.load(arg.0 as usize, index)?;
+                let v = v.into_int_value();
+                if d == DType::I64 { v } else { self.b.build_int_s_extend(v, i64t, "sext")? }
+            }
         })
     }
 
@@ -717,5 +727,6 @@ fn mentions(e: &IExpr, v: LoopVar) -> bool {
         | IExpr::Min(a, b)
         | IExpr::Max(a, b) => mentions(a, v) || mentions(b, v),
         IExpr::Select(c, a, b) => mentions(&c.lhs, v) || mentions(&c.rhs, v) || mentions(a, v) || mentions(b, v),
+        IExpr::Read { index, .. } => mentions(index, v),
     }
 }

@@ -388,6 +388,7 @@ impl<'g> Ctx<'g> {
         match e {
             IExpr::Const(_) | IExpr::Sym(_) => 0,
             IExpr::Var(v) => self.loop_depth.get(v).copied().unwrap_or(0),
+            IExpr::Read { index, .. } => self.iexpr_depth(index),
             IExpr::Add(a, b)
             | IExpr::Sub(a, b)
             | IExpr::Mul(a, b)
