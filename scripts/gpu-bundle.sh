@@ -58,7 +58,7 @@ case "$models" in
   *) IFS=, read -r -a chosen <<<"$models" ;;
 esac
 for m in "${chosen[@]}"; do
-  [ -f "$models_dir/$m/model.onnx" ] || { echo "error: no model $models_dir/$m/model.onnx" >&2; exit 1; }
+  [ -f "$models_dir/$m/model.onnx" ] || { echo "error: no model $models_dir/$m/model.onnx (set KILN_MODELS_DIR)" >&2; exit 1; }
 done
 # python3 with the onnx package rewrites resnet18's batch (setup.sh/test.sh put one in .venv).
 py=python3

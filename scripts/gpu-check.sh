@@ -13,7 +13,7 @@ if [ $# -lt 1 ] || [ $# -gt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
   sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
   exit 1
 fi
-bundle=$(cd "$1" && pwd) || exit 1
+bundle=$(cd "$1" 2>/dev/null && pwd) || { echo "error: no bundle directory $1"; exit 1; }
 out=${2:-${OUT:-gpu-check-out}}
 here=$(cd "$(dirname "$0")" && pwd)
 budget=${GPU_CHECK_BUDGET_S:-470}
@@ -99,7 +99,9 @@ if r.get("device_copy_gbps") and r.get("io_bytes"):
 print(line)
 EOF
   else
-    echo "bench $name failed: $(grep -m1 -i error "$log" || tail -n1 "$log")"
+    why=$(grep -m1 -i error "$log" || tail -n1 "$log")
+    echo "bench $name failed: $why"
+    python3 -c 'import json, sys; print(json.dumps({"error": sys.argv[1]}))' "$why" >"$out/bench/$name.json"
   fi
 done
 
