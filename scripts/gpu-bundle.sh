@@ -9,8 +9,8 @@ usage: scripts/gpu-bundle.sh [--arch sm_80|sm_90] [--models NAME,NAME|all|none] 
 
 Builds, on this machine (Rust, LLVM), everything scripts/gpu-check.sh needs on the GPU machine (bash, python3,
 numpy; no Rust):
-  OUT_DIR/kiln                  `cargo build --release --no-default-features --bin kiln`, stripped: runs CUDA
-                                artifacts, has no LLVM
+  OUT_DIR/kiln.xz               `cargo build --release --no-default-features --bin kiln`, stripped and
+                                xz-compressed: runs CUDA artifacts, has no LLVM
   OUT_DIR/cases/NAME/artifact   a CUDA artifact compiled by target/debug/kiln (with PTX) for --arch (default sm_90)
   OUT_DIR/cases/NAME/inputs     the inputs a run gets (reference models), with run.args (one kiln argument a line,
   OUT_DIR/cases/NAME/expected   paths relative to the case) and, for benchmarked cases, bench.args
@@ -21,12 +21,14 @@ compiled with --random-weights 0 (symbolic input dims set to 2) and its expected
 (`kiln run FIXTURE --backend interp --random-weights 0 --seed 0`); and examples/models/fused_gelu.kir (benchmark
 only; --no-gelu leaves it out).
 
-Put OUT_DIR under a folder git ignores so it can travel as a "carried" path, e.g. `.gpu-bundle/` (add that line to
-.git/info/exclude) or `.cache/gpu-bundle` (.gitignore has /.cache). A call carries at most 64 MiB: the script
-prints the bundle's size and warns above 60 MiB. All six models with --fixtures do not fit in one call; split:
-  call 1: scripts/gpu-bundle.sh --models resnet18 .gpu-bundle/a
-  call 2: scripts/gpu-bundle.sh --models bert_small,gpt2_small,gpt2_small_step,mlp,mlp_dynbatch --fixtures \
-            --no-gelu .gpu-bundle/b
+Put OUT_DIR under a folder git ignores so it can travel as a "carried" path: `.gpu-bundle/` (kiln's .gitignore
+has /.gpu-bundle; in another checkout, add the line to .git/info/exclude) or `.cache/gpu-bundle`. A call carries
+at most 64 MiB with the working tree (~3 MB): the script prints the bundle's size and warns above 60 MiB. All six models with --fixtures (about 120 MiB) do not fit in
+one call; split them (measured sizes):
+  call 1: scripts/gpu-bundle.sh --models resnet18 .gpu-bundle/a                                    (48 MiB)
+  call 2: scripts/gpu-bundle.sh --models bert_small,gpt2_small,mlp,mlp_dynbatch --fixtures --no-gelu \
+            .gpu-bundle/b                                                                          (52 MiB)
+  call 3: scripts/gpu-bundle.sh --models gpt2_small_step --no-gelu .gpu-bundle/c                    (24 MiB)
 EOF
 }
 
@@ -73,9 +75,11 @@ trap 'rm -rf "$scratch"' EXIT
 echo "== building the runtime-only kiln (release, --no-default-features) and the compiler (debug, with PTX)"
 cargo build --release --no-default-features --bin kiln
 cargo build --bin kiln
-cp target/release/kiln "$out/kiln"
-strip "$out/kiln"
-echo "runtime kiln: $(du -h "$out/kiln" | cut -f1) ($(stat -c %s "$out/kiln") bytes, stripped)"
+# xz shrinks it about 4x (13 MiB to 3 MiB): room for a model per call. gpu-check.sh unpacks it with python3's lzma.
+cp target/release/kiln "$scratch/kiln"
+strip "$scratch/kiln"
+xz -9 -c "$scratch/kiln" >"$out/kiln.xz"
+echo "runtime kiln: $(stat -c %s "$scratch/kiln") bytes stripped, $(stat -c %s "$out/kiln.xz") bytes as kiln.xz"
 kiln=$root/target/debug/kiln
 
 # Writes ARGS... one a line into FILE.

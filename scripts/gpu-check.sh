@@ -39,10 +39,18 @@ fi
 gpu=$(echo "$gpu" | head -n1)
 echo "GPU: $gpu"
 
-kiln=$bundle/kiln
-[ -x "$kiln" ] || chmod +x "$kiln" 2>/dev/null
-[ -x "$kiln" ] || { echo "error: $kiln is missing or not executable (build the bundle with scripts/gpu-bundle.sh)"; exit 1; }
 python3 -c 'import numpy' 2>/dev/null || { echo "error: python3 cannot import numpy"; exit 1; }
+# The bundle carries kiln xz-compressed; unpack it outside the bundle (which may be read-only).
+bin_dir=$(mktemp -d)
+trap 'rm -rf "$bin_dir"' EXIT
+kiln=$bin_dir/kiln
+if [ -f "$bundle/kiln.xz" ]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$bundle/kiln.xz" "$kiln" && chmod +x "$kiln"
+elif [ -f "$bundle/kiln" ]; then
+  cp "$bundle/kiln" "$kiln" && chmod +x "$kiln"
+fi
+[ -x "$kiln" ] || { echo "error: no kiln.xz in $bundle (build the bundle with scripts/gpu-bundle.sh)"; exit 1; }
 mkdir -p "$out"/{conformance,runs,bench,logs}
 out=$(cd "$out" && pwd)
 echo "$gpu" >"$out/gpu.txt"
@@ -106,10 +114,17 @@ EOF
 done
 
 echo "== PyTorch baseline"
-if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1; then
+if ! compgen -G "$out/bench/*.json" >/dev/null; then
+  echo "SKIP torch baseline: this bundle benchmarks nothing"
+elif python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1; then
   t=$(left 25)
   if [ "$t" -gt 20 ]; then
-    timeout "$t" python3 "$here/gpu_torch_baseline.py" --json "$out/torch.json" --budget-s $((t - 10)) \
+    # The workloads this bundle benchmarks (so a split bundle's calls do not repeat each other's baselines).
+    only=""
+    for f in "$out"/bench/*.json; do
+      only=${only:+$only,}$(basename "$f" .json)
+    done
+    timeout "$t" python3 "$here/gpu_torch_baseline.py" --json "$out/torch.json" --budget-s $((t - 10)) --only "$only" \
       2>"$out/logs/torch.log" || echo "torch baseline stopped early (see logs/torch.log); partial results kept"
   else
     echo "SKIP torch baseline: out of time"

@@ -89,7 +89,9 @@ def main(out):
     lines = [
         "# kiln GPU check",
         "",
-        f"GPU: {gpu or 'unknown'}" + (f"; torch {torch.get('torch')}" if torch.get("torch") else ""),
+        f"GPU: {gpu or 'unknown'}"
+        + (f"; torch {torch.get('torch')}" if torch.get("torch") else "")
+        + (f"; torch baseline: {torch['error']}" if torch.get("error") else ""),
         "",
         f"Conformance: {passed} passed, {len(conformance) - passed} failed (rtol 1e-3, atol 1e-4; integers exact).",
         "",

@@ -27,13 +27,20 @@ WORKLOADS = ["fused_gelu", "resnet18", "resnet18_b32", "bert_small", "gpt2_small
 
 
 def disable_tf32(torch):
+    """TF32 off for matmuls and convolutions: the new API (torch >= 2.9), else the legacy flags. Returns how."""
     try:
         torch.backends.cuda.matmul.fp32_precision = "ieee"
         torch.backends.cudnn.conv.fp32_precision = "ieee"
+        return "fp32_precision=ieee"
     except (AttributeError, RuntimeError):
+        pass
+    try:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+        torch.set_float32_matmul_precision("highest")
+        return "allow_tf32=False"
+    except (AttributeError, RuntimeError) as e:
+        return f"could not turn TF32 off: {e}"
 
 
 def build(name, torch):
@@ -129,7 +136,7 @@ def main():
         save()
         return 1
     result["device"] = torch.cuda.get_device_name(0)
-    disable_tf32(torch)
+    result["tf32"] = disable_tf32(torch)
     names = a.only.split(",") if a.only else WORKLOADS
     built = {}
     for name in names:
