@@ -217,6 +217,14 @@ fn random_weights_bind_every_param_without_a_weight() {
     .unwrap();
     let o = kiln(&["run", sym.to_str().unwrap(), "--random-weights", "0", "--shape", "x=4"]);
     assert_clean_failure(&o, "param `scale` has symbolic dims");
+    // A compiled artifact carries its weights: nothing to make up.
+    let artifact = dir.join("artifact");
+    let o = kiln(&["compile", m, "--random-weights", "7", "--shape", "x=2x3", "-o", artifact.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for cmd in ["run", "bench"] {
+        let o = kiln(&[cmd, artifact.to_str().unwrap(), "--random-weights", "7"]);
+        assert_clean_failure(&o, "--random-weights: a compiled artifact carries its weights");
+    }
 }
 
 #[test]
