@@ -64,7 +64,7 @@ def main(out):
         if k.get("error"):
             notes.append(f"kiln bench failed: {k['error']}")
         if not k and not t:
-            notes.append("not run")
+            notes.append("not in this bundle")
         rows.append(
             {
                 "workload": key,
