@@ -218,6 +218,9 @@ fn random_weights_bind_every_param_without_a_weight() {
     let o = kiln(&["run", sym.to_str().unwrap(), "--random-weights", "0", "--shape", "x=4"]);
     assert_clean_failure(&o, "param `scale` has symbolic dims");
     // A compiled artifact carries its weights: nothing to make up.
+    if !have_cc() {
+        return;
+    }
     let artifact = dir.join("artifact");
     let o = kiln(&["compile", m, "--random-weights", "7", "--shape", "x=2x3", "-o", artifact.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -225,6 +228,49 @@ fn random_weights_bind_every_param_without_a_weight() {
         let o = kiln(&[cmd, artifact.to_str().unwrap(), "--random-weights", "7"]);
         assert_clean_failure(&o, "--random-weights: a compiled artifact carries its weights");
     }
+}
+
+fn have_cc() -> bool {
+    let ok = Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        println!("SKIPPED: no cc: no artifact is compiled");
+    }
+    ok
+}
+
+/// scripts/gpu-bundle.sh links resnet18's batch-32 weights to the batch-1 artifact's: a relative symlink in place of
+/// `weights.safetensors` loads as the file it points to.
+#[cfg(unix)]
+#[test]
+fn artifact_weights_may_be_a_relative_symlink() {
+    if !have_cc() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlp_params.kir");
+    let (a, b) = (tmp.path().join("a/artifact"), tmp.path().join("b/artifact"));
+    for dir in [&a, &b] {
+        let o = kiln(&[
+            "compile",
+            fixture.to_str().unwrap(),
+            "--random-weights",
+            "3",
+            "--shape",
+            "x=2x784",
+            "-o",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    std::fs::remove_file(b.join("weights.safetensors")).unwrap();
+    std::os::unix::fs::symlink("../../a/artifact/weights.safetensors", b.join("weights.safetensors")).unwrap();
+    let run = |dir: &Path, out: &str| {
+        let out = tmp.path().join(out);
+        let o = kiln(&["run", dir.to_str().unwrap(), "--seed", "1", "--shape", "x=2x784", "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        kiln::npy::read(&out.join("logits.npy")).unwrap()
+    };
+    assert_eq!(run(&a, "oa"), run(&b, "ob"));
 }
 
 #[test]
