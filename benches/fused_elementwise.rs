@@ -19,21 +19,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let text = format!(
-        r#"graph "fused_gelu" {{
-  %0 = input {{name="x"}} : f32[{N},{N}]
-  %1 = input {{name="a"}} : f32[{N}]
-  %2 = input {{name="b"}} : f32[{N}]
-  %3 = input {{name="r"}} : f32[{N},{N}]
-  %4 = mul %0, %1 : f32[{N},{N}]
-  %5 = add %4, %2 : f32[{N},{N}]
-  %6 = gelu %5 {{approximate=none}} : f32[{N},{N}]
-  %7 = add %6, %3 : f32[{N},{N}]
-  output "y" = %7
-}}
-"#
-    );
-    let model = Model::from_graph(kiln_ir::parse(&text).expect("the bench graph parses")).expect("verifies");
+    // The graph is examples/models/fused_gelu.kir, which scripts/gpu-check.sh benchmarks on a GPU.
+    let text = include_str!("../examples/models/fused_gelu.kir");
+    let model = Model::from_graph(kiln_ir::parse(text).expect("the bench graph parses")).expect("verifies");
     let inputs: BTreeMap<String, Tensor> = model.random_inputs(&BTreeMap::new(), 1).expect("inputs");
     let runs = 10;
 

@@ -171,6 +171,109 @@ fn opt_writes_weights_beside_the_text() {
 }
 
 #[test]
+fn random_weights_bind_every_param_without_a_weight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("m.kir");
+    std::fs::write(
+        &src,
+        "graph \"m\" {\n  %0 = input {name=\"x\"} : f32[batch,3]\n  %1 = param {name=\"w\"} : f32[3,2]\n  %2 = param {name=\"b\"} : f16[2]\n  %3 = matmul %0, %1 : f32[batch,2]\n  %4 = cast %2 {to=f32} : f32[2]\n  %5 = add %3, %4 : f32[batch,2]\n  output \"y\" = %5\n}\n",
+    )
+    .unwrap();
+    let (m, dir) = (src.to_str().unwrap(), tmp.path());
+    // Without weights the model does not run; with them it does, the same way twice, and the seed matters.
+    let o = kiln(&["run", m, "--shape", "x=2x3", "--backend", "interp", "-o", dir.join("none").to_str().unwrap()]);
+    assert_clean_failure(&o, "w");
+    let run = |seed: &str, out: &str| {
+        let out = dir.join(out);
+        let o = kiln(&["run", m, "--random-weights", seed, "--shape", "x=2x3", "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        kiln::npy::read(&out.join("y.npy")).unwrap()
+    };
+    assert_eq!(run("7", "a"), run("7", "b"));
+    assert_ne!(run("7", "a"), run("8", "c"));
+    // The i-th param, in graph order, gets seed SEED + i.
+    let copy = dir.join("copy.kir");
+    let o = kiln(&["opt", m, "--random-weights", "7", "-o", copy.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut expected = kiln_ir::Weights::default();
+    expected.insert("w", Tensor::random(DType::F32, vec![3, 2], 7));
+    expected.insert("b", Tensor::random(DType::F16, vec![2], 8));
+    assert_eq!(kiln::weights::load(&dir.join("copy.safetensors")).unwrap(), expected);
+    // A weight that is given is kept: only the missing ones are made up.
+    let mut given = kiln_ir::Weights::default();
+    given.insert("w", Tensor::random(DType::F32, vec![3, 2], 100));
+    kiln::weights::save(&dir.join("w.safetensors"), &given).unwrap();
+    let w = dir.join("w.safetensors");
+    let o = kiln(&["opt", m, "--weights", w.to_str().unwrap(), "--random-weights", "7", "-o", copy.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    given.insert("b", Tensor::random(DType::F16, vec![2], 8));
+    assert_eq!(kiln::weights::load(&dir.join("copy.safetensors")).unwrap(), given);
+    // A param with symbolic dims cannot be made up: the error names it.
+    let sym = dir.join("sym.kir");
+    std::fs::write(
+        &sym,
+        "graph \"s\" {\n  %0 = input {name=\"x\"} : f32[n]\n  %1 = param {name=\"scale\"} : f32[n]\n  %2 = mul %0, %1 : f32[n]\n  output \"y\" = %2\n}\n",
+    )
+    .unwrap();
+    let o = kiln(&["run", sym.to_str().unwrap(), "--random-weights", "0", "--shape", "x=4"]);
+    assert_clean_failure(&o, "param `scale` has symbolic dims");
+    // A compiled artifact carries its weights: nothing to make up.
+    if !have_cc() {
+        return;
+    }
+    let artifact = dir.join("artifact");
+    let o = kiln(&["compile", m, "--random-weights", "7", "--shape", "x=2x3", "-o", artifact.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for cmd in ["run", "bench"] {
+        let o = kiln(&[cmd, artifact.to_str().unwrap(), "--random-weights", "7"]);
+        assert_clean_failure(&o, "--random-weights: a compiled artifact carries its weights");
+    }
+}
+
+fn have_cc() -> bool {
+    let ok = Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        println!("SKIPPED: no cc: no artifact is compiled");
+    }
+    ok
+}
+
+/// scripts/gpu-bundle.sh links resnet18's batch-32 weights to the batch-1 artifact's: a relative symlink in place of
+/// `weights.safetensors` loads as the file it points to.
+#[cfg(unix)]
+#[test]
+fn artifact_weights_may_be_a_relative_symlink() {
+    if !have_cc() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlp_params.kir");
+    let (a, b) = (tmp.path().join("a/artifact"), tmp.path().join("b/artifact"));
+    for dir in [&a, &b] {
+        let o = kiln(&[
+            "compile",
+            fixture.to_str().unwrap(),
+            "--random-weights",
+            "3",
+            "--shape",
+            "x=2x784",
+            "-o",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    std::fs::remove_file(b.join("weights.safetensors")).unwrap();
+    std::os::unix::fs::symlink("../../a/artifact/weights.safetensors", b.join("weights.safetensors")).unwrap();
+    let run = |dir: &Path, out: &str| {
+        let out = tmp.path().join(out);
+        let o = kiln(&["run", dir.to_str().unwrap(), "--seed", "1", "--shape", "x=2x784", "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        kiln::npy::read(&out.join("logits.npy")).unwrap()
+    };
+    assert_eq!(run(&a, "oa"), run(&b, "ob"));
+}
+
+#[test]
 fn inspect_reports_inputs_outputs_ops_and_parameters() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("m.kir");

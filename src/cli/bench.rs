@@ -100,6 +100,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let threads = kiln::resolve_threads(a.threads);
     let is_artifact = kiln::Artifact::is_artifact(&a.model.model);
+    if is_artifact {
+        a.model.check_no_random_weights()?;
+    }
     type Runner = Box<dyn Fn() -> Result<()>>;
     // An artifact reports its load time (manifest, weights, kernel library); a model its compile time, from after
     // loading it and making its inputs.

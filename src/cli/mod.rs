@@ -61,6 +61,10 @@ pub struct ModelArgs {
     /// Static extents for an input with symbolic dims: NAME=DxDxD (repeatable; `scalar` for rank 0).
     #[arg(long = "shape", value_name = "NAME=DxD")]
     pub shapes: Vec<String>,
+    /// Bind deterministic pseudo-random weights to every param that has none (the i-th param, in graph order,
+    /// gets the values of seed SEED + i); its dims must be static.
+    #[arg(long, value_name = "SEED")]
+    pub random_weights: Option<u64>,
 }
 
 impl ModelArgs {
@@ -79,16 +83,51 @@ impl ModelArgs {
             }
             shapes.insert(name, dims);
         }
-        Ok(kiln::Model::load(
+        let model = kiln::Model::load(
             &self.model,
             &kiln::LoadOptions { weights: self.weights.clone(), shapes, ..Default::default() },
-        )?)
+        )?;
+        match self.random_weights {
+            Some(seed) => bind_random_weights(model, seed),
+            None => Ok(model),
+        }
+    }
+
+    /// Refuses `--random-weights` where the model is a compiled artifact (its weights are already bound).
+    fn check_no_random_weights(&self) -> Result<()> {
+        if self.random_weights.is_some() {
+            bail!("--random-weights: a compiled artifact carries its weights ({})", self.model.display());
+        }
+        Ok(())
     }
 
     /// The `--shape` options.
     fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
         parse_shapes(&self.shapes)
     }
+}
+
+/// Binds `Tensor::random(dtype, dims, seed + i)` to the `i`-th param (in graph order) wherever the model has no
+/// weight of that name; `i` counts every param, so a param's values do not depend on which others are bound.
+fn bind_random_weights(model: kiln::Model, seed: u64) -> Result<kiln::Model> {
+    let mut graph = model.graph().clone();
+    let mut bound = Vec::new();
+    for (i, id) in graph.params().enumerate() {
+        let node = graph.node(id);
+        let kiln_ir::Op::Parameter(p) = &node.op else { unreachable!("params() yields param nodes") };
+        if graph.weights.get(&p.name).is_some() {
+            continue;
+        }
+        let ty = &node.outputs[0];
+        let Some(dims) = ty.shape.as_static() else {
+            bail!("--random-weights: param `{}` has symbolic dims ({ty}); random weights need static dims", p.name);
+        };
+        bound.push((p.name.clone(), kiln_ir::Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64))));
+    }
+    for (name, t) in bound {
+        graph.weights.insert(name, t);
+    }
+    Ok(kiln::Model::from_graph(graph)?)
 }
 
 /// Runs the parsed command.

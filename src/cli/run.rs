@@ -65,6 +65,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
     }
     if kiln::Artifact::is_artifact(&a.model.model) {
+        a.model.check_no_random_weights()?;
         return run_artifact(&a, given);
     }
     let backend = a.backend.unwrap_or_default();
