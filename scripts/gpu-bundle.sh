@@ -11,6 +11,7 @@ Builds, on this machine (Rust, LLVM), everything scripts/gpu-check.sh needs on t
 numpy; no Rust):
   OUT_DIR/kiln.xz               `cargo build --release --no-default-features --bin kiln`, stripped and
                                 xz-compressed: runs CUDA artifacts, has no LLVM
+  OUT_DIR/cuda_contracts.xz     runtime/examples/cuda_contracts (the runtime contracts on the device), likewise
   OUT_DIR/cases/NAME/artifact   a CUDA artifact compiled by target/debug/kiln (with PTX) for --arch (default sm_90)
   OUT_DIR/cases/NAME/inputs     the inputs a run gets (reference models), with run.args (one kiln argument a line,
   OUT_DIR/cases/NAME/expected   paths relative to the case) and, for benchmarked cases, bench.args
@@ -74,12 +75,17 @@ trap 'rm -rf "$scratch"' EXIT
 
 echo "== building the runtime-only kiln (release, --no-default-features) and the compiler (debug, with PTX)"
 cargo build --release --no-default-features --bin kiln
+cargo build --release -p kiln-runtime --example cuda_contracts
 cargo build --bin kiln
 # xz shrinks it about 4x (13 MiB to 3 MiB): room for a model per call. gpu-check.sh unpacks it with python3's lzma.
 cp target/release/kiln "$scratch/kiln"
 strip "$scratch/kiln"
 xz -9 -c "$scratch/kiln" >"$out/kiln.xz"
 echo "runtime kiln: $(stat -c %s "$scratch/kiln") bytes stripped, $(stat -c %s "$out/kiln.xz") bytes as kiln.xz"
+# The runtime contracts on the device (streams, events, transfers, NCCL): runtime/examples/cuda_contracts.rs.
+cp target/release/examples/cuda_contracts "$scratch/cuda_contracts"
+strip "$scratch/cuda_contracts"
+xz -9 -c "$scratch/cuda_contracts" >"$out/cuda_contracts.xz"
 kiln=$root/target/debug/kiln
 
 # Writes ARGS... one a line into FILE.

@@ -51,6 +51,12 @@ elif [ -f "$bundle/kiln" ]; then
   cp "$bundle/kiln" "$kiln" && chmod +x "$kiln"
 fi
 [ -x "$kiln" ] || { echo "error: no kiln.xz in $bundle (build the bundle with scripts/gpu-bundle.sh)"; exit 1; }
+
+# cudarc loads cuBLAS as libcublas.so (or .so.12) and NCCL as libnccl.so; CUDA 13 machines whose libraries come
+# with PyTorch's pip packages have libcublas.so.13 and libnccl.so.2 there: link them under the names cudarc tries.
+mkdir -p "$bin_dir/lib"
+python3 "$here/gpu_libs.py" "$bin_dir/lib"
+export LD_LIBRARY_PATH="$bin_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$out"/{conformance,runs,bench,logs}
 out=$(cd "$out" && pwd)
 echo "$gpu" >"$out/gpu.txt"
@@ -62,8 +68,18 @@ read_args() {
   [ -f "$1" ] && mapfile -t args <"$1"
 }
 
-echo "== conformance (rtol 1e-3, atol 1e-4; integers exact)"
 failed=0
+echo "== runtime contracts on the device (runtime/examples/cuda_contracts)"
+if [ -f "$bundle/cuda_contracts.xz" ]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$bundle/cuda_contracts.xz" "$bin_dir/cuda_contracts" && chmod +x "$bin_dir/cuda_contracts"
+  timeout "$(cap 60)" "$bin_dir/cuda_contracts" | tee "$out/logs/contracts.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed=$((failed + 1))
+else
+  echo "SKIP contracts: no cuda_contracts.xz in the bundle"
+fi
+
+echo "== conformance (rtol 1e-3, atol 1e-4; integers exact)"
 for case_dir in "$bundle"/cases/*/; do
   name=$(basename "$case_dir")
   if [ ! -f "$case_dir/run.args" ] || [ ! -d "$case_dir/expected" ]; then
@@ -106,8 +122,11 @@ for name in fused_gelu resnet18 resnet18_b32 bert_small gpt2_small; do
 import json, sys
 r = json.load(open(sys.argv[1]))
 line = f"{sys.argv[2]}: median {r['median_ms']:.3f} ms (min {r['min_ms']:.3f}, p90 {r['p90_ms']:.3f})"
+if r.get("device_median_ms") is not None:
+    line += f"; on the device (data resident) {r['device_median_ms']:.3f} ms"
 if r.get("device_copy_gbps") and r.get("io_bytes"):
-    gbps = r["io_bytes"] / (r["median_ms"] / 1e3) / 1e9
+    ms = r.get("device_median_ms") or r["median_ms"]
+    gbps = r["io_bytes"] / (ms / 1e3) / 1e9
     line += f"; {gbps:.1f} GB/s = {100 * gbps / r['device_copy_gbps']:.0f}% of the device copy ({r['device_copy_gbps']:.0f} GB/s)"
 print(line)
 EOF

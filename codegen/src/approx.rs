@@ -50,7 +50,8 @@ pub(crate) const ERF_Q: [f32; 6] = [
     4.974_046_196_470_342e-1,
     1.0,
 ];
-/// From this magnitude on, f32 `erf` is exactly ±1 (the smallest such f32 is 3.919206).
+/// From this magnitude on, f32 `erf` is exactly ±1 (the smallest such f32 is 3.919206). The PTX emitter's guard.
+#[cfg_attr(not(feature = "ptx"), allow(dead_code))]
 pub(crate) const ERF_ONE_FROM: f32 = 3.92;
 /// Where the rational `x P(x^2) / Q(x^2)` evaluated in f32 (with FMA) is exactly ±1: clamping the argument to
 /// ±this saturates `erf` without a select (between [`ERF_ONE_FROM`] and here it is at most 2 ulps below 1,

@@ -22,7 +22,7 @@ pub struct BackendsArgs {
 pub fn run(a: BackendsArgs) -> Result<()> {
     let (mut registry, no_device) = BackendRegistry::with_devices();
     if let Some(why) = no_device {
-        println!("(no cuda backend: {why})");
+        eprintln!("(no cuda backend: {why})");
     }
     registry.load_plugins_from_env().with_context(|| format!("loading the plugins in {PLUGINS_ENV_VAR}"))?;
     for line in registry.describe() {

@@ -85,6 +85,9 @@ struct Report<'a> {
     /// The device's copy bandwidth, device to device, in GB/s (read + write; cuda only).
     #[serde(skip_serializing_if = "Option::is_none")]
     device_copy_gbps: Option<f64>,
+    /// Median time of the steps alone on the device, inputs resident and outputs left there (cuda only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_median_ms: Option<f64>,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -113,11 +116,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         profile = Some(Box::new(move || c.profile(&i).map_err(Into::into)));
         Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into))
     };
-    let mut device: Option<(String, f64)> = None;
+    let mut device: Option<(String, f64, f64)> = None;
     let mut io_bytes = 0u64;
+    let (warmup, runs) = (a.warmup, a.runs);
     let mut cuda_runner = |compiled: kiln::cuda::CudaCompiled, ins: BTreeMap<String, Tensor>| -> Result<Runner> {
         let copy_gbps = compiled.copy_bandwidth_gbps()?;
-        device = Some((compiled.device_name(), copy_gbps));
+        let mut resident = compiled.time_resident(&ins, warmup, runs)?;
+        resident.sort();
+        let resident_ms = resident[resident.len() / 2].as_secs_f64() * 1e3;
+        device = Some((compiled.device_name(), copy_gbps, resident_ms));
         let outputs = compiled.run(&ins)?;
         io_bytes = ins.values().chain(outputs.iter().map(|(_, t)| t)).map(|t| t.as_bytes().len() as u64).sum();
         Ok(Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)))
@@ -231,10 +238,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let peak_rss_bytes = peak_rss_bytes();
     println!("peak RSS {:.1} MiB", peak_rss_bytes as f64 / (1 << 20) as f64);
-    if let Some((name, copy_gbps)) = &device {
-        let gbps = io_bytes as f64 / (pick(0.5) * 1e-3) / 1e9;
+    if let Some((name, copy_gbps, resident_ms)) = &device {
+        let gbps = io_bytes as f64 / (resident_ms * 1e-3) / 1e9;
         println!(
-            "device {name}: inputs and outputs {:.1} MiB, {gbps:.1} GB/s at the median ({:.0}% of its copy bandwidth, {copy_gbps:.1} GB/s)",
+            "device {name}: steps alone (data resident) median {resident_ms:.3} ms; inputs and outputs {:.1} MiB \
+             moved at {gbps:.1} GB/s ({:.0}% of its copy bandwidth, {copy_gbps:.1} GB/s)",
             io_bytes as f64 / (1 << 20) as f64,
             100.0 * gbps / copy_gbps
         );
@@ -269,9 +277,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             p90_ms: pick(0.9),
             max_ms: times[times.len() - 1],
             peak_rss_bytes,
-            device: device.as_ref().map(|(n, _)| n.clone()),
+            device: device.as_ref().map(|(n, _, _)| n.clone()),
             io_bytes,
-            device_copy_gbps: device.as_ref().map(|&(_, g)| g),
+            device_copy_gbps: device.as_ref().map(|&(_, g, _)| g),
+            device_median_ms: device.as_ref().map(|&(_, _, m)| m),
         };
         println!("{}", serde_json::to_string(&report)?);
     }

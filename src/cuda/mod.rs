@@ -87,6 +87,17 @@ impl CudaCompiled {
         Ok(CudaRequest { pending, completion })
     }
 
+    /// The steps' own time on the device, inputs resident and outputs left there: `runs` timings after `warmup`
+    /// untimed runs (see `GpuProgram::time_resident`).
+    pub fn time_resident(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Vec<std::time::Duration>, Error> {
+        self.program.time_resident(inputs, warmup, runs).map_err(crate::cuda_run_error)
+    }
+
     /// The device's copy bandwidth in GB/s (bytes read plus bytes written per second, device to device, over
     /// 256 MiB copies): what a memory-bound kernel is measured against.
     pub fn copy_bandwidth_gbps(&self) -> Result<f64, Error> {

@@ -191,27 +191,7 @@ impl<G: Gpu> GpuProgram<G> {
                 p
             }
         };
-        let mut addrs = vec![DevPtr(0); self.exe.buffers.len()];
-        for (i, info) in self.exe.buffers.iter().enumerate() {
-            let id = BufferId(i as u32);
-            addrs[i] = match &info.home {
-                Home::Input(k) => {
-                    let bytes = given[*k].as_bytes();
-                    let p = gpu.alloc(bytes.len())?;
-                    pending.owned.push(p);
-                    // SAFETY: `p` holds `bytes.len()` bytes.
-                    unsafe { gpu.upload(p, bytes)? };
-                    p
-                }
-                Home::Weight(_) | Home::Constant(_) | Home::Prepared(_) => self.resident[&id],
-                Home::Arena(offset) => arena.offset(*offset as usize),
-                Home::Dynamic => {
-                    let p = gpu.alloc(self.bytes(id, &symbols)?)?;
-                    pending.owned.push(p);
-                    p
-                }
-            };
-        }
+        let addrs = self.place(gpu, &given, &symbols, arena, &mut pending.owned)?;
         self.run_steps(gpu, &self.plan.steps, &addrs, &symbols)?;
         for (name, b) in &self.exe.outputs {
             let dims = self.exe.dims(*b, &symbols).map_err(backend)?;
@@ -229,6 +209,78 @@ impl<G: Gpu> GpuProgram<G> {
         }
         pending.event = Some(gpu.record()?);
         Ok(pending)
+    }
+
+    /// Every buffer's device address for a run: inputs uploaded and outputs and unplanned values allocated (added
+    /// to `owned`), planned values in `arena`, weights where they reside.
+    fn place(
+        &self,
+        gpu: &G,
+        given: &[&Tensor],
+        symbols: &HashMap<String, u64>,
+        arena: DevPtr,
+        owned: &mut Vec<DevPtr>,
+    ) -> Result<Vec<DevPtr>, RunError> {
+        let mut addrs = vec![DevPtr(0); self.exe.buffers.len()];
+        for (i, info) in self.exe.buffers.iter().enumerate() {
+            let id = BufferId(i as u32);
+            addrs[i] = match &info.home {
+                Home::Input(k) => {
+                    let bytes = given[*k].as_bytes();
+                    let p = gpu.alloc(bytes.len())?;
+                    owned.push(p);
+                    // SAFETY: `p` holds `bytes.len()` bytes.
+                    unsafe { gpu.upload(p, bytes)? };
+                    p
+                }
+                Home::Weight(_) | Home::Constant(_) | Home::Prepared(_) => self.resident[&id],
+                Home::Arena(offset) => arena.offset(*offset as usize),
+                Home::Dynamic => {
+                    let p = gpu.alloc(self.bytes(id, symbols)?)?;
+                    owned.push(p);
+                    p
+                }
+            };
+        }
+        Ok(addrs)
+    }
+
+    /// Times the steps alone, with the inputs already on the device and the outputs left there: `warmup` untimed
+    /// runs, then `runs` timed ones (each queued, then waited for). What a device-bound workload costs without
+    /// the host↔device copies around it.
+    pub fn time_resident(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Vec<std::time::Duration>, RunError> {
+        let given = crate::bind::check_inputs(&self.exe, inputs)?;
+        let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
+        let gpu = self.gpu.as_ref();
+        let mut owned = Vec::new();
+        let timed = (|| {
+            let arena = gpu.alloc((self.exe.arena_bytes as usize).max(1))?;
+            owned.push(arena);
+            let addrs = self.place(gpu, &given, &symbols, arena, &mut owned)?;
+            let mut times = Vec::with_capacity(runs);
+            for i in 0..warmup + runs {
+                gpu.synchronize()?;
+                let t = std::time::Instant::now();
+                self.run_steps(gpu, &self.plan.steps, &addrs, &symbols)?;
+                gpu.synchronize()?;
+                if i >= warmup {
+                    times.push(t.elapsed());
+                }
+            }
+            Ok(times)
+        })();
+        if gpu.synchronize().is_ok() {
+            for p in owned {
+                // SAFETY: allocated above, freed once, with the queue drained.
+                unsafe { gpu.free(p) };
+            }
+        }
+        timed
     }
 
     fn bytes(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<usize, RunError> {
@@ -630,6 +682,9 @@ mod tests {
         let failed = p.enqueue(&lane, &BTreeMap::new());
         assert!(failed.is_err());
         assert_eq!(gpu.allocated_bytes(), before, "a run that fails to queue frees its memory");
+        let times = p.time_resident(&inputs(3.0), 1, 4).unwrap();
+        assert_eq!(times.len(), 4);
+        assert_eq!(gpu.allocated_bytes(), before, "timing frees its memory");
     }
 
     #[test]
