@@ -13,6 +13,10 @@ use kiln_ir::Tensor;
 
 const N: usize = 4096;
 
+/// As the `kiln` binary: freed blocks are reused, not faulted in again each run (see `src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]

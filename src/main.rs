@@ -9,6 +9,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc keeps freed memory for reuse (and returns it to the system after a second idle), where glibc's
+/// `malloc` gives every block over 32 MiB back to the system on `free`: a model whose outputs or per-run buffers
+/// are that large would otherwise fault every page in again on every run.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         let msg = info
