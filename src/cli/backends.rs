@@ -21,12 +21,13 @@ pub struct BackendsArgs {
 
 pub fn run(a: BackendsArgs) -> Result<()> {
     let (mut registry, no_device) = BackendRegistry::with_devices();
-    if let Some(why) = no_device {
-        eprintln!("(no cuda backend: {why})");
-    }
     registry.load_plugins_from_env().with_context(|| format!("loading the plugins in {PLUGINS_ENV_VAR}"))?;
     for line in registry.describe() {
         println!("{line}");
+    }
+    if let Some(why) = no_device {
+        // On stderr: the listing stays the registry's lines alone, for scripts.
+        eprintln!("(no cuda backend: {why})");
     }
     if a.check {
         let mut failures = 0;
