@@ -5,7 +5,6 @@
 //!
 //! Linking needs the system `cc`; without one each test prints `SKIPPED: no cc`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -63,23 +62,15 @@ fn reference_models_run_from_artifacts_as_under_the_jit_and_match_onnx_runtime()
     for dir in &dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let t0 = std::time::Instant::now();
-        let inputs = common::read_manifest(&dir.join("inputs"));
-        let expected = common::read_manifest(&dir.join("expected"));
-        let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
-        let model = Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
+        let common::ReferenceCase { model, inputs: given, expected } =
+            common::reference_case(dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let jit = model.compile(&CompileOptions { threads: 2, ..Default::default() }).unwrap().run(&given).unwrap();
         let out = root.path().join(&name);
         write_artifact(&model, &out);
         let got = Artifact::load(&out, 2).unwrap_or_else(|e| panic!("{name}: load: {e}")).run(&given).unwrap();
         assert_same(&name, &got, &jit);
-        let got: BTreeMap<String, Tensor> = got.into_iter().collect();
-        for (output, want) in &expected {
-            let t = got.get(output).unwrap_or_else(|| panic!("{name}: output `{output}` is missing"));
-            if let Err(e) = kiln::conformance::compare(t, want, 1e-3, 1e-4) {
-                panic!("{name}: output `{output}` vs ONNX Runtime: {e}");
-            }
+        if let Err(e) = common::compare_outputs(got, &expected) {
+            panic!("{name}: vs ONNX Runtime: {e}");
         }
         eprintln!("{name}: ok in {:.1} s", t0.elapsed().as_secs_f64());
     }

@@ -48,25 +48,12 @@ fn reference_models_match_onnx_runtime_through_the_cuda_runtime() {
     for dir in &dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let t0 = std::time::Instant::now();
-        let inputs = common::read_manifest(&dir.join("inputs"));
-        let expected = common::read_manifest(&dir.join("expected"));
-        let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
-        let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
-        let result = Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
-            .and_then(|m| m.lower(&cuda_options()))
-            .and_then(|lowered| kiln::cuda::run_emulated(&lowered, &given, DEFAULT_BLOCK_SIZE))
-            .map_err(|e| e.to_string())
-            .and_then(|got| {
-                let got: BTreeMap<String, Tensor> = got.into_iter().collect();
-                let problems: Vec<String> = expected
-                    .iter()
-                    .filter_map(|(n, want)| match got.get(n) {
-                        None => Some(format!("output `{n}` is missing")),
-                        Some(g) => kiln::conformance::compare(g, want, 1e-3, 1e-4).err().map(|e| format!("`{n}`: {e}")),
-                    })
-                    .collect();
-                if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
-            });
+        let result = common::reference_case(dir).and_then(|case| {
+            let lowered = case.model.lower(&cuda_options()).map_err(|e| e.to_string())?;
+            let got =
+                kiln::cuda::run_emulated(&lowered, &case.inputs, DEFAULT_BLOCK_SIZE).map_err(|e| e.to_string())?;
+            common::compare_outputs(got, &case.expected)
+        });
         eprintln!("{name}: {} in {:.1} s", if result.is_ok() { "ok" } else { "FAILED" }, t0.elapsed().as_secs_f64());
         if let Err(e) = result {
             failures.push(format!("{name}: {e}"));

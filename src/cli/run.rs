@@ -74,16 +74,31 @@ pub fn run(a: RunArgs) -> Result<()> {
     let model = a.model.load_with(given_shapes)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = model.complete_inputs(given, &a.model.shapes()?, a.seed)?;
-    let t1 = Instant::now();
-    let outputs = model.run(&inputs, &RunOptions { backend, threads: a.threads })?;
-    let run_ms = t1.elapsed().as_secs_f64() * 1e3;
-    write_outputs(&a.output_dir, &outputs)?;
-    println!(
-        "model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms",
-        a.model.model.display(),
-        backend.name()
-    );
-    report_outputs(&outputs, &a.output_dir);
+    run_and_report(
+        &a.output_dir,
+        || Ok(model.run(&inputs, &RunOptions { backend, threads: a.threads })?),
+        |run_ms| {
+            format!(
+                "model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms",
+                a.model.model.display(),
+                backend.name()
+            )
+        },
+    )
+}
+
+/// Times `run`, writes its outputs into `dir` and prints `header(run time in ms)` and a line per output.
+fn run_and_report(
+    dir: &Path,
+    run: impl FnOnce() -> Result<Vec<(String, Tensor)>>,
+    header: impl FnOnce(f64) -> String,
+) -> Result<()> {
+    let t = Instant::now();
+    let outputs = run()?;
+    let run_ms = t.elapsed().as_secs_f64() * 1e3;
+    write_outputs(dir, &outputs)?;
+    println!("{}", header(run_ms));
+    report_outputs(&outputs, dir);
     Ok(())
 }
 
@@ -126,16 +141,16 @@ fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
     }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
-    let t1 = Instant::now();
-    let outputs = compiled.run(&inputs)?;
-    let run_ms = t1.elapsed().as_secs_f64() * 1e3;
-    write_outputs(&a.output_dir, &outputs)?;
-    println!(
-        "artifact {} (cpu backend): loaded in {load_ms:.1} ms (no code generation), ran in {run_ms:.1} ms",
-        a.model.model.display()
-    );
-    report_outputs(&outputs, &a.output_dir);
-    Ok(())
+    run_and_report(
+        &a.output_dir,
+        || Ok(compiled.run(&inputs)?),
+        |run_ms| {
+            format!(
+                "artifact {} (cpu backend): loaded in {load_ms:.1} ms (no code generation), ran in {run_ms:.1} ms",
+                a.model.model.display()
+            )
+        },
+    )
 }
 
 /// `kiln run CUDA_ARTIFACT_DIR`: load the PTX artifact onto GPU 0 and run it there.
@@ -150,17 +165,18 @@ fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()>
     let compiled = kiln::Artifact::load_cuda(&a.model.model, 0)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
-    let t1 = Instant::now();
-    let outputs = compiled.run(&inputs)?;
-    let run_ms = t1.elapsed().as_secs_f64() * 1e3;
-    write_outputs(&a.output_dir, &outputs)?;
-    println!(
-        "artifact {} (cuda backend, {}): loaded in {load_ms:.1} ms (the driver compiled the PTX), ran in {run_ms:.1} ms",
-        a.model.model.display(),
-        compiled.device_name()
-    );
-    report_outputs(&outputs, &a.output_dir);
-    Ok(())
+    run_and_report(
+        &a.output_dir,
+        || Ok(compiled.run(&inputs)?),
+        |run_ms| {
+            format!(
+                "artifact {} (cuda backend, {}): loaded in {load_ms:.1} ms (the driver compiled the PTX), ran in \
+                 {run_ms:.1} ms",
+                a.model.model.display(),
+                compiled.device_name()
+            )
+        },
+    )
 }
 
 fn report_outputs(outputs: &[(String, Tensor)], dir: &Path) {

@@ -47,31 +47,44 @@ pub fn read_manifest(dir: &Path) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// Loads one reference model with the saved inputs' shapes, runs it on `backend` and compares with ONNX
-/// Runtime's saved outputs (rtol 1e-3, atol 1e-4); `Err` describes every mismatch.
-pub fn run_reference_model(dir: &Path, backend: kiln::Backend) -> Result<(), String> {
+/// A reference model loaded at its saved inputs' shapes, with those inputs and ONNX Runtime's saved outputs.
+pub struct ReferenceCase {
+    pub model: kiln::Model,
+    pub inputs: BTreeMap<String, Tensor>,
+    pub expected: Vec<(String, Tensor)>,
+}
+
+/// Loads the reference model in `dir` (symbolic dims — a dynamic batch, a cache length — take the saved inputs'
+/// extents).
+pub fn reference_case(dir: &Path) -> Result<ReferenceCase, String> {
     let inputs = read_manifest(&dir.join("inputs"));
     let expected = read_manifest(&dir.join("expected"));
-    // Symbolic dims (a dynamic batch, a cache length) take the saved inputs' extents.
     let shapes = inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
     let model = kiln::Model::load(&dir.join("model.onnx"), &kiln::LoadOptions { shapes, ..Default::default() })
         .map_err(|e| format!("load: {e}"))?;
-    let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
-    let options = kiln::RunOptions { backend, threads: 2 };
-    let outputs: BTreeMap<String, Tensor> =
-        model.run(&given, &options).map_err(|e| format!("run: {e}"))?.into_iter().collect();
-    let mut problems = Vec::new();
-    for (name, want) in &expected {
-        match outputs.get(name) {
-            None => problems.push(format!("output `{name}` is missing")),
-            Some(got) => {
-                if let Err(e) = kiln::conformance::compare(got, want, 1e-3, 1e-4) {
-                    problems.push(format!("output `{name}`: {e}"));
-                }
-            }
-        }
-    }
+    Ok(ReferenceCase { model, inputs: inputs.into_iter().collect(), expected })
+}
+
+/// Compares outputs with the expected ones by name (rtol 1e-3, atol 1e-4); `Err` describes every mismatch.
+pub fn compare_outputs(got: Vec<(String, Tensor)>, expected: &[(String, Tensor)]) -> Result<(), String> {
+    let got: BTreeMap<String, Tensor> = got.into_iter().collect();
+    let problems: Vec<String> = expected
+        .iter()
+        .filter_map(|(name, want)| match got.get(name) {
+            None => Some(format!("output `{name}` is missing")),
+            Some(g) => kiln::conformance::compare(g, want, 1e-3, 1e-4).err().map(|e| format!("output `{name}`: {e}")),
+        })
+        .collect();
     if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+}
+
+/// Loads one reference model with the saved inputs' shapes, runs it on `backend` and compares with ONNX
+/// Runtime's saved outputs (rtol 1e-3, atol 1e-4); `Err` describes every mismatch.
+pub fn run_reference_model(dir: &Path, backend: kiln::Backend) -> Result<(), String> {
+    let case = reference_case(dir)?;
+    let options = kiln::RunOptions { backend, threads: 2 };
+    let outputs = case.model.run(&case.inputs, &options).map_err(|e| format!("run: {e}"))?;
+    compare_outputs(outputs, &case.expected)
 }
 
 /// Every reference model on `backend` against ONNX Runtime's outputs; a `SKIPPED:` line when they are absent.
