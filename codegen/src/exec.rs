@@ -555,6 +555,23 @@ fn rnode_input_type(body: &Graph, v: Value) -> Result<TensorType, String> {
 }
 
 impl Executable {
+    /// An executable called `name` with nothing in it: no buffers, steps, kernels or weights (to fill in).
+    pub fn empty(name: &str) -> Executable {
+        Executable {
+            name: name.to_string(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            buffers: Vec::new(),
+            arena_bytes: 0,
+            prepare: Vec::new(),
+            prepared: Vec::new(),
+            steps: Vec::new(),
+            kernels: Vec::new(),
+            weights: Weights::default(),
+            fallbacks: Vec::new(),
+        }
+    }
+
     /// The extents of buffer `b` with `symbols` bound; `Err` names an unbound symbol.
     pub fn dims(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<Vec<usize>, String> {
         self.buffers[b.0 as usize]

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use kiln_codegen::device::{DevicePlan, DeviceStep};
 use kiln_codegen::exec::{BufferId, BufferInfo, Executable, Home};
-use kiln_ir::graph::Weights;
 use kiln_ir::{DType, Op, Tensor, TensorType};
 
 use super::gpu::Gpu;
@@ -44,17 +43,10 @@ fn single_step(op: &Op, types: &[TensorType]) -> Result<(Executable, DevicePlan)
         other => return Err(format!("`{}` is not run by the CUDA node backend", other.mnemonic())),
     };
     let exe = Executable {
-        name: op.mnemonic().to_string(),
         inputs: (0..types.len()).map(|i| (format!("operand{i}"), id(i))).collect(),
         outputs: vec![("result".into(), id(types.len()))],
         buffers,
-        arena_bytes: 0,
-        prepare: Vec::new(),
-        prepared: Vec::new(),
-        steps: Vec::new(),
-        kernels: Vec::new(),
-        weights: Weights::default(),
-        fallbacks: Vec::new(),
+        ..Executable::empty(op.mnemonic())
     };
     let plan = DevicePlan { prepare: Vec::new(), steps: vec![step], kernels: Vec::new(), fallbacks: Vec::new() };
     Ok((exe, plan))

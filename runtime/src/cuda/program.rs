@@ -609,24 +609,16 @@ impl<G: Gpu> Drop for GpuProgram<G> {
 mod tests {
     use kiln_codegen::exec::BufferInfo;
     use kiln_ir::TensorType;
-    use kiln_ir::graph::Weights;
 
     use super::*;
     use crate::cuda::{HostGpu, NoKernels};
 
     fn exe(buffers: Vec<BufferInfo>) -> Executable {
         Executable {
-            name: "t".into(),
             inputs: vec![("x".into(), BufferId(0))],
             outputs: vec![("y".into(), BufferId(1))],
             buffers,
-            arena_bytes: 0,
-            prepare: Vec::new(),
-            prepared: Vec::new(),
-            steps: Vec::new(),
-            kernels: Vec::new(),
-            weights: Weights::default(),
-            fallbacks: Vec::new(),
+            ..Executable::empty("t")
         }
     }
 
