@@ -270,7 +270,7 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gp
         "-o",
         &p("gpu"),
         "--emit",
-        "kir",
+        "kir,ptx",
     ]));
     assert!(out.contains("nvptx64-nvidia-cuda (sm_90, PTX ISA 7.8)"), "{out}");
     for f in ["manifest.json", "weights.safetensors", "kernels.ptx", "model.kir"] {
@@ -299,6 +299,10 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gp
         ok(&kiln(&["compile", &p("small.kir"), "-o", &p("cpu"), "--emit", "ptx"]));
         assert!(std::fs::read_to_string(root.path().join("cpu/kernels.ptx")).unwrap().contains(".target sm_80"));
     }
+
+    let o = kiln(&["compile", &p("small.kir"), "--target", "cuda-emulated", "-o", &p("emu")]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--target cuda-emulated"), "{o:?}");
+    assert!(!root.path().join("emu").exists(), "nothing is written for a refused target");
 
     // The CPU loader refuses it by name; `kiln run` loads it onto GPU 0: without one, the device's one clear line.
     let e = Artifact::load(&root.path().join("gpu"), 1).err().expect("refused").to_string();

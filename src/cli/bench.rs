@@ -157,6 +157,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 let opts = kiln::RunOptions { backend: Backend::Interp, threads };
                 (Box::new(move || model.run(&ins, &opts).map(drop).map_err(Into::into)), None, 0.0)
             }
+            Backend::CudaEmulated => {
+                bail!("--backend cuda-emulated tests the GPU path on the host; it is not timed (bench cpu or cuda)")
+            }
             Backend::Cuda => {
                 let pipeline = (a.pipeline != "cpu-default").then_some(a.pipeline.as_str());
                 let compiled = model.compile_cuda(0, pipeline)?;

@@ -47,8 +47,13 @@ enum Emit {
 }
 
 pub fn run(a: CompileArgs) -> Result<()> {
-    if a.target == Backend::Interp {
-        bail!("--target interp: the interpreter is not compiled (targets: cpu, cuda)");
+    match a.target {
+        Backend::Interp => bail!("--target interp: the interpreter is not compiled (targets: cpu, cuda)"),
+        Backend::CudaEmulated => bail!(
+            "--target cuda-emulated: the emulated device runs in-process (`kiln run --backend cuda-emulated`); \
+             compile with --target cuda for a GPU or --target cpu"
+        ),
+        Backend::Cpu | Backend::Cuda => {}
     }
     let t0 = Instant::now();
     let model = a.model.load()?;
@@ -79,6 +84,8 @@ pub fn run(a: CompileArgs) -> Result<()> {
                 }
                 write(&dir.join("kernels.s"), &text)?;
             }
+            // A CUDA artifact holds its PTX already (the same module).
+            Emit::Ptx if a.target == Backend::Cuda => {}
             Emit::Ptx => write(&dir.join(kiln::artifact::PTX_FILE), &cuda::ptx(&lowered, &a.arch)?)?,
             Emit::Dot => {
                 let path = dir.join("graph.dot");
@@ -124,7 +131,7 @@ mod cuda {
 
     use anyhow::{Result, anyhow};
     use kiln::{Artifact, Lowered};
-    use kiln_codegen::ptx::{self, PtxOptions};
+    use kiln_codegen::ptx::PtxOptions;
 
     fn options(arch: &str) -> Result<PtxOptions> {
         Ok(PtxOptions { arch: arch.parse().map_err(|e: String| anyhow!("--arch: {e}"))?, ..PtxOptions::default() })
@@ -136,9 +143,10 @@ mod cuda {
         Ok(format!("{} ({}, PTX ISA {})", m.target.triple, m.target.arch.name(), m.target.ptx_isa))
     }
 
-    /// The kernels as PTX for `arch`.
+    /// The device plan's kernels (the executable's and the builtins) as PTX for `arch`: what a CUDA artifact
+    /// of the same model holds.
     pub fn ptx(lowered: &Lowered, arch: &str) -> Result<String> {
-        Ok(ptx::compile(&lowered.executable.kernels, &options(arch)?)?.ptx)
+        Ok(kiln::cuda::compile_device(&lowered.executable, &options(arch)?)?.module.ptx)
     }
 }
 
