@@ -35,33 +35,10 @@ use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, UnaryOp};
 
 use super::emit::{EResult, Emitter, mem};
-use crate::kernel::{AccOp, AccVar, Block, Expr, IExpr, LoopVar, Stmt, Var};
+use crate::kernel::{AccOp, AccVar, Block, Expr, LoopVar, Stmt, Var};
 
 /// Lanes per vector.
 pub(crate) const LANES: i64 = 4;
-
-/// The coefficient of `var` in `e` when `e` is affine in it (`c * var + invariant`), else `None`.
-pub(crate) fn affine(e: &IExpr, var: LoopVar) -> Option<i64> {
-    let invariant = |xs: &[&IExpr]| xs.iter().all(|x| affine(x, var) == Some(0));
-    match e {
-        IExpr::Const(_) | IExpr::Sym(_) => Some(0),
-        IExpr::Var(v) => Some(i64::from(*v == var)),
-        IExpr::Add(a, b) => Some(affine(a, var)?.wrapping_add(affine(b, var)?)),
-        IExpr::Sub(a, b) => Some(affine(a, var)?.wrapping_sub(affine(b, var)?)),
-        IExpr::Mul(a, b) => match (affine(a, var)?, affine(b, var)?, a.as_const(), b.as_const()) {
-            (0, 0, _, _) => Some(0),
-            (c, 0, _, Some(k)) | (0, c, Some(k), _) => Some(c.wrapping_mul(k)),
-            _ => None,
-        },
-        IExpr::FloorDiv(a, b) | IExpr::Rem(a, b) | IExpr::Min(a, b) | IExpr::Max(a, b) => {
-            invariant(&[a, b]).then_some(0)
-        }
-        IExpr::Select(c, a, b) => invariant(&[&c.lhs, &c.rhs, a, b]).then_some(0),
-        // A read at an invariant index is invariant (the buffer is read-only); otherwise its value is data, so
-        // an index using it goes lane by lane.
-        IExpr::Read { index, .. } => invariant(&[index]).then_some(0),
-    }
-}
 
 fn vector_unary(k: UnaryOp) -> bool {
     !matches!(k, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::Not | UnaryOp::BitNot)
@@ -178,7 +155,7 @@ impl Emitter<'_, '_> {
                 }
                 Stmt::Store { arg, index, value } => {
                     let x = self.vexpr(value, var, i, &vlets)?;
-                    if affine(index, var) == Some(1) {
+                    if index.stride(var) == Some(1) {
                         let addr = self.address(*arg, index, true)?;
                         self.b.ins().store(mem(), x, addr, 0);
                     } else {
@@ -223,7 +200,7 @@ impl Emitter<'_, '_> {
                 let c = self.scalar_const(*s);
                 self.splat(c)
             }
-            Expr::Load { arg, index } => match affine(index, var) {
+            Expr::Load { arg, index } => match index.stride(var) {
                 Some(1) => {
                     let addr = self.address(*arg, index, false)?;
                     self.b.ins().load(types::F32X4, mem(), addr, 0)

@@ -409,6 +409,31 @@ pub enum VarRef {
 
 /// Shorthands for building index expressions.
 impl IExpr {
+    /// The coefficient of `var` in this index when it is affine in it (`c * var + invariant`), else `None`: 1 for
+    /// a contiguous access along `var`, 0 for one that does not move with it. Emitters use it to turn neighbouring
+    /// iterations' accesses into vector ones.
+    pub fn stride(&self, var: LoopVar) -> Option<i64> {
+        let invariant = |xs: &[&IExpr]| xs.iter().all(|x| x.stride(var) == Some(0));
+        match self {
+            IExpr::Const(_) | IExpr::Sym(_) => Some(0),
+            IExpr::Var(v) => Some(i64::from(*v == var)),
+            IExpr::Add(a, b) => Some(a.stride(var)?.wrapping_add(b.stride(var)?)),
+            IExpr::Sub(a, b) => Some(a.stride(var)?.wrapping_sub(b.stride(var)?)),
+            IExpr::Mul(a, b) => match (a.stride(var)?, b.stride(var)?, a.as_const(), b.as_const()) {
+                (0, 0, _, _) => Some(0),
+                (c, 0, _, Some(k)) | (0, c, Some(k), _) => Some(c.wrapping_mul(k)),
+                _ => None,
+            },
+            IExpr::FloorDiv(a, b) | IExpr::Rem(a, b) | IExpr::Min(a, b) | IExpr::Max(a, b) => {
+                invariant(&[a, b]).then_some(0)
+            }
+            IExpr::Select(c, a, b) => invariant(&[&c.lhs, &c.rhs, a, b]).then_some(0),
+            // A read at an invariant index is invariant (the buffer is read-only); otherwise its value is data, so
+            // an index using it is not affine.
+            IExpr::Read { index, .. } => invariant(&[index]).then_some(0),
+        }
+    }
+
     /// `a + b`.
     pub fn plus(a: IExpr, b: IExpr) -> IExpr {
         IExpr::Add(Box::new(a), Box::new(b))

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use inkwell::AddressSpace;
+use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -34,6 +35,10 @@ pub(crate) enum Flavor {
 
 /// LLVM's `ptx_kernel` calling convention.
 const PTX_KERNEL_CC: u32 = 71;
+
+/// Innermost iterations a thread takes at a time in a parallel part whose innermost extent is a known multiple of
+/// it (so LLVM can merge their loads and stores into vector ones).
+const COARSEN: i64 = 4;
 
 /// The name prefix of the host wrappers.
 pub(crate) const EMU_WRAPPER_PREFIX: &str = "kiln_emu_";
@@ -127,6 +132,20 @@ pub(super) struct KernelEmitter<'a, 'ctx> {
     /// Whether some part runs cooperatively.
     pub cooperative: bool,
     entry_block: BasicBlock<'ctx>,
+    /// While set, stores are collected here (address, value) instead of emitted: a coarsened part emits its
+    /// lanes' stores after all their loads, so no store stands between loads LLVM could merge.
+    deferred_stores: Option<Vec<(PointerValue<'ctx>, BasicValueEnum<'ctx>)>>,
+    /// While a coarsened part emits its lanes: which lane, and lane 0's address of each contiguous access.
+    coarse: Option<Coarse<'ctx>>,
+}
+
+/// The lanes of a coarsened part: lane `j`'s access to an index contiguous along `inner` is lane 0's address plus
+/// `j` elements — one base for all four, as LLVM's load/store vectorizer needs to see them side by side.
+struct Coarse<'ctx> {
+    inner: LoopVar,
+    lane: u64,
+    /// (argument, printed index) → lane 0's address.
+    first: HashMap<(usize, String), PointerValue<'ctx>>,
 }
 
 impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
@@ -183,6 +202,13 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                 }
                 _ => {
                     let p = func.get_nth_param(next_param).expect("one parameter per launch argument");
+                    if flavor == Flavor::Nvptx {
+                        // The runtime's buffers start 16-byte aligned or better (`cuMemAlloc`: 256 bytes; the
+                        // arena's slots: `ir::memory::ALIGNMENT`, 64): what lets LLVM merge neighbouring loads
+                        // and stores into vector ones. The host flavor's callers promise nothing of the kind.
+                        let align = ctx.create_enum_attribute(Attribute::get_named_enum_kind_id("align"), 16);
+                        func.add_attribute(AttributeLoc::Param(next_param), align);
+                    }
                     next_param += 1;
                     bufs.push(p.into_pointer_value());
                 }
@@ -205,6 +231,8 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             accs: HashMap::new(),
             cooperative: false,
             entry_block,
+            deferred_stores: None,
+            coarse: None,
         };
         let work = e.body()?;
         e.b.build_return(None)?;
@@ -287,6 +315,47 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                 e.cooperative_row(&stmts, &coop)
             })?;
             return Ok(IExpr::times(work, IExpr::Const(super::warp::WARP as i64)));
+        }
+        if let Some(&(inner, extent)) = nest.last()
+            && extent.as_const().is_some_and(|c| c > 0 && c % COARSEN == 0)
+            && body.0.iter().all(|s| matches!(s, Stmt::Let { .. } | Stmt::Store { .. }))
+        {
+            // Four consecutive innermost iterations per thread (the innermost extent is a known multiple of four, so
+            // they share their outer indices): neighbouring elements are loaded and stored side by side, which
+            // LLVM's load/store vectorizer turns into `ld.global.v4`/`st.global.v4` where the buffers' alignment
+            // proves it. Consecutive threads still take consecutive groups: coalesced.
+            let four = i64t.const_int(COARSEN as u64, false);
+            let groups = self.b.build_int_unsigned_div(total, four, "groups")?;
+            self.counted_loop(gtid, groups, stride, "grid4", |e, g| {
+                let first = e.b.build_int_nuw_mul(g, four, "first")?;
+                e.bind_nest(&nest, &extents, first)?;
+                let base = *e.loops.get(&inner).ok_or_else(|| e.malformed("the innermost loop is unbound".into()))?;
+                // Every lane's loads first, then every lane's stores (no statement reads an output buffer, and an
+                // in-place launch reads each element before its own store either way).
+                e.deferred_stores = Some(Vec::new());
+                e.coarse = Some(Coarse { inner, lane: 0, first: HashMap::new() });
+                let mut lanes = || -> R<()> {
+                    for j in 0..COARSEN as u64 {
+                        let lane =
+                            if j == 0 { base } else { e.b.build_int_nuw_add(base, i64t.const_int(j, false), "lane")? };
+                        e.loops.insert(inner, lane);
+                        if let Some(c) = &mut e.coarse {
+                            c.lane = j;
+                        }
+                        e.block(body)?;
+                    }
+                    Ok(())
+                };
+                let r = lanes();
+                e.coarse = None;
+                let pending = e.deferred_stores.take().unwrap_or_default();
+                r?;
+                for (ptr, value) in pending {
+                    e.b.build_store(ptr, value)?;
+                }
+                Ok(())
+            })?;
+            return Ok(IExpr::floor_div(work, IExpr::Const(COARSEN)));
         }
         self.counted_loop(gtid, total, stride, "grid", |e, i| {
             e.bind_nest(&nest, &extents, i)?;
@@ -431,7 +500,12 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                 }
                 let ptr = self.address(arg.0 as usize, index)?;
                 let m = self.memory_form(v, d)?;
-                self.b.build_store(ptr, m)?;
+                match &mut self.deferred_stores {
+                    Some(pending) => pending.push((ptr, m)),
+                    None => {
+                        self.b.build_store(ptr, m)?;
+                    }
+                }
                 Ok(())
             }
         }
@@ -452,11 +526,27 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
     /// The address of element `index` of argument `arg`.
     pub(super) fn address(&mut self, arg: usize, index: &IExpr) -> R<PointerValue<'ctx>> {
         let d = self.kernel.args[arg].dtype;
-        let i = self.iexpr(index)?;
         let ty = self.mem_type(d);
+        // In a coarsened part, lane j of a contiguous access is lane 0's address plus j elements.
+        let contiguous =
+            self.coarse.as_ref().map(|c| (c.inner, c.lane)).filter(|&(inner, _)| index.stride(inner) == Some(1));
+        let key = contiguous.map(|_| (arg, crate::kernel::print_iexpr(index)));
+        if let (Some((_, lane)), Some(key)) = (contiguous, &key)
+            && lane > 0
+            && let Some(&first) = self.coarse.as_ref().and_then(|c| c.first.get(key))
+        {
+            let j = self.ctx.i64_type().const_int(lane, false);
+            // SAFETY: as below; lane j's element is in bounds by the same invariant.
+            return Ok(unsafe { self.b.build_in_bounds_gep(ty, first, &[j], "lane_elt")? });
+        }
+        let i = self.iexpr(index)?;
         // SAFETY: not memory-unsafe for this program: the GEP only computes an address; the kernel IR's
         // invariant (every index in bounds) makes the later access valid.
-        Ok(unsafe { self.b.build_in_bounds_gep(ty, self.bufs[arg], &[i], "elt")? })
+        let p = unsafe { self.b.build_in_bounds_gep(ty, self.bufs[arg], &[i], "elt")? };
+        if let (Some((_, 0)), Some(key), Some(c)) = (contiguous, key, self.coarse.as_mut()) {
+            c.first.insert(key, p);
+        }
+        Ok(p)
     }
 
     /// Reads a special register as i64.
