@@ -822,3 +822,31 @@ fn gathers_wrap_and_clamp_their_indices_in_emulation() {
         .unwrap();
     }
 }
+
+#[test]
+fn contiguous_accesses_of_coarsened_parts_become_vector_loads_and_stores() {
+    // A fused elementwise chain over rows of 8 (a multiple of four) with a per-column operand: four lanes per
+    // thread, every access contiguous along the row, so LLVM merges them into `ld.global.v4`/`st.global.v4`.
+    let text = r#"graph "ew" {
+  %0 = input {name="x"} : f32[n,8]
+  %1 = input {name="a"} : f32[8]
+  %2 = input {name="r"} : f32[n,8]
+  %3 = mul %0, %1 : f32[n,8]
+  %4 = gelu %3 {approximate=none} : f32[n,8]
+  %5 = add %4, %2 : f32[n,8]
+  output "y" = %5
+}
+"#;
+    let g = kiln_ir::parse(text).unwrap();
+    let k = lower_whole(&g, "ew").unwrap();
+    for arch in PtxArch::ALL {
+        let m = ptx::compile(std::slice::from_ref(&k), &PtxOptions { arch, ..PtxOptions::default() }).unwrap();
+        assert_eq!(m.ptx.matches("ld.global.v4.f32").count(), 3, "{}", m.ptx);
+        assert_eq!(m.ptx.matches("st.global.v4.f32").count(), 1, "{}", m.ptx);
+        // A quarter of the threads: four iterations each.
+        assert_eq!(m.kernels[0].launch_geometry(&[64]).unwrap(), (1, ptx::DEFAULT_BLOCK_SIZE));
+        assert_eq!(m.kernels[0].launch_geometry(&[1024]).unwrap(), (8, ptx::DEFAULT_BLOCK_SIZE));
+    }
+    // The same lanes in emulation: every row count, the grid rule's and a small one.
+    check_graph("coarsened", text, &[0, 1, 3, 17]);
+}
