@@ -154,36 +154,17 @@ pub trait Gpu: Clone + Send + Sync {
 pub struct DeviceBuffer<'g, G: Gpu> {
     gpu: &'g G,
     ptr: DevPtr,
-    bytes: usize,
 }
 
 impl<'g, G: Gpu> DeviceBuffer<'g, G> {
     /// Allocates `bytes` on `gpu`.
     pub fn new(gpu: &'g G, bytes: usize) -> Result<DeviceBuffer<'g, G>, RunError> {
-        Ok(DeviceBuffer { gpu, ptr: gpu.alloc(bytes.max(1))?, bytes })
-    }
-
-    /// Allocates room for `bytes` and uploads them.
-    pub fn from_bytes(gpu: &'g G, bytes: &[u8]) -> Result<DeviceBuffer<'g, G>, RunError> {
-        let b = DeviceBuffer::new(gpu, bytes.len())?;
-        // SAFETY: the allocation holds `bytes.len()` bytes.
-        unsafe { gpu.upload(b.ptr, bytes)? };
-        Ok(b)
+        Ok(DeviceBuffer { gpu, ptr: gpu.alloc(bytes.max(1))? })
     }
 
     /// Its address.
     pub fn ptr(&self) -> DevPtr {
         self.ptr
-    }
-
-    /// Its size in bytes.
-    pub fn len(&self) -> usize {
-        self.bytes
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
     }
 }
 

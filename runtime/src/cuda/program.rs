@@ -149,7 +149,10 @@ impl<G: Gpu> GpuProgram<G> {
                 .map(|i| self.resident.get(&BufferId(i as u32)).copied().unwrap_or(DevPtr(0)))
                 .collect();
             let steps = self.plan.prepare.clone();
-            self.run_steps(&self.gpu, &steps, &addrs, &no_symbols)?;
+            let mut scratch = Vec::new();
+            let ran = self.run_steps(&self.gpu, &steps, &addrs, &no_symbols, &mut scratch);
+            free_after_queue(self.gpu.as_ref(), scratch);
+            ran?;
         }
         // Weights are uploaded on the program's queue; runs on other queues read them.
         self.gpu.synchronize()
@@ -192,7 +195,7 @@ impl<G: Gpu> GpuProgram<G> {
             }
         };
         let addrs = self.place(gpu, &given, &symbols, arena, &mut pending.owned)?;
-        self.run_steps(gpu, &self.plan.steps, &addrs, &symbols)?;
+        self.run_steps(gpu, &self.plan.steps, &addrs, &symbols, &mut pending.owned)?;
         for (name, b) in &self.exe.outputs {
             let dims = self.exe.dims(*b, &symbols).map_err(backend)?;
             let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
@@ -266,20 +269,19 @@ impl<G: Gpu> GpuProgram<G> {
             for i in 0..warmup + runs {
                 gpu.synchronize()?;
                 let t = std::time::Instant::now();
-                self.run_steps(gpu, &self.plan.steps, &addrs, &symbols)?;
-                gpu.synchronize()?;
+                let mut scratch = Vec::new();
+                let ran = self.run_steps(gpu, &self.plan.steps, &addrs, &symbols, &mut scratch);
+                let waited = gpu.synchronize();
+                let elapsed = t.elapsed();
+                free_after_queue(gpu, scratch);
+                ran.and(waited)?;
                 if i >= warmup {
-                    times.push(t.elapsed());
+                    times.push(elapsed);
                 }
             }
             Ok(times)
         })();
-        if gpu.synchronize().is_ok() {
-            for p in owned {
-                // SAFETY: allocated above, freed once, with the queue drained.
-                unsafe { gpu.free(p) };
-            }
-        }
+        free_after_queue(gpu, owned);
         timed
     }
 
@@ -333,12 +335,15 @@ impl<G: Gpu> GpuProgram<G> {
         unsafe { gpu.launch(kernel, blocks, threads, &buffers, &values) }
     }
 
+    /// Queues `steps`; per-run scratch memory (im2col matrices) goes into `scratch`, for the caller to free once
+    /// the queue has run them (so no step waits for the device).
     fn run_steps(
         &self,
         gpu: &G,
         steps: &[DeviceStep],
         addrs: &[DevPtr],
         symbols: &HashMap<String, u64>,
+        scratch: &mut Vec<DevPtr>,
     ) -> Result<(), RunError> {
         let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(backend);
         let at = |b: BufferId| addrs[b.0 as usize];
@@ -361,11 +366,10 @@ impl<G: Gpu> GpuProgram<G> {
                         // SAFETY: the output holds N·Cout·P f32s.
                         None => unsafe { gpu.zero(at(*out), n * g.cout * g.p * 4)? },
                     }
-                    let scratch;
                     let cols = match im2col {
                         Some(k) => {
-                            scratch = DeviceBuffer::new(gpu, n * g.k * g.p * 4)?;
-                            let col = scratch.ptr();
+                            let col = gpu.alloc(n * g.k * g.p * 4)?;
+                            scratch.push(col);
                             let buffers = [at(*x), col];
                             let values = self.symbol_values(*k, symbols);
                             let (blocks, threads) = self.infos[*k].launch_geometry(&values).map_err(backend)?;
@@ -515,6 +519,16 @@ impl<G: Gpu> GpuProgram<G> {
             kiln_ir::interp::resolve_index(i, len, axis).map_err(|e| RunError::Op(format!("gather: {e}")))?;
         }
         Ok(())
+    }
+}
+
+/// Waits for `gpu`'s queue, then frees `ptrs` (leaked if the device fails: queued work may still use them).
+fn free_after_queue<G: Gpu>(gpu: &G, ptrs: Vec<DevPtr>) {
+    if gpu.synchronize().is_ok() {
+        for p in ptrs {
+            // SAFETY: allocated on this device by the caller, freed once, with the queue drained.
+            unsafe { gpu.free(p) };
+        }
     }
 }
 
