@@ -115,7 +115,7 @@ fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
             Err(e) => return Outcome::Failed(format!("import: {e}")),
         };
         let given: BTreeMap<String, Tensor> = inputs.into_iter().collect();
-        let outputs = match model.run(&given, &RunOptions { backend, threads: 1 }) {
+        let outputs = match model.run(&given, &RunOptions { backend, threads: 1, ..Default::default() }) {
             Ok(o) => o,
             Err(e) => return Outcome::Failed(format!("run: {e}")),
         };

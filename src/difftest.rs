@@ -126,8 +126,9 @@ pub fn check_with(seed: u64, options: &GenOptions) -> Result<(), String> {
 
 fn compare_backends(graph: Graph, inputs: &BTreeMap<String, Tensor>) -> Result<(), String> {
     let model = Model::from_graph(graph).map_err(|e| format!("the generator built an invalid graph: {e}"))?;
-    let want =
-        guarded("the interpreter", || model.run(inputs, &RunOptions { backend: crate::Backend::Interp, threads: 1 }))?;
+    let want = guarded("the interpreter", || {
+        model.run(inputs, &RunOptions { backend: crate::Backend::Interp, threads: 1, ..Default::default() })
+    })?;
     for threads in [1, 2] {
         let got = guarded("the CPU backend", || {
             model.compile(&CompileOptions { threads, ..CompileOptions::default() })?.run(inputs)

@@ -30,14 +30,14 @@ pub mod cuda;
 pub mod difftest;
 pub mod dot;
 pub mod generate;
-pub mod npy;
 pub mod parameters;
-pub mod weights;
 
 pub use artifact::Artifact;
 pub use kiln_runtime::cpu::CpuExecutor;
 pub use kiln_runtime::cpu::WeightFingerprint;
 pub use kiln_runtime::cpu::WeightLoadReport;
+pub use kiln_runtime::registry::BackendRegistry;
+pub use kiln_runtime::{npy, weights};
 pub use parameters::WeightProvenance;
 
 /// Errors a kiln user can see.
@@ -117,6 +117,12 @@ pub enum Error {
     Run(#[from] kiln_runtime::RunError),
 }
 
+impl From<kiln_runtime::weights::WeightsError> for Error {
+    fn from(e: kiln_runtime::weights::WeightsError) -> Error {
+        Error::Weights { path: e.path, message: e.message }
+    }
+}
+
 /// Where a model runs.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
@@ -175,6 +181,8 @@ pub struct RunOptions {
     pub backend: Backend,
     /// Worker threads (0: all cores). The interpreter is single-threaded.
     pub threads: usize,
+    /// The backend registry that places the nodes of the compiled model (see [`CompileOptions::backends`]).
+    pub backends: BackendRegistry,
 }
 
 /// How to compile a model ([`Model::compile`]).
@@ -187,11 +195,21 @@ pub struct CompileOptions {
     pub pipeline: String,
     /// Worker threads of the compiled program (0: all cores).
     pub threads: usize,
+    /// The backend registry: each node goes to the highest-priority backend whose capabilities cover it
+    /// (`kiln_runtime::placement`). Nodes won by a plugin run there; the rest are compiled for `backend`. The
+    /// default registry is empty: everything is compiled. The CLI uses [`BackendRegistry::from_env`] (the
+    /// built-in backends and `KILN_BACKEND_PLUGINS`).
+    pub backends: BackendRegistry,
 }
 
 impl Default for CompileOptions {
     fn default() -> CompileOptions {
-        CompileOptions { backend: Backend::Cpu, pipeline: "cpu-default".into(), threads: 0 }
+        CompileOptions {
+            backend: Backend::Cpu,
+            pipeline: "cpu-default".into(),
+            threads: 0,
+            backends: BackendRegistry::new(),
+        }
     }
 }
 
@@ -207,8 +225,9 @@ pub struct CompileReport {
     pub codegen: std::time::Duration,
     /// Distinct kernels generated.
     pub kernels: usize,
-    /// Steps by kind: library calls, kernel launches, interpreter fallbacks, copies.
-    pub steps: [usize; 4],
+    /// Steps by kind: library calls, kernel launches, interpreter fallbacks, copies, steps on other backends of
+    /// the registry (plugins).
+    pub steps: [usize; 5],
     /// Nodes run by the interpreter fallback, with why.
     pub fallbacks: Vec<String>,
     /// Bytes of the per-run arena.
@@ -217,6 +236,8 @@ pub struct CompileReport {
     pub load: std::time::Duration,
     /// The part of [`CompileReport::load`] spent reading the weights file.
     pub weights_load: std::time::Duration,
+    /// The nodes the backend registry placed on backends other than the compiled code, by backend.
+    pub placement: Vec<kiln_plan::artifact::PlacementRecord>,
 }
 
 /// A compiled model: run it as often as you like, from several threads at once.
@@ -230,17 +251,28 @@ pub struct Compiled {
 }
 
 impl Compiled {
-    /// Binds an executable to its code on the CPU backend (running its prepare steps).
+    /// Binds an executable to its code on the CPU backend (running its prepare steps), with the backends its
+    /// placed steps name from `backends`.
     fn new(
         exe: kiln_codegen::exec::Executable,
         code: kiln_runtime::cpu::KernelCode,
         threads: usize,
         report: CompileReport,
         inputs: Vec<(String, kiln_ir::TensorType)>,
+        backends: &BackendRegistry,
     ) -> Result<Compiled, Error> {
-        let program = kiln_runtime::cpu::CpuProgram::new(exe, code, resolve_threads(threads))
-            .map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
-        Ok(Compiled { program: std::sync::Arc::new(program), report, inputs, provenance: None })
+        let program = kiln_runtime::cpu::CpuProgram::with_backends(exe, code, resolve_threads(threads), backends)
+            .map_err(run_error)?;
+        Ok(Compiled::from_program(program, report, inputs))
+    }
+
+    /// Wraps a program the runtime bound (a loaded artifact's, say).
+    fn from_program(
+        program: kiln_runtime::cpu::CpuProgram,
+        report: CompileReport,
+        inputs: Vec<(String, kiln_ir::TensorType)>,
+    ) -> Compiled {
+        Compiled { program: std::sync::Arc::new(program), report, inputs, provenance: None }
     }
 
     /// Runs the compiled model on named inputs; outputs come in the model's order.
@@ -326,6 +358,10 @@ fn run_error(e: kiln_runtime::RunError) -> Error {
     match e {
         kiln_runtime::RunError::Input(m) => Error::Input(m),
         kiln_runtime::RunError::NoDevice { reason, .. } => Error::Backend { backend: "cuda", message: reason },
+        // They name their backend (a plugin) and the node themselves.
+        e @ (kiln_runtime::RunError::Placed { .. }
+        | kiln_runtime::RunError::Plugin { .. }
+        | kiln_runtime::RunError::Registry(_)) => Error::Run(e),
         e => Error::Backend { backend: "cpu", message: e.to_string() },
     }
 }
@@ -468,12 +504,15 @@ impl Model {
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
             Backend::Cpu => {
-                let compiled =
-                    self.compile(&CompileOptions { threads: options.threads, ..CompileOptions::default() })?;
+                let compiled = self.compile(&CompileOptions {
+                    threads: options.threads,
+                    backends: options.backends.clone(),
+                    ..CompileOptions::default()
+                })?;
                 compiled.run(inputs)
             }
-            Backend::Cuda => self.compile_cuda(0, None)?.run(inputs),
-            Backend::CudaEmulated => self.run_cuda_emulated(inputs),
+            Backend::Cuda => self.compile_cuda(0, None, &options.backends)?.run(inputs),
+            Backend::CudaEmulated => self.run_cuda_emulated(inputs, &options.backends),
         }
     }
 
@@ -504,10 +543,20 @@ impl Model {
         let mut graph = self.graph.clone();
         let pm = kiln_passes::PassManager::parse(&options.pipeline)
             .map_err(|e| fail(format!("pipeline `{}`: {e}", options.pipeline)))?;
-        pm.run(&mut graph, &kiln_passes::PassContext::default(), inst).map_err(|e| fail(e.to_string()))?;
+        let placement = kiln_runtime::placement::for_ops(&options.backends);
+        let cx = kiln_passes::PassContext { placed_elsewhere: placement.op_kinds(), ..Default::default() };
+        pm.run(&mut graph, &cx, inst).map_err(|e| fail(e.to_string()))?;
         report.passes = t0.elapsed();
         let t1 = std::time::Instant::now();
-        let executable = kiln_codegen::exec::build(&graph).map_err(|e| fail(e.to_string()))?;
+        let executable = kiln_codegen::exec::build_placed(&graph, &placement).map_err(|e| fail(e.to_string()))?;
+        let placed: Vec<kiln_plan::artifact::PlacementRecord> = executable
+            .placed_nodes()
+            .into_iter()
+            .map(|(backend, nodes)| {
+                let priority = options.backends.priority(&backend).unwrap_or_default();
+                kiln_plan::artifact::PlacementRecord { backend, priority, nodes }
+            })
+            .collect();
         report.lowering = t1.elapsed();
         report.kernels = executable.kernels.len();
         report.steps = executable.step_counts();
@@ -522,7 +571,16 @@ impl Model {
             })
             .collect();
         let provenance = WeightProvenance::new(&self.graph, &program_weights);
-        Ok(Lowered { graph, executable, report, inputs: self.inputs(), provenance })
+        report.placement = placed.clone();
+        Ok(Lowered {
+            graph,
+            executable,
+            report,
+            inputs: self.inputs(),
+            provenance,
+            placement: placed,
+            backends: options.backends.clone(),
+        })
     }
 
     /// Compiles the model for `options.backend`: [`Model::lower`], then machine code in memory (JIT).
@@ -531,7 +589,7 @@ impl Model {
             let message = "`compile` is the cpu backend's JIT; use `compile_cuda` for a CUDA device".into();
             return Err(Error::Backend { backend: options.backend.name(), message });
         }
-        let Lowered { executable: exe, mut report, inputs, provenance, .. } = self.lower(options)?;
+        let Lowered { executable: exe, mut report, inputs, provenance, backends, .. } = self.lower(options)?;
         let fail = |message: String| Error::Backend { backend: options.backend.name(), message };
         let t2 = std::time::Instant::now();
         let jit = kiln_codegen::cpu::JitModule::compile(&exe.kernels, &kiln_codegen::cpu::CpuOptions::default())
@@ -539,7 +597,7 @@ impl Model {
         let entries = (0..jit.len()).map(|i| (jit.entry(i), jit.info(i).clone())).collect();
         report.codegen = t2.elapsed();
         let code = kiln_runtime::cpu::KernelCode::Native { entries, owner: Box::new(jit) };
-        let mut compiled = Compiled::new(exe, code, options.threads, report, inputs)?;
+        let mut compiled = Compiled::new(exe, code, options.threads, report, inputs, &backends)?;
         compiled.provenance = Some(provenance);
         Ok(compiled)
     }
@@ -559,6 +617,10 @@ pub struct Lowered {
     pub inputs: Vec<(String, kiln_ir::TensorType)>,
     /// Which of the executable's weights are the model's (for weight swaps).
     pub provenance: WeightProvenance,
+    /// The nodes placed on registry backends other than the compiled code, by backend.
+    pub placement: Vec<kiln_plan::artifact::PlacementRecord>,
+    /// The registry that placed them (binding the program resolves the backends from it).
+    pub backends: BackendRegistry,
 }
 
 /// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).

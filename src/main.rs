@@ -16,6 +16,13 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Output piped into a command that stops reading (`kiln inspect … | head`) ends kiln quietly, as it does any
+    // Unix tool, instead of failing a `println!`.
+    #[cfg(unix)]
+    // SAFETY: restoring the default action of SIGPIPE before any thread starts or any I/O happens.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     std::panic::set_hook(Box::new(|info| {
         let msg = info
             .payload()

@@ -14,45 +14,14 @@
 //! All checks and all conversions happen before anything is published: on any error the model keeps serving
 //! its old weights.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use kiln_ir::{Graph, Op};
 use kiln_runtime::checkpoint::{Checkpoint, CheckpointSource, MemoryCheckpoint};
-use kiln_runtime::cpu::{WeightFingerprint, WeightLoad, WeightLoadReport};
+use kiln_runtime::cpu::{WeightLoad, WeightLoadReport};
 
 use crate::{Compiled, Error};
 
-/// Where a compiled program's weights come from. See the module docs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WeightProvenance {
-    /// Weights of the compiled program that the pass pipeline made (not model parameters).
-    pub compiler_made: BTreeSet<String>,
-    /// Model parameters the compiled program does not read as such, with their compile-time values.
-    pub folded: BTreeMap<String, WeightFingerprint>,
-}
-
-impl WeightProvenance {
-    /// Compares the model graph (before passes) with the weight names the compiled program reads.
-    pub fn new(model: &Graph, program_weights: &BTreeSet<String>) -> WeightProvenance {
-        let params: BTreeSet<String> = model
-            .params()
-            .filter_map(|id| match &model.node(id).op {
-                Op::Parameter(p) => Some(p.name.clone()),
-                _ => None,
-            })
-            .collect();
-        let compiler_made = program_weights.difference(&params).cloned().collect();
-        let folded = params
-            .difference(program_weights)
-            .filter_map(|name| {
-                let t = model.weights.get(name)?;
-                Some((name.clone(), WeightFingerprint::of(t.dtype(), t.shape(), t.as_bytes())))
-            })
-            .collect();
-        WeightProvenance { compiler_made, folded }
-    }
-}
+pub use kiln_plan::weights::WeightProvenance;
 
 impl Compiled {
     /// The weight of this name that runs read now (after any swap), if the program reads one.

@@ -125,7 +125,7 @@ fn manifests_for_another_format_target_or_cpu_are_refused_by_name() {
     }
     type Edit = fn(&mut serde_json::Value);
     let cases: [(&str, Edit, &str); 3] = [
-        ("format", |v| v["format_version"] = 2.into(), "format version 2 is not supported"),
+        ("format", |v| v["format_version"] = 1.into(), "format version 1 is not supported"),
         (
             "triple",
             |v| v["target"]["triple"] = "riscv64gc-unknown-fakeos".into(),
@@ -186,7 +186,7 @@ fn damaged_artifacts_are_errors_not_panics() {
 
     // A manifest naming a file outside the artifact.
     let (_root, dir) = small_artifact();
-    edit_manifest(&dir, |v| v["library_file"] = "../elsewhere.so".into());
+    edit_manifest(&dir, |v| v["code"]["file"] = "../elsewhere.so".into());
     let e = load_error(&dir);
     assert!(e.contains("not a file of the artifact"), "{e}");
 }
@@ -276,11 +276,12 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gp
     for f in ["manifest.json", "weights.safetensors", "kernels.ptx", "model.kir"] {
         assert!(root.path().join("gpu").join(f).is_file(), "{f} is written");
     }
-    let manifest: kiln::artifact::CudaManifest =
+    let manifest: kiln::artifact::ArtifactManifest =
         serde_json::from_str(&std::fs::read_to_string(root.path().join("gpu/manifest.json")).unwrap()).unwrap();
+    let kiln::artifact::ArtifactManifest::Cuda(manifest) = manifest else { panic!("the manifest says cuda") };
     assert_eq!(manifest.target.triple, "nvptx64-nvidia-cuda");
     assert_eq!(manifest.target.arch, kiln_codegen::ptx::PtxArch::Sm90);
-    manifest.plan.check_references(manifest.executable.buffers.len(), manifest.kernels.len()).unwrap();
+    manifest.plan.check_references(manifest.common.executable.buffers.len(), manifest.kernels.len()).unwrap();
     assert!(!manifest.kernels.is_empty() && !manifest.plan.steps.is_empty());
     let ptx = std::fs::read_to_string(root.path().join("gpu/kernels.ptx")).unwrap();
     assert!(ptx.contains(".target sm_90") && ptx.contains(".version 7.8"), "{ptx}");

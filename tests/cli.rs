@@ -94,7 +94,9 @@ fn run_output_matches_the_library_interpreter() {
     assert!(o.status.success(), "{}", stderr(&o));
     let model = kiln::Model::load(&f, &kiln::LoadOptions::default()).unwrap();
     let inputs = model.random_inputs(&Default::default(), 5).unwrap();
-    let expected = model.run(&inputs, &kiln::RunOptions { backend: kiln::Backend::Interp, threads: 1 }).unwrap();
+    let expected = model
+        .run(&inputs, &kiln::RunOptions { backend: kiln::Backend::Interp, threads: 1, ..Default::default() })
+        .unwrap();
     for (name, t) in expected {
         let got = kiln::npy::read(
             &tmp.path()

@@ -21,7 +21,7 @@ fn every_fixture_matches_the_interpreter() {
         let model = Model::from_graph(g).unwrap_or_else(|e| panic!("{name}: {e}"));
         let inputs = common::fixture_inputs(&model);
         let want = model
-            .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 })
+            .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() })
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         for threads in [1, 2] {
             let compiled = model
@@ -82,7 +82,8 @@ fn nan_and_inf_propagate_as_in_the_interpreter() {
     )
     .unwrap();
     let inputs = BTreeMap::from([("x".to_string(), x)]);
-    let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
+    let want =
+        model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() }).unwrap();
     let got = model.compile(&CompileOptions::default()).unwrap().run(&inputs).unwrap();
     assert_close("nan/inf", &got, &want);
     let y = got[0].1.as_slice::<f32>().unwrap();
@@ -105,7 +106,9 @@ fn one_compiled_model_runs_from_several_threads() {
                     for _ in 0..20 {
                         last = compiled.run(&inputs).unwrap();
                     }
-                    let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
+                    let want = model
+                        .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() })
+                        .unwrap();
                     assert_close(&format!("thread {seed}"), &last, &want);
                     last
                 })

@@ -24,7 +24,9 @@ fn fixtures_match_the_interpreter_through_the_cuda_runtime() {
         let t0 = std::time::Instant::now();
         let model = Model::from_graph(g).unwrap();
         let inputs = common::fixture_inputs(&model);
-        let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
+        let want = model
+            .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() })
+            .unwrap();
         let result = model
             .lower(&cuda_options())
             .and_then(|lowered| kiln::cuda::run_emulated(&lowered, &inputs, DEFAULT_BLOCK_SIZE))
@@ -105,7 +107,8 @@ fn matmuls_broadcast_fold_and_batch_as_the_cpu_does() {
         "graph \"g\" {\n  %0 = input {name=\"a\"} : f32[2,3,4,5]\n  %1 = input {name=\"b\"} : f32[5,6]\n  %2 = input {name=\"c\"} : f32[3,5,2]\n  %3 = input {name=\"d\"} : f32[2,1,5,3]\n  %4 = input {name=\"e\"} : f32[1,3,3,4]\n  %5 = matmul %0, %1 : f32[2,3,4,6]\n  %6 = matmul %0, %2 : f32[2,3,4,2]\n  %7 = matmul %3, %4 : f32[2,3,5,4]\n  output \"x\" = %5\n  output \"y\" = %6\n  output \"z\" = %7\n}\n",
     );
     let inputs = common::fixture_inputs(&m);
-    let want = m.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1 }).unwrap();
+    let want =
+        m.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() }).unwrap();
     let got = kiln::cuda::run_emulated(&m.lower(&cuda_options()).unwrap(), &inputs, DEFAULT_BLOCK_SIZE).unwrap();
     common::assert_outputs("matmuls", &got, &want, 1e-4, 1e-5);
 }

@@ -24,7 +24,7 @@ use kiln_ir::op::{BinaryOp, Softmax, UnaryOp};
 use kiln_ir::{DType, Op, Tensor};
 use kiln_runtime::RunError;
 use kiln_runtime::contract::{Backend, Node};
-use kiln_runtime::registry::{BackendRegistry, REFERENCE_BACKEND};
+use kiln_runtime::registry::{BackendRegistry, COMPILED_CPU_BACKEND};
 
 /// The node name that makes the Rust plugin panic on purpose (its documented containment test hook).
 const PANIC_HOOK_NODE: &str = "__kiln_plugin_test_panic__";
@@ -100,15 +100,15 @@ fn reduce_plugin() -> PathBuf {
     c_plugin("reduce_plugin", "reduce_plugin.c", &[])
 }
 
-/// A spec entry for the registry: `name=path:priority`.
+/// A spec entry for the registry, in the seed's grammar: `name@priority=path`.
 fn spec(name: &str, path: &Path, priority: i32) -> String {
-    format!("{name}={}:{priority}", path.display())
+    format!("{name}@{priority}={}", path.display())
 }
 
 /// The registry with both example plugins: elementwise above the reference backend, the C one below.
 fn registry_with_plugins() -> BackendRegistry {
     let mut r = BackendRegistry::with_defaults();
-    let list = format!("{},{}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
+    let list = format!("{};{}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
     assert_eq!(r.load_plugins_from_spec(&list).unwrap(), 2);
     r
 }
@@ -159,7 +159,8 @@ fn rust_plugin_matches_the_interpreter_on_every_op_it_declares() {
     }
     // The registry routes the plugin's ops to it (priority 5) and everything else elsewhere.
     assert_eq!(r.select(&Node::op("a", Op::Binary(BinaryOp::Add))).unwrap().name, "ew");
-    assert_eq!(r.select(&Node::op("s", Op::Unary(UnaryOp::Sin))).unwrap().name, REFERENCE_BACKEND);
+    // (`cpu`, the compiled code, ties with the reference backend at 0 and sorts first.)
+    assert_eq!(r.select(&Node::op("s", Op::Unary(UnaryOp::Sin))).unwrap().name, COMPILED_CPU_BACKEND);
 }
 
 #[test]
@@ -174,8 +175,8 @@ fn c_plugin_matches_the_interpreter() {
     for (shape, axis) in [(&[2usize, 3, 5][..], -1i64), (&[4, 6], 1), (&[9], 0)] {
         check_against_interpreter(c.as_ref(), Op::Softmax(Softmax { axis }), &[random(shape, 7, 5.0)], 1e-5, 1e-7);
     }
-    // Priority -1: the reference backend (0) wins matmul; raising the plugin above it changes the choice.
-    assert_eq!(r.select(&Node::op("m", Op::MatMul)).unwrap().name, REFERENCE_BACKEND);
+    // Priority -1: the compiled code (0) wins matmul; raising the plugin above it changes the choice.
+    assert_eq!(r.select(&Node::op("m", Op::MatMul)).unwrap().name, COMPILED_CPU_BACKEND);
     let mut r2 = BackendRegistry::with_defaults();
     r2.load_plugin("reduce", &reduce_plugin(), 1).unwrap();
     let s = r2.select(&Node::op("m", Op::MatMul)).unwrap();
@@ -261,7 +262,7 @@ fn broken_plugins_are_refused_with_clear_errors() {
             sel.backend.run_with_cache(&Node::op("after", Op::Binary(BinaryOp::Add)), &[one.clone(), one], None, 0);
         assert_eq!(out.unwrap().outputs, vec![Tensor::from_vec(vec![1], vec![2.0f32]).unwrap()]);
     }
-    let err = r.load_plugins_from_spec("missing=/nonexistent/libmissing.so:2").unwrap_err();
+    let err = r.load_plugins_from_spec("missing@2=/nonexistent/libmissing.so").unwrap_err();
     assert!(err.to_string().contains("plugin `missing`: /nonexistent/libmissing.so: no such file"), "{err}");
 }
 
@@ -370,7 +371,7 @@ fn kiln_backends_with(plugins: Option<&str>, args: &[&str]) -> std::process::Out
 
 #[test]
 fn both_plugins_loaded_from_the_env_var_run_nodes_that_match_the_interpreter() {
-    let list = format!("{}, {}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
+    let list = format!("{}; {}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
     let out = kiln_backends_with(Some(&list), &["--check"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
@@ -393,25 +394,37 @@ fn both_plugins_loaded_from_the_env_var_run_nodes_that_match_the_interpreter() {
 fn kiln_backends_reads_the_plugin_env_var() {
     let out = kiln_backends(None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "cpu-reference  priority 0  type cpu  tensor(all ops)\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "cpu  priority 0  type cpu  tensor(all ops)\ncpu-reference  priority 0  type cpu  tensor(all ops)\n"
+    );
 
-    let list = format!("{}, {}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
+    // The seed's grammar: `;` between entries, empty entries skipped, `@priority` before the `=`.
+    let list = format!("{};; {}", spec("ew", elementwise_plugin(), 5), spec("reduce", &reduce_plugin(), -1));
     let out = kiln_backends(Some(&list));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "ew  priority 5  type cpu  tensor(add,div,exp,mul,neg,relu,sigmoid,sub,tanh)\n\
+         cpu  priority 0  type cpu  tensor(all ops)\n\
          cpu-reference  priority 0  type cpu  tensor(all ops)\n\
          reduce  priority -1  type cpu  tensor(matmul,softmax) token cache state-export\n"
     );
+    // The issue's example: two backends, priorities 50 and the default.
+    let two = format!("echo@50={};;other={}", elementwise_plugin().display(), reduce_plugin().display());
+    let out = kiln_backends(Some(&two));
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.starts_with("echo  priority 50 ") && listing.contains("other  priority 0 "), "{listing}");
 
     let bad_version = c_plugin("bad_version", "bad_plugin.c", &["BAD_VERSION"]);
     let failures = [
-        (format!("ew={}:high", elementwise_plugin().display()), "no such file".to_string()),
-        ("ew=/x.so:1.5".to_string(), "bad priority `1.5`".to_string()),
+        (format!("ew@high={}", elementwise_plugin().display()), "bad priority `high`".to_string()),
+        ("ew@1.5=/x.so".to_string(), "bad priority `1.5`".to_string()),
         ("=x.so".to_string(), "empty name".to_string()),
-        (format!("{list},ew=/x.so"), "the name `ew` is used twice".to_string()),
-        ("cpu-reference=/x.so".to_string(), "`cpu-reference` is already registered".to_string()),
+        (format!("ew={}:3", elementwise_plugin().display()), "ambiguous `:3`".to_string()),
+        (format!("{list},ew=/x.so"), "separated by `;`, not `,`".to_string()),
+        ("cpu-reference=/x.so".to_string(), "kiln registers itself".to_string()),
+        ("e w=/x.so".to_string(), "contains ' '".to_string()),
         (
             spec("old", &bad_version, 0),
             "plugin `old`".to_string() + ": " + &bad_version.display().to_string() + ": ABI version 99",
@@ -546,4 +559,190 @@ fn c_plugin_honours_strides_and_checks_the_run_args_size() {
     assert_eq!(status, KILN_STATUS_ERROR);
     let msg = String::from_utf8_lossy(&error);
     assert!(msg.contains("run args are") && msg.contains("built for"), "{msg}");
+}
+
+// --- Placement: the registry places the nodes of compiled models -----------------------------------------------
+
+#[path = "common/mod.rs"]
+mod common;
+
+/// `y = relu(x·w + x) * x - x`: a library group's epilogue and loose elementwise ops for a plugin to take.
+const PLACED: &str = r#"graph "placed" {
+  %0 = input {name="x"} : f32[4,8]
+  %1 = param {name="w"} : f32[8,8]
+  %2 = matmul %0, %1 : f32[4,8]
+  %3 = add %2, %0 : f32[4,8]
+  %4 = relu %3 : f32[4,8]
+  %5 = mul %4, %0 : f32[4,8]
+  %6 = sub %5, %0 : f32[4,8]
+  output "y" = %6
+}
+"#;
+
+fn placed_model() -> kiln::Model {
+    let mut g = kiln_ir::parse(PLACED).unwrap();
+    common::bind_weights(&mut g);
+    kiln::Model::from_graph(g).unwrap()
+}
+
+/// The built-in backends plus the Rust example plugin as `ew` at `priority`.
+fn registry_with_ew(priority: i32) -> BackendRegistry {
+    let mut r = BackendRegistry::with_defaults();
+    r.load_plugins_from_spec(&spec("ew", elementwise_plugin(), priority)).unwrap();
+    r
+}
+
+/// The example plugin's own count of `run` calls (the library is loaded once per process, so this is the same
+/// instance the registry called).
+fn ew_calls() -> u64 {
+    // SAFETY: the example plugin, already loaded; the symbol is its `extern "C" fn() -> u64` counter.
+    unsafe {
+        let lib = libloading::Library::new(elementwise_plugin()).unwrap();
+        let f = lib.get::<unsafe extern "C" fn() -> u64>(b"kiln_plugin_elementwise_calls\0").unwrap();
+        f()
+    }
+}
+
+/// Compiles `model` with `backends`, runs it, and returns the outputs, the report and how many times the
+/// example plugin was called during the run.
+fn run_placed(
+    model: &kiln::Model,
+    inputs: &BTreeMap<String, Tensor>,
+    backends: &BackendRegistry,
+) -> (Vec<(String, Tensor)>, kiln::CompileReport, u64) {
+    let options = kiln::CompileOptions { threads: 2, backends: backends.clone(), ..Default::default() };
+    let compiled = model.compile(&options).unwrap();
+    let before = ew_calls();
+    let outputs = compiled.run(inputs).unwrap();
+    (outputs, compiled.report().clone(), ew_calls() - before)
+}
+
+#[test]
+fn a_plugin_above_the_compiled_code_takes_its_ops_and_matches_the_interpreter() {
+    let model = placed_model();
+    let inputs = model.random_inputs(&BTreeMap::new(), 3).unwrap();
+    let want = model.run(&inputs, &kiln::RunOptions { backend: kiln::Backend::Interp, ..Default::default() }).unwrap();
+    let (got, report, calls) = run_placed(&model, &inputs, &registry_with_ew(50));
+    common::compare_outputs(got, &want).unwrap();
+    // add, relu, mul and sub are the plugin's; the matmul stays compiled.
+    let [placed] = &report.placement[..] else { panic!("{:?}", report.placement) };
+    assert_eq!((placed.backend.as_str(), placed.priority), ("ew", 50));
+    let kinds: Vec<&str> = placed.nodes.iter().map(|n| n.split_whitespace().next().unwrap()).collect();
+    assert_eq!(kinds, ["add", "relu", "mul", "sub"], "{:?}", placed.nodes);
+    assert_eq!(report.steps[4], 4);
+    assert_eq!(calls, 4, "the plugin's own counter: one call per placed node");
+
+    // Below the compiled code (priority -1 < cpu's 0), the plugin takes nothing.
+    let (got, report, calls) = run_placed(&model, &inputs, &registry_with_ew(-1));
+    common::compare_outputs(got, &want).unwrap();
+    assert!(report.placement.is_empty() && report.steps[4] == 0 && calls == 0, "{:?}", report.placement);
+}
+
+#[test]
+fn bert_small_places_its_elementwise_nodes_on_the_plugin_and_matches_onnx_runtime() {
+    let Some(dirs) = common::model_dirs() else { return };
+    let dir = dirs.iter().find(|d| d.ends_with("bert_small")).expect("bert_small among the reference models");
+    let case = common::reference_case(dir).unwrap();
+    let (got, report, calls) = run_placed(&case.model, &case.inputs, &registry_with_ew(50));
+    common::compare_outputs(got, &case.expected).unwrap();
+    let [placed] = &report.placement[..] else { panic!("{:?}", report.placement) };
+    assert_eq!(placed.backend, "ew");
+    assert!(placed.nodes.len() >= 10, "{:?}", placed.nodes);
+    assert_eq!(calls as usize, placed.nodes.len(), "one plugin call per placed node");
+}
+
+#[test]
+fn a_plugin_failing_inside_a_model_names_itself_and_the_node_and_harms_nothing_else() {
+    let model = placed_model();
+    let inputs = model.random_inputs(&BTreeMap::new(), 4).unwrap();
+    let mut r = BackendRegistry::with_defaults();
+    r.load_plugin("always-fails", &c_plugin("bad_always_fails", "bad_plugin.c", &["BAD_ALWAYS_FAILS"]), 5).unwrap();
+    let options = kiln::CompileOptions { threads: 2, backends: r, ..Default::default() };
+    let compiled = model.compile(&options).unwrap();
+    for _ in 0..2 {
+        let err = compiled.run(&inputs).unwrap_err().to_string();
+        assert!(err.contains("backend `always-fails` failed on node `"), "{err}");
+        assert!(err.contains("refuses node") && !err.contains('\n'), "{err}");
+    }
+    // The process, and the same model compiled without the plugin, are unharmed.
+    let want = model.run(&inputs, &kiln::RunOptions { backend: kiln::Backend::Interp, ..Default::default() }).unwrap();
+    let plain = model.compile(&kiln::CompileOptions { threads: 2, ..Default::default() }).unwrap();
+    common::compare_outputs(plain.run(&inputs).unwrap(), &want).unwrap();
+}
+
+#[test]
+fn artifacts_record_their_placement_and_need_the_plugin_to_run() {
+    let model = placed_model();
+    let inputs = model.random_inputs(&BTreeMap::new(), 5).unwrap();
+    let backends = registry_with_ew(50);
+    let lowered = model.lower(&kiln::CompileOptions { backends: backends.clone(), ..Default::default() }).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("art");
+    kiln::Artifact::write(&lowered, &dir).unwrap();
+    let manifest = kiln::Artifact::open(&dir).unwrap();
+    assert_eq!(manifest.manifest().common().placement[0].backend, "ew");
+    let err = kiln::Artifact::load(&dir, 1).err().expect("refused without the plugin").to_string();
+    assert!(err.contains("backend `ew`, which is not registered") && err.contains("KILN_BACKEND_PLUGINS"), "{err}");
+    let loaded = kiln::Artifact::load_with(&dir, 1, &backends).unwrap();
+    let jit = model.compile(&kiln::CompileOptions { backends, ..Default::default() }).unwrap();
+    assert_eq!(loaded.run(&inputs).unwrap(), jit.run(&inputs).unwrap());
+}
+
+fn kiln_cmd(plugins: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("KILN_BACKEND_PLUGINS", plugins)
+        .output()
+        .expect("the kiln binary runs")
+}
+
+#[test]
+fn every_command_honours_the_plugin_list_and_refuses_a_bad_one_in_one_line() {
+    let root = tempfile::tempdir().unwrap();
+    let model = root.path().join("placed.kir");
+    std::fs::write(&model, PLACED).unwrap();
+    let m = model.to_str().unwrap();
+    let out_dir = root.path().join("out");
+    let good = spec("ew", elementwise_plugin(), 50);
+
+    let o = kiln_cmd(&good, &["inspect", m, "--placement", "--json", "--random-weights", "0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["per_backend"]["ew"], 4, "{v}");
+    assert!(
+        v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["backend"] == "ew" && s["what"].as_str().unwrap().contains("add"))
+    );
+    let o = kiln_cmd(&good, &["inspect", m, "--placement", "--random-weights", "0"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("`ew` declares `add` at priority 50") && text.contains("steps per backend: cpu: "), "{text}");
+
+    let o = kiln_cmd(&good, &["run", m, "--random-weights", "0", "-o", out_dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("placed: backend `ew` (priority 50) runs 4 node(s): add, mul, relu, sub"),
+        "{text}"
+    );
+
+    let bad = format!("ew={}:50", elementwise_plugin().display());
+    let art = root.path().join("art");
+    let commands: [&[&str]; 6] = [
+        &["generate", root.path().to_str().unwrap(), "--prompt-ids", "1", "--max-new-tokens", "1"],
+        &["run", m, "--random-weights", "0"],
+        &["bench", m, "--random-weights", "0", "--runs", "1"],
+        &["compile", m, "--random-weights", "0", "-o", art.to_str().unwrap()],
+        &["inspect", m, "--placement", "--random-weights", "0"],
+        &["backends"],
+    ];
+    for args in commands {
+        let o = kiln_cmd(&bad, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("KILN_BACKEND_PLUGINS") && err.contains("ambiguous `:50`"), "{args:?}: {err}");
+    }
+    assert!(!art.exists(), "nothing is compiled under a bad plugin list");
 }

@@ -74,7 +74,7 @@ fn check_model(dir: &std::path::Path, ptxas: Option<&std::path::Path>) -> Result
     let bound = bind_symbols(&lowered.inputs, &inputs);
     // The device plan's kernels: the executable's, then the builtins its library steps need (im2col, bias, pool,
     // gather, direct conv).
-    let plan = kiln_codegen::device::DevicePlan::build(&lowered.executable).map_err(|e| format!("plan: {e}"))?;
+    let plan = kiln_codegen::device::build_plan(&lowered.executable).map_err(|e| format!("plan: {e}"))?;
     let ks = &plan.kernels;
     for arch in PtxArch::ALL {
         let m = ptx::compile(ks, &PtxOptions { arch, ..PtxOptions::default() }).map_err(|e| e.to_string())?;

@@ -1,7 +1,5 @@
-//! The [`Executable`]: what a compiled graph is, for any backend that runs it — ordered steps (a generated
-//! kernel, a library call, an interpreter fallback, a copy), the buffers they read and write with where each
-//! lives (caller's input, weight, constant, arena slot from `plan-memory`, run-time allocation, or a weight
-//! prepared once at load), and the kernels the steps launch.
+//! Building an [`Executable`] (the plan types live in `kiln_plan::exec`, re-exported here) from an optimized
+//! graph.
 //!
 //! [`build`] turns an optimized graph (after the target's pipeline: fused, scheduled and memory-planned) into
 //! one, choosing per node:
@@ -11,6 +9,7 @@
 //!   on f32: the library call, then the epilogue as a kernel over the library's result, in place;
 //! - a node whose operands are all weights or constants (a weight transpose, say): a step of
 //!   [`Executable::prepare`], run once when the weights are bound, its result kept as a prepared weight;
+//! - a node the placement puts on another backend of the registry: a [`Step::Backend`];
 //! - anything else (gather, scatter, resize, recurrent ops, top-k, other dtypes of the library ops): a
 //!   [`Step::Interp`] that runs the reference interpreter's `eval_op` on copies of its operands — correct, and
 //!   named in [`Executable::fallbacks`] so its cost is visible.
@@ -20,131 +19,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kiln_ir::graph::Weights;
 use kiln_ir::op::{Fusion, FusionKind};
-use kiln_ir::{DType, Dim, Graph, NodeId, Op, Tensor, TensorType, Value};
+use kiln_ir::{DType, Graph, NodeId, Op, TensorType, Value};
+
+pub use kiln_plan::exec::*;
 
 use crate::kernel::{self, ArgRole, Kernel, LowerError, LowerOptions, SpacePolicy};
-
-/// A buffer of an [`Executable`]: an index into [`Executable::buffers`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct BufferId(pub u32);
-
-/// Where a buffer's bytes live.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Home {
-    /// The caller's input tensor at this position of [`Executable::inputs`].
-    Input(usize),
-    /// The weight of this name (in [`Executable::weights`], or bound later).
-    Weight(String),
-    /// A constant of the graph.
-    Constant(Arc<Tensor>),
-    /// A prepared weight: computed by [`Executable::prepare`] when the weights are bound, at this index.
-    Prepared(usize),
-    /// A slot of the run's arena, at this byte offset (planned by `plan-memory`).
-    Arena(u64),
-    /// Allocated for each run (a graph output — the tensor returned to the caller —, a symbolic shape, or a
-    /// value not planned).
-    Dynamic,
-}
-
-/// A buffer: a dense row-major tensor of a type whose dims may be symbolic (bound per run from the inputs).
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct BufferInfo {
-    /// Its type.
-    pub ty: TensorType,
-    /// Where it lives.
-    pub home: Home,
-}
-
-/// The library operations a step may call.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum LibraryOp {
-    /// `out = a · b`, numpy matmul semantics.
-    MatMul,
-    /// Convolution; operands x, w and an optional bias.
-    Conv(kiln_ir::op::Conv),
-    /// Pooling.
-    Pool(kiln_ir::op::Pool),
-    /// `gather` along an axis (any data dtype; i32 or i64 indices): whole inner rows are copied.
-    Gather(kiln_ir::op::Gather),
-}
-
-/// One step of a run.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Step {
-    /// Launch kernel `kernel` with these buffers, one per launch argument (inputs and outputs in the kernel's
-    /// argument order, constants skipped).
-    Kernel {
-        /// Index into [`Executable::kernels`].
-        kernel: usize,
-        /// The launch arguments.
-        args: Vec<BufferId>,
-    },
-    /// A library call writing `output`, then (optionally) an epilogue kernel step that reads it and writes the
-    /// group's result.
-    Library {
-        /// The operation.
-        op: LibraryOp,
-        /// Its operands.
-        inputs: Vec<BufferId>,
-        /// Its result.
-        output: BufferId,
-        /// The elementwise epilogue.
-        epilogue: Option<Box<Step>>,
-    },
-    /// The reference interpreter runs `op` (a fallback: see [`Executable::fallbacks`]).
-    Interp {
-        /// The op.
-        op: Op,
-        /// Its operands.
-        inputs: Vec<BufferId>,
-        /// Its results.
-        outputs: Vec<BufferId>,
-        /// The node, as `Graph::describe` names it, for messages.
-        node: String,
-    },
-    /// Copy all of `src` to `dst` (same byte count).
-    Copy {
-        /// Source.
-        src: BufferId,
-        /// Destination.
-        dst: BufferId,
-    },
-}
-
-/// A compiled graph, ready for a backend to load. See the module docs.
-///
-/// Its serde form (an ahead-of-time artifact's manifest) leaves out the kernels and the weights: an artifact
-/// carries those as object code and a weight file.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Executable {
-    /// The graph's name.
-    pub name: String,
-    /// The inputs the caller passes, in order: name and buffer.
-    pub inputs: Vec<(String, BufferId)>,
-    /// The results, in order: name and buffer.
-    pub outputs: Vec<(String, BufferId)>,
-    /// Every buffer.
-    pub buffers: Vec<BufferInfo>,
-    /// Bytes of the per-run arena.
-    pub arena_bytes: u64,
-    /// Steps run once when weights are bound, writing [`Home::Prepared`] buffers.
-    pub prepare: Vec<Step>,
-    /// The prepared buffers, by [`Home::Prepared`] index.
-    pub prepared: Vec<BufferId>,
-    /// The steps of a run, in order.
-    pub steps: Vec<Step>,
-    /// The kernels steps launch.
-    #[serde(skip)]
-    pub kernels: Vec<Kernel>,
-    /// The weights (params) the graph carries.
-    #[serde(skip)]
-    pub weights: Weights,
-    /// Nodes run by the interpreter fallback, with why they were not compiled.
-    pub fallbacks: Vec<String>,
-}
-
 /// Why a graph could not become an executable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BuildError {
@@ -161,11 +41,19 @@ pub enum BuildError {
 /// Builds the executable of `g` (see the module docs). `g` should have been through its target's pipeline;
 /// a graph without a memory plan still builds, with every intermediate allocated per run.
 pub fn build(g: &Graph) -> Result<Executable, BuildError> {
-    Builder::new(g)?.run()
+    build_placed(g, &Placement::default())
+}
+
+/// [`build`], with the nodes whose op `placement` gives to another backend of the registry as
+/// [`Step::Backend`]s. A fusion node is compiled whole: the `fuse` pass keeps placed ops out of groups when its
+/// context names them (`kiln_passes::PassContext::placed_elsewhere`).
+pub fn build_placed(g: &Graph, placement: &Placement) -> Result<Executable, BuildError> {
+    Builder::new(g, placement)?.run()
 }
 
 struct Builder<'g> {
     g: &'g Graph,
+    placement: &'g Placement,
     order: Vec<NodeId>,
     exe: Executable,
     buffer_of: HashMap<Value, BufferId>,
@@ -173,7 +61,7 @@ struct Builder<'g> {
 }
 
 impl<'g> Builder<'g> {
-    fn new(g: &'g Graph) -> Result<Builder<'g>, BuildError> {
+    fn new(g: &'g Graph, placement: &'g Placement) -> Result<Builder<'g>, BuildError> {
         let err = |message: String| BuildError::Graph { graph: g.name().to_string(), message };
         let order = match g.schedule() {
             Some(s) => s.to_vec(),
@@ -181,6 +69,7 @@ impl<'g> Builder<'g> {
         };
         Ok(Builder {
             g,
+            placement,
             order,
             exe: Executable {
                 name: g.name().to_string(),
@@ -305,6 +194,15 @@ impl<'g> Builder<'g> {
         let f32_only = node.outputs.iter().all(|t| t.dtype == DType::F32)
             && node.inputs.iter().all(|&v| g.value_type(v).is_some_and(|t| t.dtype == DType::F32));
         let library = |op: LibraryOp| Step::Library { op, inputs: inputs.to_vec(), output: outputs[0], epilogue: None };
+        if let Some(backend) = self.placement.backend_for(&node.op) {
+            return Step::Backend {
+                backend: backend.to_string(),
+                op: node.op.clone(),
+                inputs: inputs.to_vec(),
+                outputs: outputs.to_vec(),
+                node: node.name.clone().unwrap_or_else(|| id.to_string()),
+            };
+        }
         match &node.op {
             Op::MatMul if f32_only => return library(LibraryOp::MatMul),
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
@@ -552,133 +450,4 @@ fn integer_division_hazard(k: &Kernel) -> Option<String> {
 /// The type of body value `v`.
 fn rnode_input_type(body: &Graph, v: Value) -> Result<TensorType, String> {
     body.value_type(v).cloned().ok_or_else(|| format!("{} has no type", body.describe(v.node)))
-}
-
-impl Executable {
-    /// An executable called `name` with nothing in it: no buffers, steps, kernels or weights (to fill in).
-    pub fn empty(name: &str) -> Executable {
-        Executable {
-            name: name.to_string(),
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            buffers: Vec::new(),
-            arena_bytes: 0,
-            prepare: Vec::new(),
-            prepared: Vec::new(),
-            steps: Vec::new(),
-            kernels: Vec::new(),
-            weights: Weights::default(),
-            fallbacks: Vec::new(),
-        }
-    }
-
-    /// The extents of buffer `b` with `symbols` bound; `Err` names an unbound symbol.
-    pub fn dims(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<Vec<usize>, String> {
-        self.buffers[b.0 as usize]
-            .ty
-            .shape
-            .0
-            .iter()
-            .map(|d| match d {
-                Dim::Static(n) => Ok(*n as usize),
-                Dim::Sym(s) => symbols.get(s).map(|&n| n as usize).ok_or_else(|| format!("symbol `{s}` is unbound")),
-            })
-            .collect()
-    }
-
-    /// A one-line description of `step` for profiles: its kind, kernel or op, and result shape.
-    pub fn describe(&self, step: &Step) -> String {
-        let ty = |b: &BufferId| self.buffers[b.0 as usize].ty.to_string();
-        match step {
-            Step::Kernel { kernel, args } => {
-                format!("kernel {} -> {}", self.kernels[*kernel].name, args.last().map(ty).unwrap_or_default())
-            }
-            Step::Library { op, output, epilogue, .. } => {
-                let name = match op {
-                    LibraryOp::MatMul => "matmul".to_string(),
-                    LibraryOp::Conv(c) => format!("conv{}", if c.groups > 1 { " (grouped)" } else { "" }),
-                    LibraryOp::Pool(p) => format!("{} pool", p.kind.name()),
-                    LibraryOp::Gather(_) => "gather".to_string(),
-                };
-                let epi = if epilogue.is_some() { " + epilogue" } else { "" };
-                format!("library {name}{epi} -> {}", ty(output))
-            }
-            Step::Interp { node, .. } => format!("interpreter {node}"),
-            Step::Copy { dst, .. } => format!("copy -> {}", ty(dst)),
-        }
-    }
-
-    /// Checks that every reference inside the executable is in range — buffers, prepared weights, input
-    /// positions and kernel indices below `kernels` — so that one read back from a file (whose kernels are
-    /// carried apart) cannot index out of bounds when run. `Err` names the first bad reference.
-    pub fn check_references(&self, kernels: usize) -> Result<(), String> {
-        let buffer = |b: &BufferId, what: &str| {
-            if (b.0 as usize) < self.buffers.len() {
-                Ok(())
-            } else {
-                Err(format!("{what} refers to buffer {} of {}", b.0, self.buffers.len()))
-            }
-        };
-        fn step_refs(
-            s: &Step,
-            kernels: usize,
-            buffer: &dyn Fn(&BufferId, &str) -> Result<(), String>,
-        ) -> Result<(), String> {
-            match s {
-                Step::Kernel { kernel, args } => {
-                    if *kernel >= kernels {
-                        return Err(format!("a step launches kernel {kernel} of {kernels}"));
-                    }
-                    args.iter().try_for_each(|b| buffer(b, "a kernel step"))
-                }
-                Step::Library { inputs, output, epilogue, .. } => {
-                    inputs.iter().chain([output]).try_for_each(|b| buffer(b, "a library step"))?;
-                    epilogue.as_deref().map_or(Ok(()), |e| step_refs(e, kernels, buffer))
-                }
-                Step::Interp { inputs, outputs, node, .. } => {
-                    inputs.iter().chain(outputs).try_for_each(|b| buffer(b, &format!("the fallback for {node}")))
-                }
-                Step::Copy { src, dst } => [src, dst].into_iter().try_for_each(|b| buffer(b, "a copy")),
-            }
-        }
-        for s in self.prepare.iter().chain(&self.steps) {
-            step_refs(s, kernels, &buffer)?;
-        }
-        for (name, b) in self.inputs.iter().chain(&self.outputs) {
-            buffer(b, &format!("`{name}`"))?;
-        }
-        self.prepared.iter().try_for_each(|b| buffer(b, "a prepared weight"))?;
-        for (i, info) in self.buffers.iter().enumerate() {
-            match info.home {
-                Home::Input(k) if k >= self.inputs.len() => {
-                    return Err(format!("buffer {i} is input {k} of {}", self.inputs.len()));
-                }
-                Home::Prepared(k) if k >= self.prepared.len() => {
-                    return Err(format!("buffer {i} is prepared weight {k} of {}", self.prepared.len()));
-                }
-                Home::Arena(offset) => {
-                    let bytes = info.ty.shape.num_elements().map(|n| n * info.ty.dtype.size_bytes() as u64);
-                    if bytes.is_none_or(|n| offset.checked_add(n).is_none_or(|end| end > self.arena_bytes)) {
-                        return Err(format!("buffer {i} does not fit the {}-byte arena", self.arena_bytes));
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Number of library, kernel, interpreter and copy steps, for reports.
-    pub fn step_counts(&self) -> [usize; 4] {
-        let mut n = [0; 4];
-        for s in self.prepare.iter().chain(&self.steps) {
-            n[match s {
-                Step::Library { .. } => 0,
-                Step::Kernel { .. } => 1,
-                Step::Interp { .. } => 2,
-                Step::Copy { .. } => 3,
-            }] += 1;
-        }
-        n
-    }
 }

@@ -13,21 +13,21 @@
 //! `ptx` (feature `ptx`) compiles the same kernels through LLVM's NVPTX backend to PTX text for `sm_80`/`sm_90`,
 //! and emulates that code on the host (the same LLVM IR JIT-compiled for the CPU) to test it without a GPU.
 //!
-//! [`library`] holds the native CPU implementations of what does not become kernel IR: the roots of `library`
-//! fusion groups (`matmul`, `conv`, with their elementwise epilogue as a callback) and `pool`.
-//!
-//! [`exec`] is the [`exec::Executable`]: a compiled graph's steps and buffers, built from an optimized graph.
+//! [`exec::build`] makes the [`exec::Executable`] — a compiled graph's steps and buffers — from an optimized
+//! graph, and [`device::build_plan`] its steps for a device. The types they produce (the executable, the kernel
+//! IR, launch facts, device plans) are the compiler–runtime contract in `kiln_plan`, re-exported here; the CPU
+//! library the steps call (GEMM, convolution, pooling) is the runtime's (`kiln_runtime::library`).
 
 mod approx;
 pub mod cpu;
 pub mod device;
 pub mod exec;
 pub mod kernel;
-pub mod library;
 #[cfg(feature = "ptx")]
 pub mod ptx;
 
 pub use kiln_ir as ir;
+pub use kiln_plan as plan;
 
 /// Errors of the code generator.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

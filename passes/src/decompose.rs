@@ -97,8 +97,14 @@ impl Pass for Decompose {
         Self::SUMMARY
     }
 
-    fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
-        let targets: Vec<NodeId> = g.node_ids().filter(|&id| self.ops.0.contains(&g.node(id).op.mnemonic())).collect();
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<bool, PassError> {
+        let targets: Vec<NodeId> = g
+            .node_ids()
+            .filter(|&id| {
+                let m = g.node(id).op.mnemonic();
+                self.ops.0.contains(&m) && !cx.placed_elsewhere.contains(m)
+            })
+            .collect();
         let mut changed = false;
         for id in targets {
             let mut e = Emitter { g: &mut *g, added: Vec::new() };

@@ -64,9 +64,9 @@ impl Pass for Fuse {
         Self::SUMMARY
     }
 
-    fn run(&self, g: &mut Graph, _: &PassContext) -> Result<bool, PassError> {
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<bool, PassError> {
         let order = topo_order(g, Self::NAME)?;
-        let groups = form_groups(g, &order, self.max_ops.max(1));
+        let groups = form_groups(g, &order, self.max_ops.max(1), &cx.placed_elsewhere);
         let changed = !groups.is_empty();
         for (i, (kind, members)) in groups.into_iter().enumerate() {
             build_fusion(g, kind, &members, i);
@@ -112,14 +112,21 @@ fn is_output(g: &Graph, v: Value) -> bool {
 }
 
 /// The groups to fuse, each with at least two members listed in topological order.
-fn form_groups(g: &Graph, order: &[NodeId], max_ops: usize) -> Vec<(FusionKind, Vec<NodeId>)> {
+fn form_groups(
+    g: &Graph,
+    order: &[NodeId],
+    max_ops: usize,
+    placed_elsewhere: &std::collections::BTreeSet<String>,
+) -> Vec<(FusionKind, Vec<NodeId>)> {
+    // Ops another backend runs stay single nodes: that backend runs them one node at a time.
+    let kept = |id: NodeId| placed_elsewhere.contains(g.node(id).op.mnemonic());
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut group_of: HashMap<NodeId, usize> = HashMap::new();
     let mut groups: Vec<(FusionKind, Vec<NodeId>)> = Vec::new();
 
     // Library groups: a root and its chain of sole-user elementwise consumers.
     for &id in order {
-        if !matches!(g.node(id).op, Op::MatMul | Op::Conv(_)) || group_of.contains_key(&id) {
+        if !matches!(g.node(id).op, Op::MatMul | Op::Conv(_)) || group_of.contains_key(&id) || kept(id) {
             continue;
         }
         let mut members = vec![id];
@@ -131,7 +138,7 @@ fn form_groups(g: &Graph, order: &[NodeId], max_ops: usize) -> Vec<(FusionKind, 
             }
             let uses = g.uses(v);
             let [(user, _)] = uses.as_slice() else { break };
-            if group_of.contains_key(user) || !is_elementwise(&g.node(*user).op) {
+            if group_of.contains_key(user) || !is_elementwise(&g.node(*user).op) || kept(*user) {
                 break;
             }
             members.push(*user);
@@ -150,7 +157,7 @@ fn form_groups(g: &Graph, order: &[NodeId], max_ops: usize) -> Vec<(FusionKind, 
     let first_loop = groups.len();
     for &id in order {
         let node = g.node(id);
-        if !is_loop_op(&node.op) || group_of.contains_key(&id) {
+        if !is_loop_op(&node.op) || group_of.contains_key(&id) || kept(id) {
             continue;
         }
         let mut joined = None;

@@ -16,11 +16,15 @@ use std::str::FromStr;
 
 use kiln_ir::Graph;
 
-/// What a pass may consult besides the graph: symbol bindings for specialization, from the caller.
+/// What a pass may consult besides the graph, from the caller: symbol bindings for specialization, and the op
+/// kinds another backend runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PassContext {
     /// Values for symbolic dims (`batch` → 8); `infer-shapes` specializes them. Pass options win over these.
     pub bindings: BTreeMap<String, u64>,
+    /// Op kinds (mnemonics) that the backend placement gives to a backend other than the compiled code: `fuse`
+    /// leaves such nodes out of fusion groups and `decompose` leaves them whole, so that backend gets them.
+    pub placed_elsewhere: std::collections::BTreeSet<String>,
 }
 
 /// A graph transformation. See the module docs.

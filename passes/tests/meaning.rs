@@ -112,7 +112,7 @@ fn every_pass_and_pipeline_preserves_every_fixture() {
         let want = if runnable { run(&original, &ins).ok() } else { None };
         for pipeline in &pipelines {
             // infer-shapes also runs specialized, with every symbol bound to the value the inputs give it.
-            for cx in [PassContext::default(), PassContext { bindings: symbols(&original) }] {
+            for cx in [PassContext::default(), PassContext { bindings: symbols(&original), ..Default::default() }] {
                 let mut g = original.clone();
                 let pm = PassManager::parse(pipeline).expect("registered pipelines parse");
                 let mut inst = Instrumentation { verify_each: true, reproducer: Reproducer::Off, ..Default::default() };

@@ -1,25 +1,29 @@
-//! Loading the kernel library of an ahead-of-time artifact: a shared object linked from
-//! [`kiln_codegen::cpu::emit_object`]'s output, turned into [`KernelCode::Native`] without generating code.
+//! Loading ahead-of-time artifacts without the compiler: the manifest (`kiln_plan::artifact`), checked; every
+//! file's digest, checked before anything from it is used; the weights, checked against the program; and for a
+//! CPU artifact the kernel library, linked from `kiln_codegen::cpu::emit_object`'s output and turned into
+//! [`KernelCode::Native`].
 //!
-//! The library's runtime table must be filled before any kernel runs (see [`kiln_codegen::cpu::runtime`]); the
+//! The library's runtime table must be filled before any kernel runs (see [`kiln_plan::cpu::runtime`]); the
 //! loader checks that the library expects exactly as many entries as this build provides, so a library from a
 //! build with a different table is refused instead of calling through a wrong pointer.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use kiln_codegen::cpu::runtime::{
-    RUNTIME_TABLE_LEN_SYMBOL, RUNTIME_TABLE_SYMBOL, install_runtime_table, runtime_table,
-};
-use kiln_codegen::cpu::{KernelFn, KernelInfo};
+use kiln_ir::Dim;
+use kiln_plan::artifact::{ArtifactError, ArtifactManifest, CpuManifest, FileDigest, artifact_error};
+use kiln_plan::cpu::runtime::{RUNTIME_TABLE_LEN_SYMBOL, RUNTIME_TABLE_SYMBOL, install_runtime_table, runtime_table};
+use kiln_plan::cpu::{KernelFn, KernelInfo, host_supports, host_triple};
+use kiln_plan::exec::{Executable, Home};
 
 use crate::RunError;
-use crate::cpu::KernelCode;
+use crate::cpu::{CpuProgram, KernelCode};
 
 /// Opens the kernel library at `path`, fills its runtime table and resolves every kernel of `infos` by its
 /// symbol. The library stays loaded as long as the returned code lives.
 ///
 /// # Safety
-/// `path` must be a library produced by linking [`kiln_codegen::cpu::emit_object`]'s object for exactly these
+/// `path` must be a library produced by linking `kiln_codegen::cpu::emit_object`'s object for exactly these
 /// `infos`: loading runs its initializers, and each symbol is called as a [`KernelFn`]. A library that merely
 /// lacks a symbol or has a different table size is reported, not trusted.
 pub unsafe fn load_kernel_library(path: &Path, infos: &[KernelInfo]) -> Result<KernelCode, RunError> {
@@ -50,4 +54,105 @@ pub unsafe fn load_kernel_library(path: &Path, infos: &[KernelInfo]) -> Result<K
         entries.push((*f, info.clone()));
     }
     Ok(KernelCode::Native { entries, owner: Box::new(library) })
+}
+
+impl From<ArtifactError> for RunError {
+    fn from(e: ArtifactError) -> RunError {
+        RunError::Load { path: e.path, message: e.message }
+    }
+}
+
+/// Reads the artifact in `dir` ([`kiln_plan::artifact::read_manifest`]) and checks that this host can run it: a
+/// CPU artifact's target triple and CPU features. (A CUDA artifact's device is checked when a device is opened.)
+pub fn open(dir: &Path) -> Result<ArtifactManifest, RunError> {
+    let manifest = kiln_plan::artifact::read_manifest(dir)?;
+    if let ArtifactManifest::Cpu(m) = &manifest {
+        let path = dir.join(kiln_plan::artifact::MANIFEST_FILE);
+        let host = host_triple();
+        if m.target.triple != host {
+            return Err(artifact_error(
+                &path,
+                format!("compiled for target `{}`, but this host is `{host}`", m.target.triple),
+            )
+            .into());
+        }
+        let missing: Vec<&str> =
+            m.target.cpu_features.iter().map(String::as_str).filter(|f| !host_supports(f)).collect();
+        if !missing.is_empty() {
+            return Err(artifact_error(
+                &path,
+                format!("compiled for CPU features this host lacks: {}", missing.join(", ")),
+            )
+            .into());
+        }
+    }
+    Ok(manifest)
+}
+
+/// Reads the weight file an artifact's manifest names (its digest checked) into `exe`, and checks every weight
+/// the program reads against its declared dtype and shape. Returns how long reading took.
+pub fn load_weights(dir: &Path, digest: &FileDigest, exe: &mut Executable) -> Result<Duration, RunError> {
+    let t0 = Instant::now();
+    let bytes = ArtifactManifest::check_file(dir, digest)?;
+    let path = dir.join(&digest.file);
+    exe.weights = crate::weights::parse(&path, &bytes).map_err(|e| artifact_error(&path, e.message))?;
+    check_weights(exe).map_err(|m| artifact_error(&path, m))?;
+    Ok(t0.elapsed())
+}
+
+/// Every weight the program reads is present with the dtype and (static) extents its buffers declare.
+pub fn check_weights(exe: &Executable) -> Result<(), String> {
+    for info in &exe.buffers {
+        let Home::Weight(name) = &info.home else { continue };
+        let Some(t) = exe.weights.get(name) else {
+            return Err(format!("weight `{name}` is missing (the program reads it as {})", info.ty));
+        };
+        let fits = t.shape().len() == info.ty.shape.rank()
+            && info.ty.shape.0.iter().zip(t.shape()).all(|(d, &n)| match d {
+                Dim::Static(k) => *k == n as u64,
+                Dim::Sym(_) => true,
+            });
+        if t.dtype() != info.ty.dtype || !fits {
+            return Err(format!(
+                "weight `{name}` is {}{:?}, but the program reads it as {}",
+                t.dtype(),
+                t.shape(),
+                info.ty
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A loaded CPU artifact: the program, bound to its code and weights, and what loading took.
+pub struct LoadedCpu {
+    /// The program.
+    pub program: CpuProgram,
+    /// The manifest (its executable moved into the program).
+    pub manifest: CpuManifest,
+    /// Wall time of reading the weights.
+    pub weights_load: Duration,
+}
+
+/// Loads a CPU artifact that [`open`] returned, to run on `threads` workers: weights and kernel library, each
+/// checked against the manifest's digest before use, and the backends its placement names, from `registry`.
+/// Nothing from an artifact that fails a check runs.
+pub fn load_cpu(
+    dir: &Path,
+    manifest: ArtifactManifest,
+    threads: usize,
+    registry: &crate::registry::BackendRegistry,
+) -> Result<LoadedCpu, RunError> {
+    let ArtifactManifest::Cpu(mut m) = manifest else {
+        return Err(artifact_error(&dir.join(kiln_plan::artifact::MANIFEST_FILE), "not a CPU artifact").into());
+    };
+    let mut exe = std::mem::replace(&mut m.common.executable, Executable::empty(""));
+    let weights_load = load_weights(dir, &m.common.weights, &mut exe)?;
+    let library = kiln_plan::artifact::artifact_file(dir, &m.common.code.file)?;
+    ArtifactManifest::check_file(dir, &m.common.code)?;
+    // SAFETY: the library's digest matches the manifest, which `kiln compile` wrote beside the library it linked
+    // for these kernels; its table size and symbols are checked as it loads.
+    let code = unsafe { load_kernel_library(&library, &m.kernels) }?;
+    let program = CpuProgram::with_backends(exe, code, threads, registry)?;
+    Ok(LoadedCpu { program, manifest: m, weights_load })
 }

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kiln_codegen::exec::Executable;
 use kiln_ir::{Dim, Tensor};
+use kiln_plan::exec::Executable;
 
 use crate::RunError;
 

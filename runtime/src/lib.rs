@@ -1,10 +1,10 @@
 //! `kiln-runtime`: the backend contracts (submission, parameters, transfer, collectives, stateful execution),
 //! the backend registry and C-ABI plugin loader, and the CPU and CUDA backends.
 //!
-//! It executes plans: an [`kiln_codegen::exec::Executable`] bound to its kernels' code. It never runs the pass
-//! pipeline or generates code itself — the caller (the `kiln` facade, or an artifact loader) hands it compiled
-//! kernels. Today it holds the CPU backend ([`cpu`]) behind the [`Program`] trait every backend implements;
-//! the runtime-contracts issue builds the registry, plugins and the seeds' full contracts on top of it.
+//! It executes plans: a [`kiln_plan::exec::Executable`] bound to its kernels' code. It never runs the pass
+//! pipeline or generates code, and it does not link the compiler (no Cranelift, no LLVM): the caller (the `kiln`
+//! facade's JIT, or [`artifact`]'s loader reading what `kiln compile` wrote) hands it compiled kernels. The CPU
+//! library ops the steps call (GEMM, convolution, pooling) are [`library`].
 
 pub mod artifact;
 pub mod bind;
@@ -12,16 +12,21 @@ pub mod checkpoint;
 pub mod contract;
 pub mod cpu;
 pub mod cuda;
+pub mod library;
+pub mod npy;
+pub mod placement;
 pub mod plugin;
 pub mod prefix_cache;
 pub mod recipe;
 pub mod registry;
 pub mod state;
+pub mod weights;
 
 use std::collections::BTreeMap;
 
 pub use kiln_ir as ir;
 use kiln_ir::Tensor;
+pub use kiln_plan as plan;
 
 /// Why a run failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +81,16 @@ pub enum RunError {
         /// The plugin's registered name (or its path, before it has one).
         name: String,
         /// What went wrong.
+        message: String,
+    },
+    /// A node the placement put on another backend failed there.
+    #[error("backend `{backend}` failed on {node}: {message}")]
+    Placed {
+        /// The registered backend.
+        backend: String,
+        /// The node, as the graph describes it.
+        node: String,
+        /// What the backend said.
         message: String,
     },
     /// A checkpoint could not be read or bound.

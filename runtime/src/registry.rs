@@ -6,9 +6,13 @@
 //! registration order or hashing. When none covers the node, [`RunError::NoBackend`] lists every registered
 //! backend with the reason it was refused: there is no silent fallback.
 //!
+//! The registry is in the execution path: compiling a model places each node on the backend this rule selects
+//! ([`crate::placement`]), the compiled CPU code being the entry [`COMPILED_CPU_BACKEND`] (priority 0) beside the
+//! reference interpreter ([`REFERENCE_BACKEND`], priority 0, which the name order puts after it).
+//!
 //! Plugins ([`crate::plugin`]) join the registry through [`BackendRegistry::load_plugin`] or the
-//! `KILN_BACKEND_PLUGINS` environment variable, a comma-separated list of `name=path[:priority]` specs (the
-//! exact rules are on [`parse_plugin_specs`]).
+//! `KILN_BACKEND_PLUGINS` environment variable in the seed's grammar: `;`-separated `name[@priority]=path`
+//! entries (the exact rules are on [`parse_plugin_specs`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +27,9 @@ pub const PLUGINS_ENV_VAR: &str = "KILN_BACKEND_PLUGINS";
 
 /// The name [`BackendRegistry::with_defaults`] gives the reference backend.
 pub const REFERENCE_BACKEND: &str = "cpu-reference";
+
+/// The name of the compiled CPU code's entry in [`BackendRegistry::with_defaults`].
+pub const COMPILED_CPU_BACKEND: &str = "cpu";
 
 /// A registered backend.
 #[derive(Clone)]
@@ -77,12 +84,22 @@ impl BackendRegistry {
         BackendRegistry::default()
     }
 
-    /// A registry holding the built-in backends: the reference backend ([`ReferenceBackend`], every tensor op on
-    /// the host) as [`REFERENCE_BACKEND`] with priority 0.
+    /// A registry holding the built-in backends, both with priority 0: the compiled CPU code
+    /// ([`CompiledCpuBackend`], every tensor op) as [`COMPILED_CPU_BACKEND`], and the reference backend
+    /// ([`ReferenceBackend`], every tensor op on the host) as [`REFERENCE_BACKEND`].
     pub fn with_defaults() -> BackendRegistry {
         let mut r = BackendRegistry::new();
+        r.register(COMPILED_CPU_BACKEND, Arc::new(CompiledCpuBackend), 0).expect("an empty registry has no duplicates");
         r.register(REFERENCE_BACKEND, Arc::new(ReferenceBackend), 0).expect("an empty registry has no duplicates");
         r
+    }
+
+    /// [`BackendRegistry::with_defaults`] plus the plugins `KILN_BACKEND_PLUGINS` lists (a malformed list or a
+    /// plugin that fails to load is an error): the registry every `kiln` command that runs models uses.
+    pub fn from_env() -> Result<BackendRegistry, RunError> {
+        let mut r = BackendRegistry::with_defaults();
+        r.load_plugins_from_env()?;
+        Ok(r)
     }
 
     /// [`BackendRegistry::with_defaults`], plus CUDA device 0 as `cuda` ([`crate::cuda::CudaNodeBackend`], priority
@@ -102,12 +119,10 @@ impl BackendRegistry {
         }
     }
 
-    /// Adds `backend` as `name` with `priority` (higher wins). An empty name or one already registered is an
-    /// error.
+    /// Adds `backend` as `name` with `priority` (higher wins). A name that is not valid ([`check_name`]) or one
+    /// already registered is an error.
     pub fn register(&mut self, name: &str, backend: Arc<dyn Backend>, priority: i32) -> Result<(), RunError> {
-        if name.trim().is_empty() {
-            return Err(RunError::Registry("a backend name must not be empty".into()));
-        }
+        check_name(name)?;
         if self.backends.contains_key(name) {
             return Err(RunError::Registry(format!("a backend named `{name}` is already registered")));
         }
@@ -145,9 +160,19 @@ impl BackendRegistry {
         self.backends.is_empty()
     }
 
+    /// The name and priority of the best backend for nodes of `kind` (as [`Self::backend_for`]).
+    pub fn select_kind(&self, kind: &str) -> Option<(String, i32)> {
+        let best = self.best_for_kind(kind)?;
+        Some((best.0.clone(), best.1.priority))
+    }
+
     /// The best backend for nodes of `kind` — an op mnemonic (`matmul`) or `token` — ignoring everything about
     /// a node but its kind (a token node's need for a prefix cache, say). Same order as [`Self::select`].
     pub fn backend_for(&self, kind: &str) -> Option<Arc<dyn Backend>> {
+        self.best_for_kind(kind).map(|(_, e)| Arc::clone(&e.backend))
+    }
+
+    fn best_for_kind(&self, kind: &str) -> Option<(&String, &Entry)> {
         let mut fits: Vec<(&String, &Entry)> = self
             .backends
             .iter()
@@ -157,7 +182,7 @@ impl BackendRegistry {
             })
             .collect();
         fits.sort_by(better_first);
-        fits.first().map(|(_, e)| Arc::clone(&e.backend))
+        fits.first().copied()
     }
 
     /// The best backend for `node`: the highest priority among those whose capabilities cover it, ties to the
@@ -256,7 +281,7 @@ impl BackendRegistry {
     }
 }
 
-/// One `name=path[:priority]` entry of a plugin list.
+/// One `name[@priority]=path` entry of a plugin list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginSpec {
     /// The name to register the plugin as.
@@ -267,60 +292,120 @@ pub struct PluginSpec {
     pub priority: i32,
 }
 
-/// Parses a plugin list: `name=path[:priority]` entries separated by commas.
+/// Names kiln registers itself; a plugin may not take them.
+const RESERVED_NAMES: [&str; 3] = [COMPILED_CPU_BACKEND, REFERENCE_BACKEND, crate::cuda::CUDA_BACKEND];
+
+/// Checks a backend name: not empty, and none of `@`, `=`, `;`, `,`, whitespace or control characters (they
+/// delimit plugin lists, or would make a name that prints ambiguously).
+pub fn check_name(name: &str) -> Result<(), RunError> {
+    if name.is_empty() {
+        return Err(RunError::Registry("a backend name must not be empty".into()));
+    }
+    if let Some(c) = name.chars().find(|c| matches!(c, '@' | '=' | ';' | ',') || c.is_whitespace() || c.is_control()) {
+        return Err(RunError::Registry(format!(
+            "backend name `{}` contains {} (names may not contain `@`, `=`, `;`, `,`, whitespace or control \
+             characters)",
+            name.escape_debug(),
+            if c.is_whitespace() || c.is_control() { format!("{:?}", c) } else { format!("`{c}`") }
+        )));
+    }
+    Ok(())
+}
+
+/// Parses a plugin list in the seed's grammar: `name[@priority]=path` entries separated by `;`.
 ///
 /// Rules, in order:
-/// - A blank string is an empty list. Whitespace around entries, names and paths is trimmed; an entry that is
-///   empty between two commas (`a=x.so,,b=y.so`) is an error.
-/// - The name is everything before the first `=`; it must not be empty and must not repeat within the list.
-///   An entry without `=` is an error (it names no plugin, or gives no path).
-/// - After the `=` comes the path, optionally followed by `:priority`. The text after the **last** `:` is a
-///   priority when it starts with an ASCII digit, `+` or `-` and contains no `/`; it must then be a decimal
-///   `i32` (negative allowed), otherwise the entry is an error (`x.so:1.5`, `x.so:99999999999`). Any other
-///   suffix is part of the path (`/opt/a:b/lib.so`, `lib:debug.so`). A trailing `:` with nothing after it is an
-///   error. The path (without the priority) must not be empty.
+/// - Entries are separated by `;`. Whitespace around an entry is trimmed, and an empty entry is skipped
+///   (`a=x.so;;b=y.so`, a trailing `;`).
+/// - The name is everything before the first `=`, optionally followed by `@priority`; it must be a valid name
+///   ([`check_name`]) and not one kiln reserves (`cpu`, `cpu-reference`, `cuda`). An entry without `=` is an
+///   error.
+/// - The priority, when given, is a decimal `i32` (a sign allowed); anything else (`@`, `@1.5`, `@x`,
+///   `@99999999999`) is an error. Without it the priority is 0.
+/// - The path is everything after the first `=`, trimmed; it must not be empty.
+/// - A name given twice: the later entry replaces the earlier (the seed registers by name).
+/// - Two forms that older kilns accepted are refused with a message, never read some other way: entries
+///   separated by `,` (a path holding `,name=` is taken as that mistake) and a priority after the path
+///   (`name=path:3`; a path ending in `:` and digits is taken as that mistake).
 pub fn parse_plugin_specs(spec: &str) -> Result<Vec<PluginSpec>, RunError> {
     let mut out: Vec<PluginSpec> = Vec::new();
-    if spec.trim().is_empty() {
-        return Ok(out);
-    }
-    for (i, entry) in spec.split(',').enumerate() {
+    for (i, entry) in spec.split(';').enumerate() {
         let n = i + 1;
         let entry = entry.trim();
-        let bad = |why: String| RunError::Registry(format!("plugin spec #{n} `{entry}`: {why}"));
         if entry.is_empty() {
-            return Err(bad("empty entry (expected name=path[:priority])".into()));
+            continue;
         }
-        let Some((name, rest)) = entry.split_once('=') else {
-            return Err(bad("missing `=path` (expected name=path[:priority])".into()));
+        let bad = |why: String| RunError::Registry(format!("plugin spec #{n} `{entry}`: {why}"));
+        let Some((head, path)) = entry.split_once('=') else {
+            return Err(bad("missing `=path` (expected name[@priority]=path)".into()));
         };
-        let name = name.trim();
-        if name.is_empty() {
-            return Err(bad("empty name (expected name=path[:priority])".into()));
-        }
-        let rest = rest.trim();
-        let (path, priority) = match rest.rsplit_once(':').map(|(p, s)| (p, s.trim())) {
-            Some((_, "")) => return Err(bad("empty priority after `:`".into())),
-            Some((path, suffix))
-                if suffix.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-')
-                    && !suffix.contains('/') =>
-            {
-                let p = suffix
+        let head = head.trim();
+        let (name, priority) = match head.split_once('@') {
+            Some((name, p)) => {
+                let p = p.trim();
+                let priority = p
                     .parse::<i32>()
-                    .map_err(|_| bad(format!("bad priority `{suffix}` (expected an integer in i32 range)")))?;
-                (path.trim(), p)
+                    .map_err(|_| bad(format!("bad priority `{p}` (expected an integer in i32 range after `@`)")))?;
+                (name.trim(), priority)
             }
-            _ => (rest, 0),
+            None => (head, 0),
         };
+        if name.is_empty() {
+            return Err(bad("empty name (expected name[@priority]=path)".into()));
+        }
+        check_name(name).map_err(|e| bad(e.to_string().trim_start_matches("backend registry: ").to_string()))?;
+        if RESERVED_NAMES.contains(&name) {
+            return Err(bad(format!("`{name}` is the name of a backend kiln registers itself; choose another")));
+        }
+        let path = path.trim();
         if path.is_empty() {
-            return Err(bad("missing path (expected name=path[:priority])".into()));
+            return Err(bad("missing path (expected name[@priority]=path)".into()));
         }
-        if out.iter().any(|s| s.name == name) {
-            return Err(bad(format!("the name `{name}` is used twice")));
+        if let Some((_, rest)) = path.split_once(',')
+            && rest.contains('=')
+        {
+            return Err(bad("entries are separated by `;`, not `,` (expected name[@priority]=path;…)".into()));
         }
+        if let Some((_, tail)) = path.rsplit_once(':')
+            && !tail.is_empty()
+            && tail.trim_start_matches(['+', '-']).chars().all(|c| c.is_ascii_digit())
+        {
+            return Err(bad(format!(
+                "ambiguous `:{tail}` after the path: a priority is written before the `=` (`{name}@{tail}=…`)"
+            )));
+        }
+        out.retain(|s| s.name != name);
         out.push(PluginSpec { name: name.to_string(), path: PathBuf::from(path), priority });
     }
     Ok(out)
+}
+
+/// A backend for the compiled CPU code, as the registry lists it: it covers every tensor op, because the
+/// compiler generates code for whatever the placement leaves on it (interpreter fallbacks included, which
+/// `kiln` reports). The registry entry is what placement compares plugins against; a node handed to it on its
+/// own, outside a compiled model, runs on the reference interpreter (compiling a single node needs the
+/// compiler, which the runtime does not link).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompiledCpuBackend;
+
+impl Backend for CompiledCpuBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { tensor: true, ops: crate::contract::OpSupport::All, ..Capabilities::none() }
+    }
+
+    fn tensor_backend_type(&self) -> &str {
+        "cpu"
+    }
+
+    fn run_with_cache(
+        &self,
+        node: &Node,
+        inputs: &[kiln_ir::Tensor],
+        prefix_state: Option<&crate::contract::BackendState>,
+        remaining_tokens: u32,
+    ) -> Result<crate::contract::RunResult, RunError> {
+        ReferenceBackend.run_with_cache(node, inputs, prefix_state, remaining_tokens)
+    }
 }
 
 #[cfg(test)]
@@ -374,11 +459,14 @@ mod tests {
         let s = r.select(&add()).unwrap();
         assert_eq!((s.name.as_str(), s.priority), ("fast-add", 10));
         assert!(s.capabilities.ops.covers("add"));
-        // An op only the reference backend covers falls to it.
+        // An op only the built-in backends cover falls to the compiled code (which ties with the reference
+        // backend at priority 0 and sorts first).
         let s = r.select(&Node::op("e", Op::Unary(UnaryOp::Exp))).unwrap();
-        assert_eq!(s.name, REFERENCE_BACKEND);
+        assert_eq!(s.name, COMPILED_CPU_BACKEND);
         assert!(Arc::ptr_eq(&r.backend_for("mul").unwrap(), &r.get("mul-only").unwrap()));
-        assert!(Arc::ptr_eq(&r.backend_for("exp").unwrap(), &r.get(REFERENCE_BACKEND).unwrap()));
+        assert!(Arc::ptr_eq(&r.backend_for("exp").unwrap(), &r.get(COMPILED_CPU_BACKEND).unwrap()));
+        assert_eq!(r.select_kind("add"), Some(("fast-add".to_string(), 10)));
+        assert_eq!(r.select_kind("exp"), Some((COMPILED_CPU_BACKEND.to_string(), 0)));
         assert!(r.backend_for("token").is_none());
     }
 
@@ -416,6 +504,7 @@ mod tests {
             considered,
             &vec![
                 "adder (priority 2): no token support".to_string(),
+                "cpu (priority 0): no token support".to_string(),
                 "cpu-reference (priority 0): no token support".to_string(),
                 "decoder (priority 1): no prefix-cache support".to_string(),
             ]
@@ -441,17 +530,17 @@ mod tests {
         let err = r.load_plugin(REFERENCE_BACKEND, Path::new("/nonexistent.so"), 0).unwrap_err();
         assert!(err.to_string().contains("already registered"), "{err}");
         let err = r.load_plugins_from_spec("cpu-reference=/nonexistent.so").unwrap_err();
-        assert!(err.to_string().contains("already registered"), "{err}");
-        assert_eq!(r.names(), vec![REFERENCE_BACKEND.to_string()]);
+        assert!(err.to_string().contains("kiln registers itself"), "{err}");
+        assert_eq!(r.names(), vec![COMPILED_CPU_BACKEND.to_string(), REFERENCE_BACKEND.to_string()]);
         assert!(r.has(REFERENCE_BACKEND) && !r.has("x") && r.get("x").is_none());
     }
 
     #[test]
     fn a_failed_plugin_list_registers_nothing() {
         let mut r = BackendRegistry::with_defaults();
-        let err = r.load_plugins_from_spec("a=/nonexistent/a.so:3").unwrap_err();
+        let err = r.load_plugins_from_spec("a@3=/nonexistent/a.so").unwrap_err();
         assert!(matches!(&err, RunError::Plugin { name, message } if name == "a" && message.contains("no such file")));
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.len(), 2);
         assert_eq!(r.load_plugins_from_spec("  ").unwrap(), 0);
         assert_eq!(r.load_plugins_from_var("KILN_TEST_SURELY_UNSET_VARIABLE").unwrap(), 0);
     }
@@ -462,7 +551,11 @@ mod tests {
         r.register("decoder", tokens(true), 7).unwrap();
         assert_eq!(
             r.describe(),
-            vec!["decoder  priority 7  type -  token cache", "cpu-reference  priority 0  type cpu  tensor(all ops)"]
+            vec![
+                "decoder  priority 7  type -  token cache",
+                "cpu  priority 0  type cpu  tensor(all ops)",
+                "cpu-reference  priority 0  type cpu  tensor(all ops)"
+            ]
         );
     }
 
@@ -475,18 +568,25 @@ mod tests {
         let cases: &[(&str, Vec<PluginSpec>)] = &[
             ("", vec![]),
             ("   ", vec![]),
+            (";;", vec![]),
             ("ew=/p/libew.so", vec![spec("ew", "/p/libew.so", 0)]),
-            ("ew=/p/libew.so:5", vec![spec("ew", "/p/libew.so", 5)]),
-            ("ew=/p/libew.so:-3", vec![spec("ew", "/p/libew.so", -3)]),
-            ("ew=/p/libew.so:+4", vec![spec("ew", "/p/libew.so", 4)]),
-            (" a = x.so : 2 , b=y.so ", vec![spec("a", "x.so", 2), spec("b", "y.so", 0)]),
-            // A suffix that is not a priority stays in the path.
+            ("ew@5=/p/libew.so", vec![spec("ew", "/p/libew.so", 5)]),
+            ("ew@-3=/p/libew.so", vec![spec("ew", "/p/libew.so", -3)]),
+            ("ew@+4=/p/libew.so", vec![spec("ew", "/p/libew.so", 4)]),
+            (" a @ 2 = x.so ; b=y.so ", vec![spec("a", "x.so", 2), spec("b", "y.so", 0)]),
+            // The issue's example: an empty entry skipped, the default priority.
+            (
+                "echo@50=/path/libx.so;;other=/path/liby.so",
+                vec![spec("echo", "/path/libx.so", 50), spec("other", "/path/liby.so", 0)],
+            ),
+            ("a=x.so;", vec![spec("a", "x.so", 0)]),
+            // A later duplicate replaces the earlier one.
+            ("a=x.so;b=y.so;a@2=z.so", vec![spec("b", "y.so", 0), spec("a", "z.so", 2)]),
+            // Paths may hold `:`, `=`, `@` and `,` when nothing makes them ambiguous.
             ("a=/opt/k:v/lib.so", vec![spec("a", "/opt/k:v/lib.so", 0)]),
-            ("a=lib:debug.so", vec![spec("a", "lib:debug.so", 0)]),
-            ("a=/opt/k:v/lib.so:-1", vec![spec("a", "/opt/k:v/lib.so", -1)]),
-            ("a=/x:1/lib.so", vec![spec("a", "/x:1/lib.so", 0)]),
-            // Only the first `=` splits: paths may hold `=`.
-            ("a=/p/x=y.so:1", vec![spec("a", "/p/x=y.so", 1)]),
+            ("a=/p/x=y.so", vec![spec("a", "/p/x=y.so", 0)]),
+            ("a=/p/v@2/lib.so", vec![spec("a", "/p/v@2/lib.so", 0)]),
+            ("a=/p/a,b.so", vec![spec("a", "/p/a,b.so", 0)]),
         ];
         for (text, want) in cases {
             assert_eq!(&parse_plugin_specs(text).unwrap(), want, "{text:?}");
@@ -497,23 +597,41 @@ mod tests {
     fn bad_plugin_specs_are_clear_errors() {
         let cases = [
             ("=x.so", "#1 `=x.so`: empty name"),
-            ("a=x.so,=y.so", "#2 `=y.so`: empty name"),
+            ("@3=x.so", "empty name"),
+            ("a=x.so;=y.so", "#2 `=y.so`: empty name"),
             ("a", "#1 `a`: missing `=path`"),
             ("a=", "#1 `a=`: missing path"),
-            ("a=:3", "#1 `a=:3`: missing path"),
-            ("a=x.so:", "empty priority"),
-            ("a=x.so:1.5", "bad priority `1.5`"),
-            ("a=x.so:99999999999", "bad priority `99999999999`"),
-            ("a=x.so:-", "bad priority `-`"),
-            ("a=x.so:3x", "bad priority `3x`"),
-            ("a=x.so,,b=y.so", "#2 ``: empty entry"),
-            ("a=x.so,", "#2 ``: empty entry"),
-            ("a=x.so,a=y.so:2", "the name `a` is used twice"),
+            ("a@3=", "missing path"),
+            ("a@=x.so", "bad priority ``"),
+            ("a@1.5=x.so", "bad priority `1.5`"),
+            ("a@99999999999=x.so", "bad priority `99999999999`"),
+            ("a@x=x.so", "bad priority `x`"),
+            ("a@1@2=x.so", "bad priority `1@2`"),
+            ("a b=x.so", "contains ' '"),
+            ("a,b=x.so", "contains `,`"),
+            ("cpu=x.so", "kiln registers itself"),
+            ("cuda@9=x.so", "kiln registers itself"),
+            ("cpu-reference=x.so", "kiln registers itself"),
+            // The old forms are refused, never read another way.
+            ("a=x.so,b=y.so", "separated by `;`, not `,`"),
+            ("a=x.so:3", "ambiguous `:3`"),
+            ("a=x.so:-1", "ambiguous `:-1`"),
         ];
         for (text, needle) in cases {
             let err = parse_plugin_specs(text).unwrap_err();
             assert!(matches!(err, RunError::Registry(_)), "{text:?}: {err:?}");
-            assert!(err.to_string().contains(needle), "{text:?}: `{err}` should contain `{needle}`");
+            let shown = err.to_string();
+            assert!(shown.contains(needle), "{text:?}: `{shown}` should contain `{needle}`");
+            assert_eq!(shown.lines().count(), 1, "{text:?}: one line");
         }
+    }
+
+    #[test]
+    fn names_are_checked_when_registering() {
+        let mut r = BackendRegistry::new();
+        for bad in ["", "a@b", "a=b", "a;b", "a,b", "a b", "a\tb", "a\nb"] {
+            assert!(matches!(r.register(bad, ops(&["add"]), 0), Err(RunError::Registry(_))), "{bad:?}");
+        }
+        r.register("fine-name_1.x", ops(&["add"]), 0).unwrap();
     }
 }

@@ -102,6 +102,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     let threads = kiln::resolve_threads(a.threads);
+    let backends = super::registry()?;
     let is_artifact = kiln::Artifact::is_artifact(&a.model.model);
     if is_artifact {
         a.model.check_no_random_weights()?;
@@ -137,13 +138,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if a.backend != Backend::Cpu && a.backend != Backend::Cuda {
             bail!("--backend {}: a CUDA artifact runs on the cuda backend", a.backend.name());
         }
-        let compiled = kiln::Artifact::load_cuda(&a.model.model, 0)?;
+        let compiled = kiln::Artifact::load_cuda_with(&a.model.model, 0, &backends)?;
         let report = compiled.report().clone();
         let ins = compiled.complete_inputs(given, &a.model.shapes()?, 0)?;
         (cuda_runner(compiled, ins)?, Some(report), 0.0)
     } else if is_artifact {
         super::run::check_artifact_options(&a.model, Some(a.backend))?;
-        let compiled = kiln::Artifact::load(&a.model.model, threads)?;
+        let compiled = kiln::Artifact::load_with(&a.model.model, threads, &backends)?;
         let report = compiled.report().clone();
         let ins = compiled.complete_inputs(given, &a.model.shapes()?, 0)?;
         (profiled(compiled, ins), Some(report), 0.0)
@@ -154,7 +155,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let t0 = Instant::now();
         match a.backend {
             Backend::Interp => {
-                let opts = kiln::RunOptions { backend: Backend::Interp, threads };
+                let opts = kiln::RunOptions { backend: Backend::Interp, threads, ..Default::default() };
                 (Box::new(move || model.run(&ins, &opts).map(drop).map_err(Into::into)), None, 0.0)
             }
             Backend::CudaEmulated => {
@@ -162,13 +163,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
             Backend::Cuda => {
                 let pipeline = (a.pipeline != "cpu-default").then_some(a.pipeline.as_str());
-                let compiled = model.compile_cuda(0, pipeline)?;
+                let compiled = model.compile_cuda(0, pipeline, &backends)?;
                 let report = compiled.report().clone();
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
                 (cuda_runner(compiled, ins)?, Some(report), ms)
             }
             backend => {
-                let compiled = model.compile(&CompileOptions { backend, pipeline: a.pipeline.clone(), threads })?;
+                let compiled = model.compile(&CompileOptions {
+                    backend,
+                    pipeline: a.pipeline.clone(),
+                    threads,
+                    backends: backends.clone(),
+                })?;
                 let report = compiled.report().clone();
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
                 (profiled(compiled, ins), Some(report), ms)
@@ -176,6 +182,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     };
     let r = report.unwrap_or_default();
+    for line in super::placement_lines(&r) {
+        println!("{line}");
+    }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let steps = format!(
         "{} kernels; {} library, {} kernel, {} fallback steps; arena {} KiB",

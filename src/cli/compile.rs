@@ -61,15 +61,19 @@ pub fn run(a: CompileArgs) -> Result<()> {
     // `cuda-default`).
     let default = if a.target == Backend::Cuda { "cuda-default" } else { "cpu-default" };
     let pipeline = if a.passes.is_default() { default.to_string() } else { a.passes.pipeline_text()? };
-    let options = CompileOptions { backend: a.target, pipeline, threads: 0 };
+    let options = CompileOptions { backend: a.target, pipeline, threads: 0, backends: super::registry()? };
     let lowered = model.lower_instrumented(&options, &mut a.passes.instrumentation())?;
     let dir = &a.output;
     let summary = if a.target == Backend::Cuda {
         cuda::write_artifact(&lowered, dir, &a.arch)?
     } else {
         let artifact = Artifact::write(&lowered, dir)?;
-        let m = artifact.manifest();
-        format!("{} ({})", m.target.triple, m.target.cpu_features.join(","))
+        match artifact.manifest() {
+            kiln::artifact::ArtifactManifest::Cpu(m) => {
+                format!("{} ({})", m.target.triple, m.target.cpu_features.join(","))
+            }
+            other => other.kind().to_string(),
+        }
     };
     for emit in &a.emit {
         match emit {
@@ -93,6 +97,9 @@ pub fn run(a: CompileArgs) -> Result<()> {
                 render_svg(&path, &dir.join("graph.svg"))?;
             }
         }
+    }
+    for line in super::placement_lines(&lowered.report) {
+        println!("{line}");
     }
     println!(
         "compiled {} for {summary} in {:.1} ms: {} kernels, {} weights -> {}",

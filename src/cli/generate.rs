@@ -73,7 +73,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("a prompt needs at least one token id");
     }
     let options = GenerateOptions {
-        compile: kiln::CompileOptions { threads: a.threads, ..Default::default() },
+        compile: kiln::CompileOptions { threads: a.threads, backends: super::registry()?, ..Default::default() },
         max_programs: a.max_programs,
         cache_budget: a.cache_budget,
         step_shapes: if a.exact_shapes { StepShapes::Exact } else { StepShapes::PowerOfTwo },

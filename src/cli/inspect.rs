@@ -15,9 +15,16 @@ pub struct InspectArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Show where each step of the compiled model runs and why: the registry's placement (the built-in
+    /// backends and `KILN_BACKEND_PLUGINS`). MODEL may also be a compiled artifact.
+    #[arg(long)]
+    placement: bool,
 }
 
 pub fn run(a: InspectArgs) -> Result<()> {
+    if a.placement {
+        return placement(&a);
+    }
     let model = a.model.load()?;
     let g = model.graph();
     let mut histogram: BTreeMap<&str, usize> = BTreeMap::new();
@@ -62,6 +69,49 @@ pub fn run(a: InspectArgs) -> Result<()> {
         println!("  {c:>6}  {m}");
     }
     println!("parameters: {params} tensors, {param_elems} elements, {}", human_bytes(param_bytes));
+    Ok(())
+}
+
+/// `kiln inspect --placement`: the compiled model's steps (a model is lowered for the CPU with the registry;
+/// an artifact shows what was compiled into it), each with its backend and the reason.
+fn placement(a: &InspectArgs) -> Result<()> {
+    let registry = super::registry()?;
+    let (exe, compiled_as) = if kiln::Artifact::is_artifact(&a.model.model) {
+        let artifact = kiln::Artifact::open(&a.model.model)?;
+        let m = artifact.manifest();
+        (m.common().executable.clone(), m.kind())
+    } else {
+        let model = a.model.load()?;
+        let options = kiln::CompileOptions { backends: registry.clone(), ..Default::default() };
+        (model.lower(&options)?.executable, "cpu")
+    };
+    let steps = kiln_runtime::placement::explain(&exe, &registry, compiled_as);
+    let mut per_backend: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &steps {
+        *per_backend.entry(&s.backend).or_default() += 1;
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "graph": exe.name,
+            "compiled_as": compiled_as,
+            "registry": registry.describe(),
+            "steps": steps,
+            "per_backend": per_backend,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    println!("registry (best first):");
+    for line in registry.describe() {
+        println!("  {line}");
+    }
+    println!("steps of {} ({} in all):", exe.name, steps.len());
+    let width = steps.iter().map(|s| s.backend.len()).max().unwrap_or(0);
+    for s in &steps {
+        println!("  {:<11} {:<width$}  {}  -- {}", s.step, s.backend, s.what, s.why);
+    }
+    let summary: Vec<String> = per_backend.iter().map(|(b, n)| format!("{b}: {n}")).collect();
+    println!("steps per backend: {}", summary.join(", "));
     Ok(())
 }
 

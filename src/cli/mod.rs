@@ -130,6 +130,35 @@ fn bind_random_weights(model: kiln::Model, seed: u64) -> Result<kiln::Model> {
     Ok(kiln::Model::from_graph(graph)?)
 }
 
+/// The backend registry of every command that compiles or runs models: the built-in backends plus the plugins
+/// `KILN_BACKEND_PLUGINS` lists. A malformed list, or a plugin that does not load, is the command's error.
+pub fn registry() -> Result<kiln::BackendRegistry> {
+    kiln::BackendRegistry::from_env()
+        .with_context(|| format!("loading the plugins in {}", kiln_runtime::registry::PLUGINS_ENV_VAR))
+}
+
+/// One line per registry backend that takes nodes of a compiled model from the compiled code (nothing when
+/// none does), for `run`, `bench` and `compile`.
+pub fn placement_lines(report: &kiln::CompileReport) -> Vec<String> {
+    report
+        .placement
+        .iter()
+        .map(|p| {
+            // Nodes are described as `<op> <name or id>`.
+            let mut kinds: Vec<&str> = p.nodes.iter().filter_map(|n| n.split_whitespace().next()).collect();
+            kinds.sort();
+            kinds.dedup();
+            format!(
+                "placed: backend `{}` (priority {}) runs {} node(s): {}",
+                p.backend,
+                p.priority,
+                p.nodes.len(),
+                kinds.join(", ")
+            )
+        })
+        .collect()
+}
+
 /// Runs the parsed command.
 pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {

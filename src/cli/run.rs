@@ -64,9 +64,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             bail!("--input `{name}` is given twice");
         }
     }
+    let backends = super::registry()?;
     if kiln::Artifact::is_artifact(&a.model.model) {
         a.model.check_no_random_weights()?;
-        return run_artifact(&a, given);
+        return run_artifact(&a, given, &backends);
     }
     let backend = a.backend.unwrap_or_default();
     let t0 = Instant::now();
@@ -74,9 +75,26 @@ pub fn run(a: RunArgs) -> Result<()> {
     let model = a.model.load_with(given_shapes)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = model.complete_inputs(given, &a.model.shapes()?, a.seed)?;
+    if backend == Backend::Cpu {
+        // Compiled here (rather than inside `Model::run`) so the placement can be reported.
+        let compiled = model.compile(&kiln::CompileOptions { threads: a.threads, backends, ..Default::default() })?;
+        for line in super::placement_lines(compiled.report()) {
+            println!("{line}");
+        }
+        return run_and_report(
+            &a.output_dir,
+            || Ok(compiled.run(&inputs)?),
+            |run_ms| {
+                format!(
+                    "model {} (cpu backend): loaded in {load_ms:.1} ms, compiled and ran in {run_ms:.1} ms",
+                    a.model.model.display(),
+                )
+            },
+        );
+    }
     run_and_report(
         &a.output_dir,
-        || Ok(model.run(&inputs, &RunOptions { backend, threads: a.threads })?),
+        || Ok(model.run(&inputs, &RunOptions { backend, threads: a.threads, backends })?),
         |run_ms| {
             format!(
                 "model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms",
@@ -121,13 +139,16 @@ fn check_artifact_backend(backend: Option<Backend>) -> Result<()> {
 /// `kiln run ARTIFACT_DIR`: load the compiled artifact (no code generation) and run it. With `--weights FILE`,
 /// the checkpoint's weights replace the artifact's, atomically, before the run (a checkpoint that does not fit
 /// is an error and nothing runs).
-fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
+fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &kiln::BackendRegistry) -> Result<()> {
     if kiln::Artifact::is_cuda(&a.model.model) {
-        return run_cuda_artifact(a, given);
+        return run_cuda_artifact(a, given, backends);
     }
     check_artifact_backend(a.backend)?;
     let t0 = Instant::now();
-    let compiled = kiln::Artifact::load(&a.model.model, a.threads)?;
+    let compiled = kiln::Artifact::load_with(&a.model.model, a.threads, backends)?;
+    for line in super::placement_lines(compiled.report()) {
+        println!("{line}");
+    }
     if let Some(weights) = &a.model.weights {
         let report = compiled.load_weights(weights)?;
         println!(
@@ -154,7 +175,7 @@ fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
 }
 
 /// `kiln run CUDA_ARTIFACT_DIR`: load the PTX artifact onto GPU 0 and run it there.
-fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()> {
+fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &kiln::BackendRegistry) -> Result<()> {
     if let Some(b) = a.backend.filter(|b| *b != Backend::Cuda) {
         bail!("--backend {}: a CUDA artifact runs on the cuda backend it was compiled for", b.name());
     }
@@ -162,7 +183,7 @@ fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>) -> Result<()>
         bail!("--weights: a compiled artifact carries its weights ({})", a.model.model.display());
     }
     let t0 = Instant::now();
-    let compiled = kiln::Artifact::load_cuda(&a.model.model, 0)?;
+    let compiled = kiln::Artifact::load_cuda_with(&a.model.model, 0, backends)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
     run_and_report(

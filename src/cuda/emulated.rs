@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kiln_codegen::device::DevicePlan;
 use kiln_codegen::ptx::emulate::{EmulatedModule, Grid, with_emulated};
 use kiln_ir::Tensor;
 use kiln_runtime::RunError;
@@ -50,12 +49,13 @@ pub fn run_emulated(
     block_size: u32,
 ) -> Result<Vec<(String, Tensor)>, Error> {
     let fail = |message: String| Error::Backend { backend: "cuda", message };
-    let plan = DevicePlan::build(&lowered.executable).map_err(|e| fail(e.to_string()))?;
+    let plan = kiln_codegen::device::build_plan(&lowered.executable).map_err(|e| fail(e.to_string()))?;
     let kernels = plan.kernels.clone();
     with_emulated(&kernels, block_size, |module| {
         let infos = (0..kernels.len()).map(|i| module.info(i).clone()).collect();
         let gpu = Arc::new(HostGpu::new(EmulatedKernels(module)));
-        let program = GpuProgram::new(gpu, lowered.executable.clone(), plan, infos).map_err(crate::cuda_run_error)?;
+        let program = GpuProgram::with_backends(gpu, lowered.executable.clone(), plan, infos, &lowered.backends)
+            .map_err(crate::cuda_run_error)?;
         program.run(inputs).map_err(crate::cuda_run_error)
     })
     .map_err(|e| fail(e.to_string()))?

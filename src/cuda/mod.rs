@@ -55,11 +55,13 @@ impl CudaCompiled {
         ptx: &str,
         infos: Vec<PtxKernelInfo>,
         report: CompileReport,
+        backends: &crate::BackendRegistry,
     ) -> Result<CudaCompiled, Error> {
         let entries: Vec<String> = infos.iter().map(|i| i.entry.clone()).collect();
         let gpu = CudaGpu::new(device, ptx, &entries).map_err(crate::cuda_run_error)?;
         let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
-        let program = GpuProgram::new(Arc::new(gpu), exe, plan, infos).map_err(crate::cuda_run_error)?;
+        let program =
+            GpuProgram::with_backends(Arc::new(gpu), exe, plan, infos, backends).map_err(crate::cuda_run_error)?;
         Ok(CudaCompiled { program, inputs, report })
     }
 
@@ -182,30 +184,43 @@ pub struct DeviceCode {
 /// The device plan of `exe` and its PTX.
 #[cfg(feature = "ptx")]
 pub fn compile_device(exe: &Executable, options: &kiln_codegen::ptx::PtxOptions) -> Result<DeviceCode, Error> {
-    let plan = DevicePlan::build(exe).map_err(cuda_error)?;
+    let plan = kiln_codegen::device::build_plan(exe).map_err(cuda_error)?;
     let module = kiln_codegen::ptx::compile(&plan.kernels, options).map_err(cuda_error)?;
     Ok(DeviceCode { plan, module })
 }
 
 impl crate::Model {
     /// Runs the model through the CUDA runtime on the emulated device ([`crate::Backend::CudaEmulated`]).
-    pub fn run_cuda_emulated(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
+    pub fn run_cuda_emulated(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+        backends: &crate::BackendRegistry,
+    ) -> Result<Vec<(String, Tensor)>, Error> {
         #[cfg(feature = "ptx")]
         {
-            let options =
-                crate::CompileOptions { backend: crate::Backend::Cuda, pipeline: "cuda-default".into(), threads: 1 };
+            let options = crate::CompileOptions {
+                backend: crate::Backend::Cuda,
+                pipeline: "cuda-default".into(),
+                threads: 1,
+                backends: backends.clone(),
+            };
             run_emulated(&self.lower(&options)?, inputs, kiln_codegen::ptx::DEFAULT_BLOCK_SIZE)
         }
         #[cfg(not(feature = "ptx"))]
         {
-            let _ = inputs;
+            let _ = (inputs, backends);
             Err(cuda_error("this kiln was built without the PTX emitter (feature `ptx`), which the emulation needs"))
         }
     }
 
     /// Compiles the model for CUDA device `ordinal` and binds it there (see the module docs). Without a device,
     /// the device's clear error, before any compilation.
-    pub fn compile_cuda(&self, ordinal: usize, pipeline: Option<&str>) -> Result<CudaCompiled, Error> {
+    pub fn compile_cuda(
+        &self,
+        ordinal: usize,
+        pipeline: Option<&str>,
+        backends: &crate::BackendRegistry,
+    ) -> Result<CudaCompiled, Error> {
         let device = CudaDevice::open(ordinal).map_err(crate::cuda_run_error)?;
         #[cfg(feature = "ptx")]
         {
@@ -213,6 +228,7 @@ impl crate::Model {
                 backend: crate::Backend::Cuda,
                 pipeline: pipeline.unwrap_or("cuda-default").to_string(),
                 threads: 1,
+                backends: backends.clone(),
             };
             let crate::Lowered { executable: exe, mut report, .. } = self.lower(&options)?;
             let t = std::time::Instant::now();
@@ -220,11 +236,11 @@ impl crate::Model {
             let code = compile_device(&exe, &ptx_options)?;
             report.codegen = t.elapsed();
             report.kernels = code.plan.kernels.len();
-            CudaCompiled::bind(device, exe, code.plan, &code.module.ptx, code.module.kernels, report)
+            CudaCompiled::bind(device, exe, code.plan, &code.module.ptx, code.module.kernels, report, backends)
         }
         #[cfg(not(feature = "ptx"))]
         {
-            let _ = (device, pipeline);
+            let _ = (device, pipeline, backends);
             Err(cuda_error(
                 "this kiln was built without the PTX emitter (feature `ptx`); compile a CUDA artifact with \
                  `kiln compile --target cuda` on a full build and run that",

@@ -82,7 +82,7 @@ pub fn compare_outputs(got: Vec<(String, Tensor)>, expected: &[(String, Tensor)]
 /// Runtime's saved outputs (rtol 1e-3, atol 1e-4); `Err` describes every mismatch.
 pub fn run_reference_model(dir: &Path, backend: kiln::Backend) -> Result<(), String> {
     let case = reference_case(dir)?;
-    let options = kiln::RunOptions { backend, threads: 2 };
+    let options = kiln::RunOptions { backend, threads: 2, ..Default::default() };
     let outputs = case.model.run(&case.inputs, &options).map_err(|e| format!("run: {e}"))?;
     compare_outputs(outputs, &case.expected)
 }

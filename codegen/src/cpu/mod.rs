@@ -50,7 +50,7 @@
 
 mod emit;
 pub(crate) mod parts;
-pub mod runtime;
+pub use kiln_plan::cpu::runtime;
 pub(crate) mod scalar;
 mod simd;
 mod target;
@@ -64,41 +64,13 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};
 
-use crate::kernel::{self, ArgId, ArgRole, Kernel};
+use crate::kernel::{ArgId, ArgRole, Kernel};
 use emit::{Emitter, Target};
+pub use kiln_plan::cpu::{CpuTarget, host_supports, host_triple};
 use runtime::{RUNTIME_TABLE_LEN_SYMBOL, RUNTIME_TABLE_SYMBOL, RtFn};
-pub use target::{CpuTarget, cpu_target, host_supports, host_triple};
+pub use target::cpu_target;
 
-/// Entry of a compiled kernel: runs iterations `[begin, end)` of the outermost loop of top-level part `part`.
-///
-/// `args`: one pointer per launch argument ([`Kernel::launch_args`] order: inputs and outputs, constants
-/// skipped); `syms`: the kernel's symbol values in order.
-pub type KernelFn = unsafe extern "C" fn(args: *const *mut u8, syms: *const i64, part: i64, begin: i64, end: i64);
-
-/// What the runtime needs to know to launch a kernel: its parts.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct KernelInfo {
-    /// The kernel's name.
-    pub name: String,
-    /// The exported function's name (in object code; the JIT's function is [`JitModule::entry`]).
-    pub symbol: String,
-    /// The kernel's symbols (symbolic dims), in the order their values are passed in `syms`.
-    pub symbols: Vec<String>,
-    /// The parts, in the order their indices are passed as `part`.
-    pub parts: Vec<PartInfo>,
-}
-
-/// One top-level part of a kernel.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PartInfo {
-    /// Trip count of the part's outermost loop, an IExpr over symbols only (1 for a part that is not one loop).
-    pub extent: kernel::IExpr,
-    /// Whether `[begin, end)` chunks of it may run concurrently (its outermost loop is Parallel/Vectorizable).
-    pub parallel: bool,
-    /// Rough work per outer iteration (innermost stores and updates, symbolic inner trip counts taken as 64),
-    /// to size chunks; at least 1.
-    pub cost_per_iteration: u64,
-}
+pub use kiln_plan::cpu::{KernelFn, KernelInfo, PartInfo};
 
 /// How hard Cranelift optimizes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -441,11 +413,4 @@ fn define_kernel<M: Module>(
         parts: parts.iter().map(parts::info).collect(),
     };
     Ok((func_id, info, listing))
-}
-
-impl PartInfo {
-    /// The part's trip count for these symbol values (`None` if the extent names a symbol not given).
-    pub fn trip_count(&self, symbols: &[i64]) -> Option<i64> {
-        self.extent.eval(&|_| None, symbols).ok()
-    }
 }

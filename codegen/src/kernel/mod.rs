@@ -1,5 +1,5 @@
-//! `codegen::kernel`: the target-independent loop-level kernel IR, the lowering of fusion groups to it, and its
-//! reference evaluator.
+//! `codegen::kernel`: the target-independent loop-level kernel IR (defined in `kiln_plan::kernel`, re-exported
+//! here), the lowering of fusion groups to it, and its simplifier.
 //!
 //! One lowering, two emitters: the Cranelift (CPU) and NVPTX (GPU) emitters translate a [`Kernel`] and nothing
 //! else. The IR is therefore small and explicit:
@@ -27,13 +27,11 @@
 //! lowering is tested against, and later the emitters.
 
 pub mod builtin;
-mod eval;
-mod ir;
 mod lower;
-mod print;
 pub mod simplify;
 
-pub use eval::{EvalError, eval};
-pub use ir::*;
+// The IR itself, its printer and its evaluator are the compiler–runtime contract's (`kiln_plan::kernel`).
+pub use kiln_plan::kernel::*;
+// `super::ir::…` paths of the lowering modules name the contract's IR.
+use kiln_plan::kernel as ir;
 pub use lower::{LowerError, LowerOptions, SpacePolicy, lower, lower_mapped, lower_with};
-pub use print::{expr as print_expr, iexpr as print_iexpr, print};

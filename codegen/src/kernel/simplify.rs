@@ -352,17 +352,7 @@ fn div_rem(a: IExpr, b: IExpr, ext: Extents<'_>, div: bool) -> IExpr {
     }
 }
 
-/// `floor(x / c)`, for `c != 0`.
-pub fn floor_div(x: i64, c: i64) -> i64 {
-    let q = x.wrapping_div(c);
-    if x.wrapping_rem(c) != 0 && (x < 0) != (c < 0) { q - 1 } else { q }
-}
-
-/// `x mod c` with the divisor's sign, for `c != 0`.
-pub fn floor_rem(x: i64, c: i64) -> i64 {
-    let r = x.wrapping_rem(c);
-    if r != 0 && (r < 0) != (c < 0) { r + c } else { r }
-}
+pub use kiln_plan::kernel::{floor_div, floor_rem};
 
 #[cfg(test)]
 mod tests {

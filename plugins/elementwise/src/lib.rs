@@ -26,6 +26,26 @@ use abi::*;
 /// The node name that makes `run` panic deliberately — the panic-containment test hook (see the crate docs).
 pub const PANIC_HOOK_NODE: &str = "__kiln_plugin_test_panic__";
 
+/// The environment variable of the run-time failure test hook: when it holds a number N, every `run` call after
+/// the first N fails with an error (so tests can check how a failing plugin inside a compiled model is reported).
+pub const FAIL_AFTER_VAR: &str = "KILN_PLUGIN_ELEMENTWISE_FAIL_AFTER";
+
+/// `run` calls so far, in this process (what [`kiln_plugin_elementwise_calls`] reports).
+static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times kiln called `run` in this process: the plugin's own counter, so a test (or a curious user with
+/// `dlsym`) can see that the host really placed nodes here.
+#[unsafe(no_mangle)]
+pub extern "C" fn kiln_plugin_elementwise_calls() -> u64 {
+    CALLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The failure hook's threshold, read once.
+fn fail_after() -> Option<u64> {
+    static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| std::env::var(FAIL_AFTER_VAR).ok().and_then(|v| v.trim().parse().ok()))
+}
+
 /// A plugin-owned string pointer in a `static` (raw pointers are not `Sync` on their own).
 #[repr(transparent)]
 struct StaticStr(*const c_char);
@@ -352,6 +372,18 @@ unsafe extern "C" fn run(_instance: *mut c_void, args: *mut KilnRunArgs) -> i32 
     }
     // SAFETY: non-null and host-owned for the call.
     let args = unsafe { &mut *args };
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if fail_after().is_some_and(|n| call >= n) {
+        // SAFETY: the host's buffer of `error_cap` bytes.
+        unsafe {
+            write_error(
+                args.error,
+                args.error_cap,
+                &format!("failing on purpose after {call} calls ({FAIL_AFTER_VAR})"),
+            )
+        };
+        return KILN_STATUS_ERROR;
+    }
     // SAFETY: `args` follows the ABI.
     let outcome = catch_unwind(AssertUnwindSafe(|| unsafe { run_checked(args) }));
     let failure = match outcome {

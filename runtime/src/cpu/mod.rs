@@ -6,7 +6,7 @@
 //! (so concurrent runs never share one and sequential runs reuse memory), and runs the steps in order:
 //! - kernel steps launch generated code part by part, splitting a parallel part's outermost loop into chunks
 //!   across the program's thread pool when it is large enough to pay for it;
-//! - library steps call `kiln_codegen::library` (GEMM, convolution, pooling) inside the same pool, then their
+//! - library steps call `crate::library` (GEMM, convolution, pooling) inside the same pool, then their
 //!   epilogue kernel;
 //! - interpreter steps copy their operands into tensors and run `kiln_ir::interp::eval_op`;
 //! - copies are `memcpy`.
@@ -20,12 +20,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, RwLock};
 
-use kiln_codegen::exec::{BufferId, Executable, Home, LibraryOp, Step};
-use kiln_codegen::kernel::{ArgRole, Extent, Kernel};
-use kiln_codegen::library::{self, Par};
+use crate::library::{self, Par};
 use kiln_ir::Tensor;
+use kiln_plan::exec::{BufferId, Executable, Home, LibraryOp, Step};
+use kiln_plan::kernel::{ArgRole, Extent, Kernel};
 
 use crate::RunError;
+use crate::placement::PlacedBackends;
 
 pub mod collective;
 #[cfg(feature = "mpi")]
@@ -117,7 +118,7 @@ pub enum KernelCode {
     /// Native code: one entry per kernel (from the JIT or a loaded artifact) and what keeps it alive.
     Native {
         /// Entry and launch facts per kernel, by index.
-        entries: Vec<(kiln_codegen::cpu::KernelFn, kiln_codegen::cpu::KernelInfo)>,
+        entries: Vec<(kiln_plan::cpu::KernelFn, kiln_plan::cpu::KernelInfo)>,
         /// The owner of the code (a JIT module or a loaded library).
         owner: Box<dyn std::any::Any + Send + Sync>,
     },
@@ -139,6 +140,8 @@ pub struct CpuProgram {
     /// The workers a run actually uses: 1 for programs too small to gain from the pool (see `SMALL_PROGRAM`).
     workers: usize,
     arenas: Mutex<Vec<AlignedBuf>>,
+    /// The registry backends the executable's [`Step::Backend`]s run on.
+    placed: PlacedBackends,
 }
 
 /// Fewest output positions per image for a 3×3 stride-1 conv to run by Winograd F(2×2, 3×3). In isolation
@@ -159,8 +162,21 @@ unsafe impl Send for Ptrs<'_> {}
 unsafe impl Sync for Ptrs<'_> {}
 
 impl CpuProgram {
-    /// Binds `exe` to `code` with `threads` worker threads (at least 1), and runs its prepare steps.
+    /// Binds `exe` to `code` with `threads` worker threads (at least 1), and runs its prepare steps. An
+    /// executable that places nodes on other backends needs [`CpuProgram::with_backends`].
     pub fn new(exe: Executable, code: KernelCode, threads: usize) -> Result<CpuProgram, RunError> {
+        CpuProgram::with_backends(exe, code, threads, &crate::registry::BackendRegistry::new())
+    }
+
+    /// [`CpuProgram::new`], with the backends the executable's [`Step::Backend`]s name taken from `registry` (a
+    /// backend it lacks is an error naming it).
+    pub fn with_backends(
+        exe: Executable,
+        code: KernelCode,
+        threads: usize,
+        registry: &crate::registry::BackendRegistry,
+    ) -> Result<CpuProgram, RunError> {
+        let placed = PlacedBackends::resolve(&exe.placed_nodes(), registry)?;
         let threads = threads.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -177,6 +193,7 @@ impl CpuProgram {
             threads,
             workers: threads,
             arenas: Mutex::new(Vec::new()),
+            placed,
         };
         if program.static_work().is_some_and(|w| w < SMALL_PROGRAM) {
             program.workers = 1;
@@ -220,7 +237,9 @@ impl CpuProgram {
                         .sum::<Option<u64>>()?,
                     KernelCode::Reference(_) => return None,
                 },
-                Step::Interp { outputs, .. } => outputs.iter().map(elems).sum::<Option<u64>>()?,
+                Step::Interp { outputs, .. } | Step::Backend { outputs, .. } => {
+                    outputs.iter().map(elems).sum::<Option<u64>>()?
+                }
                 Step::Copy { dst, .. } => elems(dst)?,
             };
             total = total.saturating_add(w);
@@ -565,23 +584,10 @@ impl CpuProgram {
                 }
             }
             Step::Interp { op, inputs, outputs, node } => {
-                let mut operands = Vec::with_capacity(inputs.len());
-                for &b in inputs {
-                    operands.push(self.tensor_at(b, ptrs, symbols)?);
-                }
-                let refs: Vec<&Tensor> = operands.iter().collect();
-                let results = kiln_ir::interp::eval_op(op, &refs).map_err(|e| RunError::Op(format!("{node}: {e}")))?;
-                for (&b, t) in outputs.iter().zip(&results) {
-                    let dims = self.exe.dims(b, symbols).map_err(RunError::Backend)?;
-                    let bytes = t.as_bytes();
-                    if t.shape() != dims.as_slice() || bytes.len() != self.bytes(b, &dims) {
-                        return Err(RunError::Op(format!("{node}: result shape {:?}, expected {dims:?}", t.shape())));
-                    }
-                    // SAFETY: the destination buffer holds exactly `bytes.len()` bytes and does not overlap the
-                    // freshly computed result.
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptrs.0[b.0 as usize], bytes.len()) };
-                }
-                Ok(())
+                self.host_step(None, op, inputs, outputs, node, ptrs, symbols)
+            }
+            Step::Backend { backend, op, inputs, outputs, node } => {
+                self.host_step(Some(backend), op, inputs, outputs, node, ptrs, symbols)
             }
             Step::Copy { src, dst } => {
                 let dims = self.exe.dims(*src, symbols).map_err(RunError::Backend)?;
@@ -594,6 +600,41 @@ impl CpuProgram {
                 Ok(())
             }
         }
+    }
+
+    /// Runs `op` outside the compiled code — on the reference interpreter (`backend` `None`) or on a registry
+    /// backend — over copies of its operands, and copies its checked results into their buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn host_step(
+        &self,
+        backend: Option<&str>,
+        op: &kiln_ir::Op,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+        node: &str,
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(), RunError> {
+        let mut operands = Vec::with_capacity(inputs.len());
+        for &b in inputs {
+            operands.push(self.tensor_at(b, ptrs, symbols)?);
+        }
+        let mut expected = Vec::with_capacity(outputs.len());
+        for &b in outputs {
+            expected
+                .push((self.exe.buffers[b.0 as usize].ty.dtype, self.exe.dims(b, symbols).map_err(RunError::Backend)?));
+        }
+        let results = self.placed.run(backend, op, node, &operands, &expected)?;
+        for ((&b, t), (_, dims)) in outputs.iter().zip(&results).zip(&expected) {
+            let bytes = t.as_bytes();
+            if bytes.len() != self.bytes(b, dims) {
+                return Err(RunError::Op(format!("{node}: a result has the wrong byte count")));
+            }
+            // SAFETY: the destination buffer holds exactly `bytes.len()` bytes (checked above) and does not
+            // overlap the freshly computed result.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptrs.0[b.0 as usize], bytes.len()) };
+        }
+        Ok(())
     }
 
     /// A copy of buffer `b` as a tensor.
@@ -761,7 +802,7 @@ impl CpuProgram {
                         _ => tensors.push(self.tensor_at(b, ptrs, symbols)?),
                     }
                 }
-                kiln_codegen::kernel::eval(k, &mut tensors, syms).map_err(|e| RunError::Op(e.to_string()))?;
+                kiln_plan::kernel::eval(k, &mut tensors, syms).map_err(|e| RunError::Op(e.to_string()))?;
                 for ((&b, (_, a)), t) in args.iter().zip(k.launch_args()).zip(&tensors) {
                     if a.role == ArgRole::Output {
                         let bytes = t.as_bytes();

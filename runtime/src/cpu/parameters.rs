@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use kiln_codegen::library::PackedB;
+use crate::library::PackedB;
 use kiln_ir::{DType, Dim, Tensor, TensorType};
 
 use crate::RunError;
@@ -18,7 +18,7 @@ use crate::cpu::CpuBackend;
 use crate::recipe::DerivedWeightRecipe;
 
 /// A weight on the CPU: its tensor and, when asked for, the same matrix packed for
-/// [`kiln_codegen::library::matmul_packed_f32`]. Cloning shares both (no bytes are copied).
+/// [`crate::library::matmul_packed_f32`]. Cloning shares both (no bytes are copied).
 #[derive(Clone)]
 pub struct CpuWeight {
     tensor: Arc<Tensor>,

@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kiln_codegen::exec::{BufferId, Home};
-use kiln_codegen::library::PackedB;
-use kiln_ir::{DType, Tensor};
+use crate::library::PackedB;
+use kiln_ir::Tensor;
+use kiln_plan::exec::{BufferId, Home};
 
 use crate::RunError;
 use crate::checkpoint::CheckpointSource;
@@ -30,37 +30,10 @@ pub(crate) struct WeightSet {
     /// Matmul right operands packed for `library::matmul_packed_f32`, by buffer.
     pub(crate) packed: HashMap<BufferId, Arc<PackedB>>,
     /// 3×3 conv weights in the Winograd domain for `library::conv_winograd_f32`, by buffer.
-    pub(crate) winograd: HashMap<BufferId, Arc<kiln_codegen::library::WinogradWeights>>,
+    pub(crate) winograd: HashMap<BufferId, Arc<crate::library::WinogradWeights>>,
 }
 
-/// A weight value remembered without its bytes: dtype, shape and a 64-bit FNV-1a hash of the little-endian
-/// bytes (stable across processes, so artifacts can carry it).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WeightFingerprint {
-    /// The element type.
-    pub dtype: DType,
-    /// The extents.
-    pub shape: Vec<usize>,
-    /// FNV-1a of the bytes.
-    pub hash: u64,
-}
-
-impl WeightFingerprint {
-    /// The fingerprint of a dtype, shape and bytes.
-    pub fn of(dtype: DType, shape: &[usize], bytes: &[u8]) -> WeightFingerprint {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in bytes {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        WeightFingerprint { dtype, shape: shape.to_vec(), hash }
-    }
-
-    /// The fingerprint of a tensor.
-    pub fn of_tensor(t: &Tensor) -> WeightFingerprint {
-        WeightFingerprint::of(t.dtype(), t.shape(), t.as_bytes())
-    }
-}
+pub use kiln_plan::weights::WeightFingerprint;
 
 /// What a weight load takes from where.
 #[derive(Clone, Debug, Default)]

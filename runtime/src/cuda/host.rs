@@ -188,7 +188,7 @@ impl<K: HostKernels> Gpu for HostGpu<K> {
                     std::slice::from_raw_parts_mut((g.c.0 as *mut f32).add(i * g.stride_c), span(g.m, g.ldc, g.n)),
                 )
             };
-            kiln_codegen::library::gemm_f32(g.m, g.n, g.k, a, g.lda, b, g.ldb, c, g.ldc, g.accumulate);
+            crate::library::gemm_f32(g.m, g.n, g.k, a, g.lda, b, g.ldb, c, g.ldc, g.accumulate);
         }
         Ok(())
     }

@@ -26,7 +26,7 @@ pub use driver::CudaGpu;
 pub use gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
 pub use host::{HostGpu, HostKernels, NoKernels};
 pub use nccl::{NcclGroup, NcclId};
-pub use node::{CUDA_PRIORITY, CudaNodeBackend};
+pub use node::{CUDA_BACKEND, CUDA_PRIORITY, CudaNodeBackend};
 pub use parameters::{GpuHostBuffer, GpuMaterialization, GpuParameter, GpuWeight};
 pub use program::{GpuProgram, PendingRun};
 pub use submission::{GpuBackend, GpuCompletion, GpuExecutor, GpuWork};

@@ -6,17 +6,20 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kiln_codegen::device::{DevicePlan, DeviceStep};
-use kiln_codegen::exec::{BufferId, BufferInfo, Executable, Home};
 use kiln_ir::{DType, Op, Tensor, TensorType};
+use kiln_plan::device::{DevicePlan, DeviceStep};
+use kiln_plan::exec::{BufferId, BufferInfo, Executable, Home};
 
 use super::gpu::Gpu;
 use super::program::GpuProgram;
 use crate::RunError;
 use crate::contract::{Backend, Capabilities, Counters, Node, NodeKind, OpSupport, RunResult};
 
-/// The priority a device registers with: above the host's reference backend (0).
+/// The priority a device registers with: above the host's compiled code and reference backend (0).
 pub const CUDA_PRIORITY: i32 = 10;
+
+/// The name a CUDA device registers as.
+pub const CUDA_BACKEND: &str = "cuda";
 
 /// Runs single f32 `matmul` nodes on a device. See the module docs.
 pub struct CudaNodeBackend<G: Gpu> {
@@ -137,7 +140,7 @@ mod tests {
         assert_eq!(r.select(&Node::op("mm", Op::MatMul)).unwrap().name, "cuda");
         assert_eq!(
             r.select(&Node::op("add", Op::Binary(BinaryOp::Add))).unwrap().name,
-            crate::registry::REFERENCE_BACKEND
+            crate::registry::COMPILED_CPU_BACKEND
         );
     }
 }

@@ -18,10 +18,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use kiln_codegen::device::{DevicePlan, DeviceStep, PtxKernelInfo, PtxParam, conv_gemm_shape};
-use kiln_codegen::exec::{BufferId, Executable, Home};
-use kiln_codegen::library::batch_plan;
+use crate::library::batch_plan;
 use kiln_ir::{DType, Tensor};
+use kiln_plan::device::{DevicePlan, DeviceStep, PtxKernelInfo, PtxParam, conv_gemm_shape};
+use kiln_plan::exec::{BufferId, Executable, Home};
 
 use super::gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
 use crate::RunError;
@@ -38,6 +38,8 @@ pub struct GpuProgram<G: Gpu> {
     owned: Vec<DevPtr>,
     /// The arena, reused by run after run (one run at a time).
     arena: Mutex<Option<DevPtr>>,
+    /// The registry backends the plan's host steps name.
+    placed: crate::placement::PlacedBackends,
 }
 
 impl<G: Gpu> std::fmt::Debug for GpuProgram<G> {
@@ -52,16 +54,37 @@ fn backend(message: impl std::fmt::Display) -> RunError {
 
 impl<G: Gpu> GpuProgram<G> {
     /// Binds `exe` (whose weights it uploads) and `plan` to `gpu`, whose loaded module holds `infos.len()`
-    /// kernels in [`DevicePlan::kernels`] order, and runs the plan's prepare steps.
+    /// kernels in [`DevicePlan::kernels`] order, and runs the plan's prepare steps. A plan that places nodes on
+    /// other backends needs [`GpuProgram::with_backends`].
     pub fn new(
         gpu: Arc<G>,
         exe: Executable,
         plan: DevicePlan,
         infos: Vec<PtxKernelInfo>,
     ) -> Result<GpuProgram<G>, RunError> {
+        GpuProgram::with_backends(gpu, exe, plan, infos, &crate::registry::BackendRegistry::new())
+    }
+
+    /// [`GpuProgram::new`], with the backends the plan's host steps name taken from `registry`.
+    pub fn with_backends(
+        gpu: Arc<G>,
+        exe: Executable,
+        plan: DevicePlan,
+        infos: Vec<PtxKernelInfo>,
+        registry: &crate::registry::BackendRegistry,
+    ) -> Result<GpuProgram<G>, RunError> {
         plan.check_references(exe.buffers.len(), infos.len()).map_err(backend)?;
-        let mut program =
-            GpuProgram { gpu, exe, plan, infos, resident: HashMap::new(), owned: Vec::new(), arena: Mutex::new(None) };
+        let placed = crate::placement::PlacedBackends::resolve(&plan.placed_nodes(), registry)?;
+        let mut program = GpuProgram {
+            gpu,
+            exe,
+            plan,
+            infos,
+            resident: HashMap::new(),
+            owned: Vec::new(),
+            arena: Mutex::new(None),
+            placed,
+        };
         program.upload_weights()?;
         Ok(program)
     }
@@ -410,22 +433,17 @@ impl<G: Gpu> GpuProgram<G> {
                         unsafe { gpu.copy(at(*dst), at(*src), n)? };
                     }
                 }
-                DeviceStep::Host { op, inputs, outputs, node } => {
+                DeviceStep::Host { backend, op, inputs, outputs, node } => {
                     let mut operands = Vec::with_capacity(inputs.len());
                     for &b in inputs {
                         operands.push(self.download(gpu, b, dims(b)?, at(b))?);
                     }
-                    let refs: Vec<&Tensor> = operands.iter().collect();
-                    let results =
-                        kiln_ir::interp::eval_op(op, &refs).map_err(|e| RunError::Op(format!("{node}: {e}")))?;
+                    let mut expected = Vec::with_capacity(outputs.len());
+                    for &b in outputs {
+                        expected.push((self.exe.buffers[b.0 as usize].ty.dtype, dims(b)?));
+                    }
+                    let results = self.placed.run(backend.as_deref(), op, node, &operands, &expected)?;
                     for (&b, t) in outputs.iter().zip(&results) {
-                        let want = dims(b)?;
-                        if t.shape() != want.as_slice() {
-                            return Err(RunError::Op(format!(
-                                "{node}: result shape {:?}, expected {want:?}",
-                                t.shape()
-                            )));
-                        }
                         if !t.as_bytes().is_empty() {
                             // SAFETY: the buffer holds exactly this many bytes for these dims.
                             unsafe { gpu.upload(at(b), t.as_bytes())? };
@@ -621,8 +639,8 @@ impl<G: Gpu> Drop for GpuProgram<G> {
 
 #[cfg(test)]
 mod tests {
-    use kiln_codegen::exec::BufferInfo;
     use kiln_ir::TensorType;
+    use kiln_plan::exec::BufferInfo;
 
     use super::*;
     use crate::cuda::{HostGpu, NoKernels};

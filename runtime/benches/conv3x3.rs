@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use kiln_codegen::library::{Par, WinogradWeights, conv_f32, conv_winograd_f32};
 use kiln_ir::op::Conv;
+use kiln_runtime::library::{Par, WinogradWeights, conv_f32, conv_winograd_f32};
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
     (0..n).map(|i| (((i * 2654435761 + seed * 97) % 2000) as f32 / 1000.0) - 1.0).collect()

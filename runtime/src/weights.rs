@@ -9,7 +9,15 @@ use std::path::Path;
 use kiln_ir::{DType, Tensor, Weights};
 use safetensors::Dtype as St;
 
-use crate::Error;
+/// A weight file that could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("weights {path}: {message}")]
+pub struct WeightsError {
+    /// The weight file.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
 
 fn to_st(d: DType) -> St {
     match d {
@@ -41,10 +49,16 @@ fn from_st(d: St) -> Option<DType> {
 }
 
 /// Reads every tensor of a safetensors file.
-pub fn load(path: &Path) -> Result<Weights, Error> {
-    let bad = |message: String| Error::Weights { path: path.display().to_string(), message };
-    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+pub fn load(path: &Path) -> Result<Weights, WeightsError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| WeightsError { path: path.display().to_string(), message: e.to_string() })?;
+    parse(path, &bytes)
+}
+
+/// Reads every tensor of safetensors `bytes` (read from `path`, which names it in errors).
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Weights, WeightsError> {
+    let bad = |message: String| WeightsError { path: path.display().to_string(), message };
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let mut w = Weights::default();
     for (name, view) in st.iter() {
         let dtype = from_st(view.dtype())
@@ -59,8 +73,8 @@ pub fn load(path: &Path) -> Result<Weights, Error> {
 }
 
 /// Writes every weight to a safetensors file.
-pub fn save(path: &Path, weights: &Weights) -> Result<(), Error> {
-    let bad = |message: String| Error::Weights { path: path.display().to_string(), message };
+pub fn save(path: &Path, weights: &Weights) -> Result<(), WeightsError> {
+    let bad = |message: String| WeightsError { path: path.display().to_string(), message };
     let owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> =
         weights.iter().map(|(n, t)| (n.to_string(), t.dtype(), t.shape().to_vec(), t.data().to_le_bytes())).collect();
     let views = owned
@@ -96,6 +110,6 @@ mod tests {
         save(&path, &w).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
-        assert!(matches!(load(&path), Err(Error::Weights { .. })));
+        assert!(matches!(load(&path), Err(WeightsError { .. })));
     }
 }

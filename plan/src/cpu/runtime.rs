@@ -22,7 +22,7 @@ pub const RUNTIME_TABLE_LEN_SYMBOL: &str = "kiln_rt_table_len";
 
 /// How a runtime function is called, in Cranelift types.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum RtSig {
+pub enum RtSig {
     /// `f32 -> f32`.
     F32ToF32,
     /// `f64 -> f64`.
@@ -47,30 +47,30 @@ macro_rules! runtime_fns {
     ($($variant:ident = $name:literal, $sig:ident, $shim:ident;)*) => {
         /// A runtime function, by its position in the runtime table.
         #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-        pub(crate) enum RtFn {
-            $($variant,)*
+        pub enum RtFn {
+            $(#[allow(missing_docs)] $variant,)*
         }
 
         impl RtFn {
             /// Every runtime function, in table order.
-            pub(crate) const ALL: &'static [RtFn] = &[$(RtFn::$variant,)*];
+            pub const ALL: &'static [RtFn] = &[$(RtFn::$variant,)*];
 
             /// The symbol the JIT resolves the shim by.
-            pub(crate) fn name(self) -> &'static str {
+            pub fn name(self) -> &'static str {
                 match self {
                     $(RtFn::$variant => $name,)*
                 }
             }
 
             /// The calling signature.
-            pub(crate) fn sig(self) -> RtSig {
+            pub fn sig(self) -> RtSig {
                 match self {
                     $(RtFn::$variant => RtSig::$sig,)*
                 }
             }
 
             /// The shim's address.
-            pub(crate) fn address(self) -> *const u8 {
+            pub fn address(self) -> *const u8 {
                 match self {
                     $(RtFn::$variant => $shim as *const u8,)*
                 }

@@ -5,9 +5,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use kiln_codegen::library::{self, Epilogue, LibraryError, Par};
 use kiln_ir::op::{Conv, Op, Pool, PoolKind};
 use kiln_ir::{DType, Tensor};
+use kiln_runtime::library::{self, Epilogue, LibraryError, Par};
 
 const TOLERANCE: f64 = 1e-4;
 

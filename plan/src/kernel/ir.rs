@@ -493,7 +493,7 @@ impl IExpr {
         symbols: &[i64],
         read: BufferRead<'_>,
     ) -> Result<i64, String> {
-        use super::simplify::{floor_div, floor_rem};
+        use super::{floor_div, floor_rem};
         let ev = |e: &IExpr| e.eval_reading(loops, symbols, read);
         let bin = |a: &IExpr, b: &IExpr| -> Result<(i64, i64), String> { Ok((ev(a)?, ev(b)?)) };
         Ok(match self {
