@@ -16,6 +16,13 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo clippy (kiln-runtime with MPI)"
 cargo clippy -p kiln-runtime --features mpi --all-targets --quiet -- -D warnings
 
+echo "== the runtime stands alone (no Cranelift, no LLVM in kiln-runtime or kiln-serve)"
+for p in kiln-runtime kiln-serve; do
+  if cargo tree -p "$p" -e normal --prefix none | grep -E "^(cranelift|inkwell|llvm-sys|kiln-codegen|kiln-passes)"; then
+    echo "$p depends on the compiler (see above)"; exit 1
+  fi
+done
+
 echo "== MPI collectives under mpirun -np 2"
 cargo build --quiet -p kiln-runtime --features mpi --example mpi_collectives
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi

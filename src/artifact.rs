@@ -20,7 +20,6 @@ pub use kiln_plan::artifact::{
     ArtifactManifest, CpuManifest, CudaManifest, CudaTarget, FORMAT_VERSION, FileDigest, LIBRARY_FILE, MANIFEST_FILE,
     ManifestCommon, PTX_FILE, PlacementRecord, PortInfo, WEIGHTS_FILE,
 };
-use kiln_plan::device::PtxArch;
 
 use crate::{Compiled, Error, Lowered};
 
@@ -140,7 +139,7 @@ impl Artifact {
             ));
         }
         let loaded =
-            kiln_runtime::artifact::load_cpu(dir, artifact.manifest, crate::resolve_threads(threads), backends)
+            kiln_runtime::artifact::load_cpu(dir, artifact.manifest, crate::resolve_threads(threads)?, backends)
                 .map_err(crate::run_error)?;
         let exe = loaded.program.executable();
         let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
@@ -172,45 +171,23 @@ impl Artifact {
         backends: &crate::BackendRegistry,
     ) -> Result<crate::cuda::CudaCompiled, Error> {
         let t0 = Instant::now();
-        let path = dir.join(MANIFEST_FILE);
-        let ArtifactManifest::Cuda(manifest) = kiln_plan::artifact::read_manifest(dir)? else {
-            return Err(artifact_error(&path, "not a CUDA artifact: `kiln run` runs it on the CPU"));
-        };
-        let device = kiln_runtime::cuda::CudaDevice::open(ordinal).map_err(crate::cuda_run_error)?;
-        if let Ok((major, minor)) = device.compute_capability() {
-            let need = match manifest.target.arch {
-                PtxArch::Sm80 => 8,
-                PtxArch::Sm90 => 9,
-            };
-            if major < need {
-                return Err(artifact_error(
-                    &path,
-                    format!(
-                        "compiled for {}, but device {ordinal} ({}) has compute capability {major}.{minor}",
-                        manifest.target.arch.name(),
-                        device.name()
-                    ),
-                ));
-            }
+        let manifest = kiln_plan::artifact::read_manifest(dir)?;
+        if !matches!(manifest, ArtifactManifest::Cuda(_)) {
+            return Err(artifact_error(&dir.join(MANIFEST_FILE), "not a CUDA artifact: `kiln run` runs it on the CPU"));
         }
-        let CudaManifest { common, kernels, plan, .. } = manifest;
-        let placement = common.placement.clone();
-        let mut executable = common.executable;
-        let weights_load =
-            kiln_runtime::artifact::load_weights(dir, &common.weights, &mut executable).map_err(crate::run_error)?;
-        let ptx = ArtifactManifest::check_file(dir, &common.code)?;
-        let ptx_path = dir.join(&common.code.file);
-        let ptx = String::from_utf8(ptx).map_err(|_| artifact_error(&ptx_path, "the PTX module is not UTF-8 text"))?;
+        let loaded =
+            kiln_runtime::artifact::load_cuda(dir, manifest, ordinal, backends).map_err(crate::cuda_run_error)?;
+        let exe = loaded.program.executable();
         let report = crate::CompileReport {
-            kernels: kernels.len(),
-            steps: executable.step_counts(),
-            fallbacks: executable.fallbacks.clone(),
-            arena_bytes: executable.arena_bytes,
-            weights_load,
-            placement,
+            kernels: loaded.manifest.kernels.len(),
+            steps: exe.step_counts(),
+            fallbacks: exe.fallbacks.clone(),
+            arena_bytes: exe.arena_bytes,
+            weights_load: loaded.weights_load,
+            placement: loaded.manifest.common.placement.clone(),
             ..Default::default()
         };
-        let mut compiled = crate::cuda::CudaCompiled::bind(device, executable, plan, &ptx, kernels, report, backends)?;
+        let mut compiled = crate::cuda::CudaCompiled::from_program(loaded.program, report);
         compiled.set_load_time(t0.elapsed());
         Ok(compiled)
     }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 pub use kiln_ir as ir;
-use kiln_ir::{DType, Dim, Graph, Op, Shape, Tensor};
+use kiln_ir::{DType, Graph, Op, Tensor};
 
 pub mod artifact;
 pub mod conformance;
@@ -261,7 +261,7 @@ impl Compiled {
         inputs: Vec<(String, kiln_ir::TensorType)>,
         backends: &BackendRegistry,
     ) -> Result<Compiled, Error> {
-        let program = kiln_runtime::cpu::CpuProgram::with_backends(exe, code, resolve_threads(threads), backends)
+        let program = kiln_runtime::cpu::CpuProgram::with_backends(exe, code, resolve_threads(threads)?, backends)
             .map_err(run_error)?;
         Ok(Compiled::from_program(program, report, inputs))
     }
@@ -374,9 +374,10 @@ fn cuda_run_error(e: kiln_runtime::RunError) -> Error {
     }
 }
 
-/// Worker threads for a request of `n` (0: all cores).
-pub fn resolve_threads(n: usize) -> usize {
-    if n > 0 { n } else { std::thread::available_parallelism().map_or(1, |n| n.get()) }
+/// Worker threads for a request of `n` (0: all cores); more than the cap (`kiln_runtime::cpu::resolve_threads`)
+/// is an error.
+pub fn resolve_threads(n: usize) -> Result<usize, Error> {
+    kiln_runtime::cpu::resolve_threads(n).map_err(run_error)
 }
 
 /// A loaded model: a verified graph with its weights.
@@ -492,13 +493,16 @@ impl Model {
         let declared = self.inputs();
         for name in inputs.keys() {
             if !declared.iter().any(|(n, _)| n == name) {
-                return Err(Error::Input(format!("the model has no input `{name}` (inputs: {})", names(&declared))));
+                return Err(Error::Input(format!(
+                    "the model has no input `{name}` (inputs: {})",
+                    kiln_runtime::bind::names(&declared)
+                )));
             }
         }
         if let Some((missing, _)) = declared.iter().find(|(n, _)| !inputs.contains_key(n)) {
             return Err(Error::Input(format!("input `{missing}` is missing")));
         }
-        bind_symbols(&declared, inputs)?;
+        kiln_runtime::bind::bind_declared(&declared, inputs).map_err(run_error)?;
         kiln_ir::verify_weights_bound(&self.graph)
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
         match options.backend {
@@ -626,97 +630,11 @@ pub struct Lowered {
 /// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).
 fn complete_inputs(
     inputs: &[(String, kiln_ir::TensorType)],
-    mut given: BTreeMap<String, Tensor>,
+    given: BTreeMap<String, Tensor>,
     shapes: &BTreeMap<String, Vec<usize>>,
     seed: u64,
 ) -> Result<BTreeMap<String, Tensor>, Error> {
-    for name in given.keys().chain(shapes.keys()) {
-        if !inputs.iter().any(|(n, _)| n == name) {
-            return Err(Error::Input(format!("the model has no input `{name}` (inputs: {})", names(inputs))));
-        }
-    }
-    let mut symbols = bind_symbols(inputs, &given)?;
-    for (i, (name, ty)) in inputs.iter().enumerate() {
-        if given.contains_key(name) {
-            continue;
-        }
-        let dims = match shapes.get(name) {
-            Some(d) => {
-                check_dims(name, &ty.shape, d, &mut symbols)?;
-                d.clone()
-            }
-            None => ty
-                .shape
-                .0
-                .iter()
-                .map(|d| match d {
-                    Dim::Static(n) => Ok(*n as usize),
-                    Dim::Sym(s) => symbols.get(s).copied().ok_or_else(|| {
-                        Error::Input(format!(
-                            "input `{name}` has symbolic dim `{s}`: give its value with --input {name}=FILE.npy or --shape {name}={}",
-                            example_shape(&ty.shape)
-                        ))
-                    }),
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        given.insert(name.clone(), Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64)));
-    }
-    Ok(given)
-}
-
-fn names(inputs: &[(String, kiln_ir::TensorType)]) -> String {
-    inputs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ")
-}
-
-fn example_shape(s: &Shape) -> String {
-    s.0.iter().map(|d| d.as_static().unwrap_or(1).to_string()).collect::<Vec<_>>().join("x")
-}
-
-/// Checks given tensors against the declared input types and binds symbolic dims consistently.
-fn bind_symbols(
-    inputs: &[(String, kiln_ir::TensorType)],
-    given: &BTreeMap<String, Tensor>,
-) -> Result<BTreeMap<String, usize>, Error> {
-    let mut symbols = BTreeMap::new();
-    for (name, ty) in inputs {
-        let Some(t) = given.get(name) else { continue };
-        if t.dtype() != ty.dtype {
-            return Err(Error::Input(format!(
-                "input `{name}` must be {}, got {} (expected {ty})",
-                ty.dtype,
-                t.dtype()
-            )));
-        }
-        check_dims(name, &ty.shape, t.shape(), &mut symbols)?;
-    }
-    Ok(symbols)
-}
-
-fn check_dims(name: &str, declared: &Shape, got: &[usize], symbols: &mut BTreeMap<String, usize>) -> Result<(), Error> {
-    let shown = || format!("[{}]", got.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
-    if declared.rank() != got.len() {
-        return Err(Error::Input(format!("input `{name}` must have shape {declared}, got {}", shown())));
-    }
-    for (d, &n) in declared.0.iter().zip(got) {
-        match d {
-            Dim::Static(k) if *k as usize != n => {
-                return Err(Error::Input(format!("input `{name}` must have shape {declared}, got {}", shown())));
-            }
-            Dim::Sym(s) => {
-                if let Some(&prev) = symbols.get(s)
-                    && prev != n
-                {
-                    return Err(Error::Input(format!(
-                        "input `{name}` gives symbolic dim `{s}` = {n}, but another input bound it to {prev}"
-                    )));
-                }
-                symbols.insert(s.clone(), n);
-            }
-            Dim::Static(_) => {}
-        }
-    }
-    Ok(())
+    kiln_runtime::bind::complete_inputs(inputs, given, shapes, seed).map_err(run_error)
 }
 
 /// The dtypes a CLI user can name, for messages.

@@ -194,13 +194,14 @@ fn live_states() -> std::ffi::c_long {
 #[test]
 fn plugin_states_flow_through_prefix_counters_export_and_import() {
     let r = registry_with_plugins();
-    let sel = r.select(&Node::token("req", "count", true)).unwrap();
+    let sel = r.select(&Node::token("req", "count", true, 2)).unwrap();
     assert_eq!(sel.name, "reduce");
     let backend = sel.backend;
-    let node = Node::token("req", "count", true);
+    // Two tokens to generate (the node's); `remaining_tokens` counts the prompt tokens no state covers.
+    let node = Node::token("req", "count", true, 2);
     let before = live_states();
     let prompt = Tensor::from_vec(vec![3], vec![5i64, 6, 7]).unwrap();
-    let first = backend.run_with_cache(&node, &[prompt], None, 2).unwrap();
+    let first = backend.run_with_cache(&node, &[prompt], None, 3).unwrap();
     assert_eq!(first.outputs, vec![Tensor::from_vec(vec![2], vec![8i64, 9]).unwrap()]);
     assert_eq!((first.counters.reused_prefix_len, first.counters.tokens_sent), (0, 5));
     assert!(!first.counters.used_cached_state);
@@ -210,6 +211,7 @@ fn plugin_states_flow_through_prefix_counters_export_and_import() {
 
     // Resume: the prompt extends the state's tokens, so 5 are reused.
     let prompt = Tensor::from_vec(vec![6], vec![5i64, 6, 7, 8, 9, 42]).unwrap();
+    let node = Node::token("req", "count", true, 1);
     let second = backend.run_with_cache(&node, std::slice::from_ref(&prompt), Some(&state), 1).unwrap();
     assert_eq!(second.outputs, vec![Tensor::from_vec(vec![1], vec![43i64]).unwrap()]);
     let c = second.counters;
@@ -242,7 +244,7 @@ fn broken_plugins_are_refused_with_clear_errors() {
     let cases = [
         ("BAD_NO_ENTRY", "does not export `kiln_backend_entry`"),
         ("BAD_NULL_ENTRY", "kiln_backend_entry returned null"),
-        ("BAD_VERSION", "ABI version 99 is not supported (this kiln speaks version 1)"),
+        ("BAD_VERSION", "ABI version 99 is not supported (this kiln loads ABI versions 1 to 2)"),
         ("BAD_SIZE", "vtable struct_size is"),
         ("BAD_NO_RUN", "has no `run` function"),
         ("BAD_UNKNOWN_OP", "declares op `matmull`, which is not a kiln op mnemonic"),
@@ -264,6 +266,53 @@ fn broken_plugins_are_refused_with_clear_errors() {
     }
     let err = r.load_plugins_from_spec("missing@2=/nonexistent/libmissing.so").unwrap_err();
     assert!(err.to_string().contains("plugin `missing`: /nonexistent/libmissing.so: no such file"), "{err}");
+}
+
+#[test]
+fn a_version_1_plugin_still_loads_and_is_spoken_to_in_version_1() {
+    use kiln_runtime::plugin::abi::{KILN_BACKEND_ABI_VERSION, KILN_RUN_ARGS_V1_SIZE, KilnRunArgs};
+    assert_eq!(KILN_BACKEND_ABI_VERSION, 2);
+    assert!(KILN_RUN_ARGS_V1_SIZE < std::mem::size_of::<KilnRunArgs>() as u32);
+    let lib = c_plugin("old_v1", "bad_plugin.c", &["OLD_V1"]);
+    let mut r = BackendRegistry::with_defaults();
+    r.load_plugin("old", &lib, 1).unwrap();
+    let old = r.get("old").unwrap();
+    // A token node generating 7 tokens: a version-1 plugin reads the count in `remaining_tokens` (version 1's
+    // meaning), from a run-args struct of version 1's size.
+    let err = old.run_with_cache(&Node::token("t", "m", false, 7), &[], None, 3).unwrap_err().to_string();
+    assert!(err.contains(&format!("v1 run: struct_size={KILN_RUN_ARGS_V1_SIZE} remaining_tokens=7")), "{err}");
+}
+
+#[test]
+fn a_backend_registers_from_a_vtable_in_memory() {
+    use kiln_runtime::plugin::PluginBackend;
+    use kiln_runtime::plugin::abi::{KILN_BACKEND_ABI_VERSION, KilnBackendVtable, KilnEntryFn};
+    // A vtable already in this process: the Rust example plugin's, fetched through its entry point.
+    // SAFETY: the example plugin's entry symbol has the ABI's entry type; the library stays loaded for the test
+    // (leaked), so the vtable stays valid.
+    let table: *const KilnBackendVtable = unsafe {
+        let lib = Box::leak(Box::new(libloading::Library::new(elementwise_plugin()).unwrap()));
+        let entry = lib.get::<KilnEntryFn>(b"kiln_backend_entry\0").unwrap();
+        entry(KILN_BACKEND_ABI_VERSION)
+    };
+    let mut r = BackendRegistry::with_defaults();
+    // SAFETY: as above.
+    unsafe { r.register_vtable("in-memory", table, 7) }.unwrap();
+    let sel = r.select(&Node::op("a", Op::Binary(BinaryOp::Add))).unwrap();
+    assert_eq!((sel.name.as_str(), sel.priority), ("in-memory", 7));
+    check_against_interpreter(
+        sel.backend.as_ref(),
+        Op::Binary(BinaryOp::Mul),
+        &[random(&[2, 3], 1, 2.0), random(&[3], 2, 2.0)],
+        1e-6,
+        1e-7,
+    );
+    // SAFETY: a null table is refused before it is read.
+    let err = unsafe { PluginBackend::from_vtable(std::ptr::null(), "null") }.unwrap_err();
+    assert!(err.to_string().contains("null"), "{err}");
+    // SAFETY: as above; the duplicate is refused by name before the table is used.
+    let err = unsafe { r.register_vtable("in-memory", table, 1) }.unwrap_err();
+    assert!(err.to_string().contains("already registered"), "{err}");
 }
 
 #[test]
@@ -328,7 +377,7 @@ fn failing_runs_become_errors_and_the_host_keeps_running() {
     let err =
         ew.run_with_cache(&Node::op("g", Op::Unary(UnaryOp::Sin)), std::slice::from_ref(&x), None, 0).unwrap_err();
     assert!(err.to_string().contains("op `sin` is not one of this plugin's"), "{err}");
-    let err = ew.run_with_cache(&Node::token("t", "m", false), &[], None, 3).unwrap_err();
+    let err = ew.run_with_cache(&Node::token("t", "m", false, 3), &[], None, 0).unwrap_err();
     assert!(err.to_string().contains("token nodes are not supported"), "{err}");
     let bad = random(&[2, 2], 5, 1.0);
     let err = ew.run_with_cache(&Node::op("b", Op::Binary(BinaryOp::Mul)), &[x.clone(), bad], None, 0).unwrap_err();
@@ -492,7 +541,7 @@ fn c_plugin_honours_strides_and_checks_the_run_args_size() {
     // SAFETY: as above.
     let entry = unsafe { *lib.get::<KilnEntryFn>(KILN_BACKEND_ENTRY_SYMBOL).unwrap() };
     // SAFETY: the plugin returns its static vtable, built against this ABI version.
-    let vtable = unsafe { *entry() };
+    let vtable = unsafe { *entry(kiln_runtime::plugin::abi::KILN_BACKEND_ABI_VERSION) };
     let run = vtable.run.unwrap();
 
     // a = [[0,1,2],[3,4,5]] stored column-major (strides [1, 2]); b = [[1],[10],[100]] row-major.
@@ -536,6 +585,8 @@ fn c_plugin_honours_strides_and_checks_the_run_args_size() {
         state_tokens: 0,
         error: error.as_mut_ptr().cast(),
         error_cap: error.len() as u64,
+        max_new_tokens: 0,
+        reserved: 0,
     };
     // SAFETY: every pointer in `args` is alive for the call.
     let status = unsafe { run(vtable.instance, &mut args) };

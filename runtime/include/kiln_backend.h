@@ -1,10 +1,19 @@
 /*
- * kiln_backend.h — the C ABI of kiln backend plugins, version 1.
+ * kiln_backend.h — the C ABI of kiln backend plugins, version 2.
  *
- * A plugin is a shared library exporting one symbol, `kiln_backend_entry`, which returns a pointer to a
- * `kiln_backend_vtable`. The host checks `abi_version` (must equal KILN_BACKEND_ABI_VERSION) and `struct_size`
- * (must equal sizeof(kiln_backend_vtable) of that version) before reading anything else. Any change to a struct
- * or to a function's meaning bumps the version; there are no compatible minor revisions.
+ * A plugin is a shared library exporting one symbol, `kiln_backend_entry`, which receives the host's ABI version
+ * and returns a pointer to a `kiln_backend_vtable`. The host accepts plugins of every version from
+ * KILN_BACKEND_ABI_MIN_VERSION to KILN_BACKEND_ABI_VERSION: it checks `abi_version` and `struct_size` (which must
+ * equal sizeof(kiln_backend_vtable) of that version) before reading anything else, and speaks each plugin's own
+ * version to it. Any change to a struct or to a function's meaning bumps the version.
+ *
+ * Version 2 (this header) changed, from version 1:
+ *   - kiln_backend_entry takes the host's ABI version (a version-1 entry takes no argument; calling it with one
+ *     is harmless in the C calling conventions kiln runs on, so version-1 plugins still load);
+ *   - kiln_run_args.remaining_tokens is the count of prompt tokens the prefix state does not cover (the seed
+ *     contract's meaning); the tokens to generate moved to the new field max_new_tokens, after error_cap.
+ *     A version-1 plugin gets struct_size of the version-1 struct and, in remaining_tokens, the tokens to
+ *     generate, as before.
  *
  * Ownership in one paragraph: the host owns every buffer that crosses the boundary. Inputs are borrowed for one
  * call. Outputs are allocated by the host through a callback and filled by the plugin. Error messages are
@@ -23,7 +32,9 @@
 extern "C" {
 #endif
 
-#define KILN_BACKEND_ABI_VERSION 1u
+#define KILN_BACKEND_ABI_VERSION 2u
+/* The oldest plugin ABI version this header's host still loads. */
+#define KILN_BACKEND_ABI_MIN_VERSION 1u
 #define KILN_BACKEND_ENTRY_SYMBOL "kiln_backend_entry"
 
 /* Status codes returned by run/export_state/import_state. */
@@ -94,7 +105,7 @@ typedef struct kiln_byte_sink {
 typedef struct kiln_run_args {
     uint32_t struct_size;      /* sizeof(kiln_run_args) as the host compiled it */
     uint32_t input_count;      /* entries in inputs */
-    uint32_t remaining_tokens; /* token nodes: tokens to generate; tensor nodes: 0 */
+    uint32_t remaining_tokens; /* token nodes: prompt tokens the prefix state does not cover; tensor nodes: 0 */
     kiln_counters counters;    /* (out) */
     const char *node_name;     /* for messages; NUL-terminated UTF-8 */
     const char *kind;          /* op mnemonic ("add", "matmul", "softmax", ...) or "token" */
@@ -108,6 +119,8 @@ typedef struct kiln_run_args {
     uint64_t state_tokens; /* (out) prefix tokens state_out covers */
     char *error;           /* host buffer for a NUL-terminated message; truncate to fit */
     uint64_t error_cap;    /* capacity of error, including the NUL */
+    uint32_t max_new_tokens; /* (version 2) token nodes: tokens to generate; tensor nodes: 0 */
+    uint32_t reserved;       /* zero */
 } kiln_run_args;
 
 /* Runs one node; returns KILN_STATUS_*. May be called from several threads at once. */
@@ -126,7 +139,7 @@ typedef void (*kiln_destroy_fn)(void *instance);
 
 /* Returned by kiln_backend_entry; plugin-owned, valid and unchanged until destroy. */
 typedef struct kiln_backend_vtable {
-    uint32_t abi_version;            /* KILN_BACKEND_ABI_VERSION */
+    uint32_t abi_version;            /* the version the plugin speaks: KILN_BACKEND_ABI_VERSION when built here */
     uint32_t struct_size;            /* sizeof(kiln_backend_vtable) */
     const char *name;                /* the plugin's name, non-NULL */
     const char *tensor_backend_type; /* "cpu", "cuda", ... or NULL */
@@ -141,9 +154,10 @@ typedef struct kiln_backend_vtable {
     kiln_destroy_fn destroy;             /* optional (NULL) */
 } kiln_backend_vtable;
 
-/* The one exported symbol. Returns NULL when the plugin cannot initialize. */
-typedef const kiln_backend_vtable *(*kiln_backend_entry_fn)(void);
-const kiln_backend_vtable *kiln_backend_entry(void);
+/* The one exported symbol: receives the host's KILN_BACKEND_ABI_VERSION (a plugin may return a vtable of any
+ * version the host accepts, or NULL when it cannot serve this host or cannot initialize). */
+typedef const kiln_backend_vtable *(*kiln_backend_entry_fn)(uint32_t host_abi_version);
+const kiln_backend_vtable *kiln_backend_entry(uint32_t host_abi_version);
 
 #ifdef __cplusplus
 }

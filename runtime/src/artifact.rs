@@ -156,3 +156,63 @@ pub fn load_cpu(
     let program = CpuProgram::with_backends(exe, code, threads, registry)?;
     Ok(LoadedCpu { program, manifest: m, weights_load })
 }
+
+/// A loaded CUDA artifact: the program bound to the device, and what loading took.
+pub struct LoadedCuda {
+    /// The program on the device.
+    pub program: crate::cuda::GpuProgram<crate::cuda::CudaGpu>,
+    /// The manifest (its executable moved into the program).
+    pub manifest: kiln_plan::artifact::CudaManifest,
+    /// Wall time of reading the weights.
+    pub weights_load: Duration,
+}
+
+/// Loads a CUDA artifact that [`open`] returned onto CUDA device `ordinal`: the device's compute capability is
+/// checked against the artifact's architecture, the weights and the PTX module against their digests, and the
+/// driver JIT-compiles the PTX (no LLVM here). The backends the placement names come from `registry`.
+pub fn load_cuda(
+    dir: &Path,
+    manifest: ArtifactManifest,
+    ordinal: usize,
+    registry: &crate::registry::BackendRegistry,
+) -> Result<LoadedCuda, RunError> {
+    use kiln_plan::device::PtxArch;
+    let path = dir.join(kiln_plan::artifact::MANIFEST_FILE);
+    let ArtifactManifest::Cuda(mut m) = manifest else {
+        return Err(artifact_error(&path, "not a CUDA artifact: it runs on the CPU").into());
+    };
+    let device = crate::cuda::CudaDevice::open(ordinal)?;
+    if let Ok((major, minor)) = device.compute_capability() {
+        let need = match m.target.arch {
+            PtxArch::Sm80 => 8,
+            PtxArch::Sm90 => 9,
+        };
+        if major < need {
+            return Err(artifact_error(
+                &path,
+                format!(
+                    "compiled for {}, but device {ordinal} ({}) has compute capability {major}.{minor}",
+                    m.target.arch.name(),
+                    device.name()
+                ),
+            )
+            .into());
+        }
+    }
+    let mut exe = std::mem::replace(&mut m.common.executable, Executable::empty(""));
+    let weights_load = load_weights(dir, &m.common.weights, &mut exe)?;
+    let ptx = ArtifactManifest::check_file(dir, &m.common.code)?;
+    let ptx = String::from_utf8(ptx)
+        .map_err(|_| artifact_error(&dir.join(&m.common.code.file), "the PTX module is not UTF-8 text"))?;
+    let entries: Vec<String> = m.kernels.iter().map(|i| i.entry.clone()).collect();
+    let gpu = crate::cuda::CudaGpu::new(device, &ptx, &entries)?;
+    // The plan is small (steps and launch facts); the manifest keeps a copy for reports.
+    let program = crate::cuda::GpuProgram::with_backends(
+        std::sync::Arc::new(gpu),
+        exe,
+        m.plan.clone(),
+        m.kernels.clone(),
+        registry,
+    )?;
+    Ok(LoadedCuda { program, manifest: m, weights_load })
+}

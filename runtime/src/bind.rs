@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kiln_ir::{Dim, Tensor};
+use kiln_ir::{Dim, Shape, Tensor, TensorType};
 use kiln_plan::exec::Executable;
 
 use crate::RunError;
@@ -53,4 +53,107 @@ pub fn bind_symbols(exe: &Executable, given: &[&Tensor]) -> Result<HashMap<Strin
         }
     }
     Ok(symbols)
+}
+
+/// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).
+pub fn complete_inputs(
+    inputs: &[(String, TensorType)],
+    mut given: BTreeMap<String, Tensor>,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    seed: u64,
+) -> Result<BTreeMap<String, Tensor>, RunError> {
+    for name in given.keys().chain(shapes.keys()) {
+        if !inputs.iter().any(|(n, _)| n == name) {
+            return Err(RunError::Input(format!("the model has no input `{name}` (inputs: {})", names(inputs))));
+        }
+    }
+    let mut symbols = bind_declared(inputs, &given)?;
+    for (i, (name, ty)) in inputs.iter().enumerate() {
+        if given.contains_key(name) {
+            continue;
+        }
+        let dims = match shapes.get(name) {
+            Some(d) => {
+                check_dims(name, &ty.shape, d, &mut symbols)?;
+                d.clone()
+            }
+            None => ty
+                .shape
+                .0
+                .iter()
+                .map(|d| match d {
+                    Dim::Static(n) => Ok(*n as usize),
+                    Dim::Sym(s) => symbols.get(s).copied().ok_or_else(|| {
+                        RunError::Input(format!(
+                            "input `{name}` has symbolic dim `{s}`: give its value with --input {name}=FILE.npy or --shape {name}={}",
+                            example_shape(&ty.shape)
+                        ))
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        given.insert(name.clone(), Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64)));
+    }
+    Ok(given)
+}
+
+/// The input names, quoted, for messages.
+pub fn names(inputs: &[(String, TensorType)]) -> String {
+    inputs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+fn example_shape(s: &Shape) -> String {
+    s.0.iter().map(|d| d.as_static().unwrap_or(1).to_string()).collect::<Vec<_>>().join("x")
+}
+
+/// Checks given tensors against the declared input types (name → type, in order) and binds symbolic dims
+/// consistently across them.
+pub fn bind_declared(
+    inputs: &[(String, TensorType)],
+    given: &BTreeMap<String, Tensor>,
+) -> Result<BTreeMap<String, usize>, RunError> {
+    let mut symbols = BTreeMap::new();
+    for (name, ty) in inputs {
+        let Some(t) = given.get(name) else { continue };
+        if t.dtype() != ty.dtype {
+            return Err(RunError::Input(format!(
+                "input `{name}` must be {}, got {} (expected {ty})",
+                ty.dtype,
+                t.dtype()
+            )));
+        }
+        check_dims(name, &ty.shape, t.shape(), &mut symbols)?;
+    }
+    Ok(symbols)
+}
+
+fn check_dims(
+    name: &str,
+    declared: &Shape,
+    got: &[usize],
+    symbols: &mut BTreeMap<String, usize>,
+) -> Result<(), RunError> {
+    let shown = || format!("[{}]", got.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","));
+    if declared.rank() != got.len() {
+        return Err(RunError::Input(format!("input `{name}` must have shape {declared}, got {}", shown())));
+    }
+    for (d, &n) in declared.0.iter().zip(got) {
+        match d {
+            Dim::Static(k) if *k as usize != n => {
+                return Err(RunError::Input(format!("input `{name}` must have shape {declared}, got {}", shown())));
+            }
+            Dim::Sym(s) => {
+                if let Some(&prev) = symbols.get(s)
+                    && prev != n
+                {
+                    return Err(RunError::Input(format!(
+                        "input `{name}` gives symbolic dim `{s}` = {n}, but another input bound it to {prev}"
+                    )));
+                }
+                symbols.insert(s.clone(), n);
+            }
+            Dim::Static(_) => {}
+        }
+    }
+    Ok(())
 }

@@ -126,6 +126,9 @@ pub trait Program: Send + Sync {
     /// The backend's name (`cpu`, `cuda`).
     fn backend(&self) -> &'static str;
 
+    /// The executable it runs.
+    fn executable(&self) -> &kiln_plan::exec::Executable;
+
     /// Runs the program.
     fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError>;
 }
@@ -135,7 +138,39 @@ impl Program for cpu::CpuProgram {
         "cpu"
     }
 
+    fn executable(&self) -> &kiln_plan::exec::Executable {
+        cpu::CpuProgram::executable(self)
+    }
+
     fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
         cpu::CpuProgram::run(self, inputs)
     }
+}
+
+impl<G: cuda::Gpu> Program for cuda::GpuProgram<G> {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn executable(&self) -> &kiln_plan::exec::Executable {
+        cuda::GpuProgram::executable(self)
+    }
+
+    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        cuda::GpuProgram::run(self, inputs)
+    }
+}
+
+/// The process's peak resident set size in bytes (`getrusage`'s `ru_maxrss`), `None` where it is unavailable.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` fills the struct it is given; RUSAGE_SELF is always valid.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialized by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    // Linux reports kibibytes (macOS bytes; kiln's hosts are Linux).
+    u64::try_from(usage.ru_maxrss).ok().map(|kib| kib * 1024)
 }

@@ -150,8 +150,78 @@ fn write_to<W: Write>(w: W, t: &Tensor) -> io::Result<()> {
     }
 }
 
+/// One entry of an output directory's `manifest.json`.
+#[derive(serde::Serialize)]
+struct OutputEntry<'a> {
+    name: &'a str,
+    file: String,
+    dtype: &'static str,
+    shape: &'a [usize],
+}
+
+/// `<name>.npy` with every character outside `[A-Za-z0-9_.-]` replaced by `_`.
+pub fn output_file_name(name: &str) -> String {
+    let clean: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '_' }).collect();
+    format!("{clean}.npy")
+}
+
+/// Writes every output to `dir/<name>.npy` ([`output_file_name`]) and `dir/manifest.json`, a list of
+/// `{"name", "file", "dtype", "shape"}` in output order (what `kiln run` writes). Two names that would share a
+/// file are an error, before anything is written.
+pub fn write_output_dir(dir: &Path, outputs: &[(String, Tensor)]) -> Result<(), NpyError> {
+    fn io_err(path: &Path) -> impl Fn(io::Error) -> NpyError + '_ {
+        move |error| NpyError::Io { path: path.display().to_string(), error }
+    }
+    let mut files: std::collections::BTreeMap<String, &str> = std::collections::BTreeMap::new();
+    for (name, _) in outputs {
+        let file = output_file_name(name);
+        if let Some(other) = files.insert(file.clone(), name) {
+            return Err(NpyError::Io {
+                path: dir.join(&file).display().to_string(),
+                error: io::Error::other(format!("outputs `{other}` and `{name}` would both be written here")),
+            });
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let mut manifest = Vec::new();
+    for (name, t) in outputs {
+        let file = output_file_name(name);
+        write(&dir.join(&file), t)?;
+        manifest.push(OutputEntry { name, file, dtype: t.dtype().name(), shape: t.shape() });
+    }
+    let path = dir.join("manifest.json");
+    let text =
+        serde_json::to_string_pretty(&manifest).map_err(|e| io::Error::other(e.to_string())).map_err(io_err(&path))?;
+    std::fs::write(&path, text + "\n").map_err(io_err(&path))
+}
+
+/// A one-line look at a tensor: a few leading values and, for numbers, min/max/mean.
+pub fn summary(t: &Tensor) -> String {
+    if t.is_empty() {
+        return "(empty)".into();
+    }
+    let v = t.to_f64_vec();
+    let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.4}")).collect();
+    let more = if v.len() > 4 { ", …" } else { "" };
+    let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &x in &v {
+        lo = lo.min(x);
+        hi = hi.max(x);
+        sum += x;
+    }
+    format!("[{}{more}] min {lo:.4} max {hi:.4} mean {:.4}", head.join(", "), sum / v.len() as f64)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn output_names_are_sanitized() {
+        assert_eq!(super::output_file_name("logits"), "logits.npy");
+        assert_eq!(super::output_file_name("present.0/key:0"), "present.0_key_0.npy");
+        assert_eq!(super::output_file_name("a b-c_d"), "a_b-c_d.npy");
+    }
+
     use super::*;
 
     #[test]

@@ -219,6 +219,25 @@ impl BackendRegistry {
         self.register(name, Arc::new(backend), priority)
     }
 
+    /// Registers a backend from a vtable already in memory as `name` (the seed's `MakeBackendFromAbi`): a plugin
+    /// linked into the process, or one the caller loaded itself. The vtable is checked as a loaded plugin's is.
+    ///
+    /// # Safety
+    /// As [`crate::plugin::PluginBackend::from_vtable`]: `table` is null or a valid vtable of the version it
+    /// declares, whose pointers stay valid until its `destroy` runs.
+    pub unsafe fn register_vtable(
+        &mut self,
+        name: &str,
+        table: *const crate::plugin::abi::KilnBackendVtable,
+        priority: i32,
+    ) -> Result<(), RunError> {
+        check_name(name)?;
+        self.check_new_name(name)?;
+        // SAFETY: the caller's contract.
+        let backend = unsafe { crate::plugin::PluginBackend::from_vtable(table, name) }?;
+        self.register(name, Arc::new(backend), priority)
+    }
+
     /// Loads the plugins listed in [`PLUGINS_ENV_VAR`]; see [`Self::load_plugins_from_var`].
     pub fn load_plugins_from_env(&mut self) -> Result<usize, RunError> {
         self.load_plugins_from_var(PLUGINS_ENV_VAR)
@@ -487,8 +506,8 @@ mod tests {
         let mut r = BackendRegistry::with_defaults();
         r.register("no-cache", tokens(false), 5).unwrap();
         r.register("cached", tokens(true), 1).unwrap();
-        assert_eq!(r.select(&Node::token("t", "m", false)).unwrap().name, "no-cache");
-        assert_eq!(r.select(&Node::token("t", "m", true)).unwrap().name, "cached");
+        assert_eq!(r.select(&Node::token("t", "m", false, 1)).unwrap().name, "no-cache");
+        assert_eq!(r.select(&Node::token("t", "m", true, 1)).unwrap().name, "cached");
         assert!(Arc::ptr_eq(&r.backend_for("token").unwrap(), &r.get("no-cache").unwrap()));
     }
 
@@ -497,7 +516,7 @@ mod tests {
         let mut r = BackendRegistry::with_defaults();
         r.register("adder", ops(&["add"]), 2).unwrap();
         r.register("decoder", tokens(false), 1).unwrap();
-        let err = r.select(&Node::token("req-7", "llm", true)).unwrap_err();
+        let err = r.select(&Node::token("req-7", "llm", true, 1)).unwrap_err();
         let RunError::NoBackend { node, kind, considered } = &err else { panic!("{err:?}") };
         assert_eq!((node.as_str(), kind.as_str()), ("req-7", "token"));
         assert_eq!(

@@ -101,7 +101,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             bail!("--input `{name}` is given twice");
         }
     }
-    let threads = kiln::resolve_threads(a.threads);
+    let threads = kiln::resolve_threads(a.threads)?;
     let backends = super::registry()?;
     let is_artifact = kiln::Artifact::is_artifact(&a.model.model);
     if is_artifact {
@@ -299,14 +299,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The process's peak resident set size (`VmHWM` in `/proc/self/status`), 0 where the platform has no such file.
+/// The process's peak resident set size (`getrusage`), 0 where the platform does not report it.
 fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    kiln_runtime::peak_rss_bytes().unwrap_or(0)
 }

@@ -4,11 +4,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
 use kiln::{Backend, RunOptions, npy};
 use kiln_ir::Tensor;
-use serde::Serialize;
 
 use super::{ModelArgs, split_assignment};
 
@@ -37,22 +36,6 @@ pub struct RunArgs {
 
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
     s.parse()
-}
-
-/// One entry of `manifest.json`.
-#[derive(Serialize)]
-struct ManifestEntry<'a> {
-    name: &'a str,
-    file: String,
-    dtype: &'static str,
-    shape: &'a [usize],
-}
-
-/// `<name>.npy` with every character outside `[A-Za-z0-9_.-]` replaced by `_`.
-pub fn output_file_name(name: &str) -> String {
-    let clean: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '_' }).collect();
-    format!("{clean}.npy")
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
@@ -202,54 +185,11 @@ fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &ki
 
 fn report_outputs(outputs: &[(String, Tensor)], dir: &Path) {
     for (name, t) in outputs {
-        println!("  {name}: {} {}", t.tensor_type(), summary(t));
+        println!("  {name}: {} {}", t.tensor_type(), npy::summary(t));
     }
     println!("wrote {} output(s) and manifest.json to {}", outputs.len(), dir.display());
 }
 
 fn write_outputs(dir: &Path, outputs: &[(String, Tensor)]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
-    let mut files: BTreeMap<String, &str> = BTreeMap::new();
-    let mut manifest = Vec::new();
-    for (name, t) in outputs {
-        let file = output_file_name(name);
-        if let Some(other) = files.insert(file.clone(), name) {
-            bail!("outputs `{other}` and `{name}` would both be written to {file}");
-        }
-        npy::write(&dir.join(&file), t)?;
-        manifest.push(ManifestEntry { name, file, dtype: t.dtype().name(), shape: t.shape() });
-    }
-    let path = dir.join("manifest.json");
-    let text = serde_json::to_string_pretty(&manifest).context("serializing the manifest")?;
-    std::fs::write(&path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// A one-line look at a tensor: a few leading values and, for numbers, min/max/mean.
-fn summary(t: &Tensor) -> String {
-    if t.is_empty() {
-        return "(empty)".into();
-    }
-    let v = t.to_f64_vec();
-    let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.4}")).collect();
-    let more = if v.len() > 4 { ", …" } else { "" };
-    let (mut lo, mut hi, mut sum) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
-    for &x in &v {
-        lo = lo.min(x);
-        hi = hi.max(x);
-        sum += x;
-    }
-    format!("[{}{more}] min {lo:.4} max {hi:.4} mean {:.4}", head.join(", "), sum / v.len() as f64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::output_file_name;
-
-    #[test]
-    fn output_names_are_sanitized() {
-        assert_eq!(output_file_name("logits"), "logits.npy");
-        assert_eq!(output_file_name("present.0/key:0"), "present.0_key_0.npy");
-        assert_eq!(output_file_name("a b-c_d"), "a_b-c_d.npy");
-    }
+    Ok(npy::write_output_dir(dir, outputs)?)
 }

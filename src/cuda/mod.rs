@@ -65,6 +65,13 @@ impl CudaCompiled {
         Ok(CudaCompiled { program, inputs, report })
     }
 
+    /// Wraps a program the runtime bound (a loaded artifact's).
+    pub(crate) fn from_program(program: GpuProgram<CudaGpu>, report: CompileReport) -> CudaCompiled {
+        let exe = program.executable();
+        let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
+        CudaCompiled { program, inputs, report }
+    }
+
     /// Runs the model on named inputs; outputs come in the model's order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
         self.program.run(inputs).map_err(crate::cuda_run_error)

@@ -7,6 +7,8 @@
  *   BAD_NO_RUN       has no run function
  *   BAD_UNKNOWN_OP   lists an op mnemonic kiln does not have
  *   BAD_ALWAYS_FAILS (or no define) well-formed, but every run returns an error status with a message
+ *   OLD_V1           speaks ABI version 1 (entry without an argument); every run fails with a message showing the
+ *                    struct_size and remaining_tokens the host passed, so a test can see version 1 spoken to it
  */
 #include <stdio.h>
 
@@ -14,6 +16,11 @@
 
 int32_t bad_plugin_run(void *instance, kiln_run_args *args) {
     (void)instance;
+#ifdef OLD_V1
+    snprintf(args->error, (size_t)args->error_cap, "v1 run: struct_size=%u remaining_tokens=%u", args->struct_size,
+             args->remaining_tokens);
+    return KILN_STATUS_ERROR;
+#endif
     snprintf(args->error, (size_t)args->error_cap, "always-fails refuses node `%s` (%s) on purpose", args->node_name,
              args->kind);
     return KILN_STATUS_ERROR;
@@ -24,6 +31,8 @@ const char *const bad_plugin_ops[] = {"matmul", "matmull"};
 const kiln_backend_vtable bad_plugin_vtable = {
 #ifdef BAD_VERSION
     .abi_version = 99,
+#elif defined(OLD_V1)
+    .abi_version = 1,
 #else
     .abi_version = KILN_BACKEND_ABI_VERSION,
 #endif
@@ -50,7 +59,17 @@ const kiln_backend_vtable bad_plugin_vtable = {
 #ifdef BAD_NO_ENTRY
 const kiln_backend_vtable *kiln_backend_entry_misspelt(void) { return &bad_plugin_vtable; }
 #elif defined(BAD_NULL_ENTRY)
-const kiln_backend_vtable *kiln_backend_entry(void) { return NULL; }
+const kiln_backend_vtable *kiln_backend_entry(uint32_t host_abi_version) {
+    (void)host_abi_version;
+    return NULL;
+}
+#elif defined(OLD_V1)
+/* Version 1's entry took no argument (declared here without the header's prototype in scope of the call). */
+const kiln_backend_vtable *kiln_backend_entry_v1(void) { return &bad_plugin_vtable; }
+const kiln_backend_vtable *kiln_backend_entry(uint32_t host_abi_version) __attribute__((alias("kiln_backend_entry_v1")));
 #else
-const kiln_backend_vtable *kiln_backend_entry(void) { return &bad_plugin_vtable; }
+const kiln_backend_vtable *kiln_backend_entry(uint32_t host_abi_version) {
+    (void)host_abi_version;
+    return &bad_plugin_vtable;
+}
 #endif

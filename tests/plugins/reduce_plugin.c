@@ -5,7 +5,7 @@
  *   - matmul: 2-D [m,k] x [k,n] -> [m,n]
  *   - softmax: along the last axis (attribute "axis" read from the node's JSON; any other axis is unsupported)
  * A toy token model, "count", to exercise states: the state is the token history; running a prompt reuses the
- * longest common prefix with the prefix state, then generates `remaining_tokens` tokens, each the previous plus
+ * longest common prefix with the prefix state, then generates `max_new_tokens` tokens (ABI version 2), each the previous plus
  * one (mod 1000). States export as their tokens' little-endian i64 bytes.
  *
  * reduce_plugin_live_states() reports how many states are alive, so tests can check the host releases each one.
@@ -149,7 +149,7 @@ static int32_t run_token(kiln_run_args *args) {
         while (reused < prefix->n && reused < (uint64_t)len && prefix->tokens[reused] == prompt[reused * in->strides[0]])
             reused++;
     }
-    uint64_t gen = args->remaining_tokens, total = (uint64_t)len + gen;
+    uint64_t gen = args->max_new_tokens, total = (uint64_t)len + gen;
     token_state *s = state_new(total);
     if (!s) return ERR("token: out of memory");
     for (int64_t i = 0; i < len; i++) s->tokens[i] = prompt[i * in->strides[0]];
@@ -230,4 +230,7 @@ static const kiln_backend_vtable VTABLE = {
     .destroy = NULL,
 };
 
-const kiln_backend_vtable *kiln_backend_entry(void) { return &VTABLE; }
+const kiln_backend_vtable *kiln_backend_entry(uint32_t host_abi_version) {
+    (void)host_abi_version;
+    return &VTABLE;
+}

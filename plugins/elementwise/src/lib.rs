@@ -92,7 +92,7 @@ static VTABLE: StaticVtable = StaticVtable(KilnBackendVtable {
 /// It also installs a one-line panic hook. A cdylib carries its own copy of `std`, so the hook covers panics in
 /// this plugin only (they are caught and reported as errors anyway); the host's hook is untouched.
 #[unsafe(no_mangle)]
-pub extern "C" fn kiln_backend_entry() -> *const KilnBackendVtable {
+pub extern "C" fn kiln_backend_entry(_host_abi_version: u32) -> *const KilnBackendVtable {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         std::panic::set_hook(Box::new(|info| {

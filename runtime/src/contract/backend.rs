@@ -138,6 +138,9 @@ pub enum NodeKind {
     Token {
         /// Which model (a name the backend knows, such as a model directory's name).
         model: String,
+        /// How many tokens to generate (the request's generation length; `run_with_cache`'s
+        /// `remaining_tokens` is the count of prompt tokens the prefix state does not cover, as in the seed).
+        max_new_tokens: u32,
     },
 }
 
@@ -158,9 +161,10 @@ impl Node {
         Node { name: name.into(), kind: NodeKind::Op(op), needs_cache: false }
     }
 
-    /// A token node for `model`, resuming from prefix state when `needs_cache`.
-    pub fn token(name: impl Into<String>, model: impl Into<String>, needs_cache: bool) -> Node {
-        Node { name: name.into(), kind: NodeKind::Token { model: model.into() }, needs_cache }
+    /// A token node for `model` generating `max_new_tokens` tokens, resuming from prefix state when
+    /// `needs_cache`.
+    pub fn token(name: impl Into<String>, model: impl Into<String>, needs_cache: bool, max_new_tokens: u32) -> Node {
+        Node { name: name.into(), kind: NodeKind::Token { model: model.into(), max_new_tokens }, needs_cache }
     }
 
     /// The node's kind as a name: the op's mnemonic, or `token`.
@@ -264,8 +268,10 @@ pub trait Backend: Send + Sync {
     }
 
     /// Runs `node` on `inputs`. For token nodes, `prefix_state` is a state to resume from (its tokens are a prefix
-    /// of the prompt, or share one with it) and `remaining_tokens` how many tokens to generate; tensor nodes
-    /// ignore both.
+    /// of the prompt, or share one with it) and `remaining_tokens` the count of prompt tokens it does not cover —
+    /// the tokens still to feed, in the seed contract's meaning (the caller's estimate from its cache; a backend
+    /// may find a shorter shared prefix itself); how many tokens to generate is the node's
+    /// ([`NodeKind::Token::max_new_tokens`]). Tensor nodes ignore both.
     fn run_with_cache(
         &self,
         node: &Node,

@@ -42,6 +42,36 @@ pub use transfer::{HostBuffer, Layout};
 use weight_set::WeightSet;
 pub use weight_set::{WeightFingerprint, WeightLoad, WeightLoadReport};
 
+/// Worker threads per core a program may ask for, unless `KILN_MAX_THREADS` says otherwise: more only
+/// oversubscribes the machine (100,000 threads used to hang it).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The environment variable that raises (or lowers) the thread cap of [`resolve_threads`].
+pub const MAX_THREADS_VAR: &str = "KILN_MAX_THREADS";
+
+/// The worker threads for a request of `n`: 0 means one per core; more than [`MAX_THREADS_PER_CORE`] per core
+/// (or than `KILN_MAX_THREADS`, when set) is an error that says how to raise the cap.
+pub fn resolve_threads(n: usize) -> Result<usize, RunError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n == 0 {
+        return Ok(cores);
+    }
+    let cap = match std::env::var(MAX_THREADS_VAR) {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| RunError::Input(format!("{MAX_THREADS_VAR}=`{v}` is not a thread count")))?,
+        Err(_) => cores * MAX_THREADS_PER_CORE,
+    };
+    if n > cap {
+        return Err(RunError::Input(format!(
+            "{n} threads is more than the cap of {cap} ({MAX_THREADS_PER_CORE} per core on this {cores}-core machine; \
+             set {MAX_THREADS_VAR} to raise it)"
+        )));
+    }
+    Ok(n)
+}
+
 /// Every arena and per-run buffer starts at a multiple of this many bytes.
 const ALIGN: usize = 64;
 

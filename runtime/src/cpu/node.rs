@@ -31,7 +31,7 @@ impl Backend for ReferenceBackend {
     ) -> Result<RunResult, RunError> {
         let op = match &node.kind {
             NodeKind::Op(op) => op,
-            NodeKind::Token { model } => {
+            NodeKind::Token { model, .. } => {
                 return Err(RunError::Unsupported {
                     node: node.name.clone(),
                     reason: format!("the reference backend runs tensor ops, not token nodes (model `{model}`)"),
@@ -68,7 +68,7 @@ mod tests {
         let b = Tensor::zeros(DType::F32, vec![4]);
         let err = ReferenceBackend.run_with_cache(&Node::op("bad", Op::Binary(BinaryOp::Add)), &[a, b], None, 0);
         assert!(matches!(&err, Err(RunError::Op(m)) if m.contains("node `bad` (add)")), "{err:?}");
-        let err = ReferenceBackend.run_with_cache(&Node::token("t", "m", false), &[], None, 4);
+        let err = ReferenceBackend.run_with_cache(&Node::token("t", "m", false, 4), &[], None, 0);
         assert!(matches!(&err, Err(RunError::Unsupported { node, .. }) if node == "t"), "{err:?}");
     }
 }

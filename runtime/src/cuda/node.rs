@@ -77,7 +77,7 @@ impl<G: Gpu + 'static> Backend for CudaNodeBackend<G> {
             NodeKind::Op(op) => {
                 return Err(unsupported(format!("the cuda backend runs matmul, not {}", op.mnemonic())));
             }
-            NodeKind::Token { model } => return Err(unsupported(format!("no token nodes (model `{model}`)"))),
+            NodeKind::Token { model, .. } => return Err(unsupported(format!("no token nodes (model `{model}`)"))),
         };
         if let Some(t) = inputs.iter().find(|t| t.dtype() != DType::F32) {
             return Err(unsupported(format!("the cuda backend's matmul is f32, not {}", t.dtype())));

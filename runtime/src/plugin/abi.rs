@@ -12,9 +12,19 @@
 
 use std::ffi::{c_char, c_void};
 
-/// The ABI version this header describes. A plugin whose vtable says anything else is refused. Any change to a
-/// struct's layout or to a function's meaning bumps it; there are no compatible minor revisions.
-pub const KILN_BACKEND_ABI_VERSION: u32 = 1;
+/// The ABI version this file describes. The host loads plugins of every version from
+/// [`KILN_BACKEND_ABI_MIN_VERSION`] to this one and speaks each plugin's own version to it; any other is refused.
+/// Any change to a struct's layout or to a function's meaning bumps it. Version 2 passes the host's version to
+/// the entry point, gives `remaining_tokens` the seed's meaning (prompt tokens the prefix state does not cover)
+/// and moves the tokens to generate to [`KilnRunArgs::max_new_tokens`].
+pub const KILN_BACKEND_ABI_VERSION: u32 = 2;
+
+/// The oldest plugin ABI version the host still loads.
+pub const KILN_BACKEND_ABI_MIN_VERSION: u32 = 1;
+
+/// `sizeof(kiln_run_args)` of ABI version 1 (everything before [`KilnRunArgs::max_new_tokens`]): what a
+/// version-1 plugin is told in `struct_size`.
+pub const KILN_RUN_ARGS_V1_SIZE: u32 = std::mem::offset_of!(KilnRunArgs, max_new_tokens) as u32;
 
 /// The one symbol a plugin exports: a [`KilnEntryFn`] named `kiln_backend_entry` (NUL-terminated here).
 pub const KILN_BACKEND_ENTRY_SYMBOL: &[u8] = b"kiln_backend_entry\0";
@@ -133,7 +143,8 @@ pub struct KilnRunArgs {
     pub struct_size: u32,
     /// Entries in `inputs`.
     pub input_count: u32,
-    /// Token nodes: how many tokens to generate. Tensor nodes: 0.
+    /// Token nodes: how many prompt tokens the prefix state does not cover (version 1 plugins: how many tokens to
+    /// generate). Tensor nodes: 0.
     pub remaining_tokens: u32,
     /// *out*: the run's counters.
     pub counters: KilnCounters,
@@ -162,6 +173,10 @@ pub struct KilnRunArgs {
     pub error: *mut c_char,
     /// Capacity of `error` in bytes, including the NUL.
     pub error_cap: u64,
+    /// (Version 2.) Token nodes: how many tokens to generate. Tensor nodes: 0.
+    pub max_new_tokens: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 /// Runs one node. Returns a `KILN_STATUS_*` code; on anything but OK the host discards outputs and `state_out`
@@ -212,7 +227,7 @@ pub struct KilnVtableHeader {
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct KilnBackendVtable {
-    /// Must be [`KILN_BACKEND_ABI_VERSION`].
+    /// The version the plugin speaks, from [`KILN_BACKEND_ABI_MIN_VERSION`] to [`KILN_BACKEND_ABI_VERSION`].
     pub abi_version: u32,
     /// Must be `sizeof(KilnBackendVtable)` of this version.
     pub struct_size: u32,
@@ -240,5 +255,7 @@ pub struct KilnBackendVtable {
     pub destroy: Option<KilnDestroyFn>,
 }
 
-/// The type of `kiln_backend_entry`: returns the vtable, or null when the plugin cannot initialize.
-pub type KilnEntryFn = unsafe extern "C" fn() -> *const KilnBackendVtable;
+/// The type of `kiln_backend_entry`: receives the host's [`KILN_BACKEND_ABI_VERSION`] and returns the vtable, or
+/// null when the plugin cannot serve this host or cannot initialize. (A version-1 entry takes no argument;
+/// calling it with one is harmless in the C calling conventions kiln runs on.)
+pub type KilnEntryFn = unsafe extern "C" fn(host_abi_version: u32) -> *const KilnBackendVtable;

@@ -66,6 +66,8 @@ struct PluginLibrary {
     /// The name in messages: the registry's name when loaded through the registry, else the plugin's own.
     label: String,
     vtable: KilnBackendVtable,
+    /// The ABI version the plugin speaks (its vtable's), which decides how run arguments are filled.
+    abi_version: u32,
     /// Declared after `vtable` (whose pointers point into it) and unloaded in `Drop`, after `destroy`.
     library: Option<libloading::Library>,
 }
@@ -152,41 +154,77 @@ impl PluginBackend {
                 early(format!("{shown} does not export `kiln_backend_entry` (not a kiln backend plugin?): {e}"))
             })?
         };
-        // SAFETY: calling the plugin's entry point, which takes no arguments.
-        let table = unsafe { entry() };
+        // SAFETY: calling the plugin's entry point with the host's ABI version (see `KilnEntryFn` on entries of
+        // version 1, which take no argument).
+        let table = unsafe { entry(KILN_BACKEND_ABI_VERSION) };
         if table.is_null() {
             return Err(early(format!("{shown}: kiln_backend_entry returned null (the plugin failed to initialize)")));
         }
+        // SAFETY: the entry's result, valid until `destroy` by the ABI; the library stays loaded with it.
+        unsafe { PluginBackend::adopt(table, Some(library), label.unwrap_or(&shown), label.is_none(), &shown) }
+    }
+
+    /// A backend from a vtable already in memory (the seed's construct-from-ABI function): a plugin linked into
+    /// the process, or one a host loaded itself. `label` names it in messages. The vtable is checked as a loaded
+    /// plugin's is.
+    ///
+    /// # Safety
+    /// `table` is null or points at a vtable of the version it declares whose pointers (strings, op list,
+    /// functions, instance) stay valid until its `destroy` is called — which happens when the last backend or
+    /// state made from it is dropped.
+    pub unsafe fn from_vtable(table: *const KilnBackendVtable, label: &str) -> Result<PluginBackend, RunError> {
+        if table.is_null() {
+            return Err(RunError::Plugin { name: label.to_string(), message: "the vtable pointer is null".into() });
+        }
+        // SAFETY: the caller's contract.
+        unsafe { PluginBackend::adopt(table, None, label, false, label) }
+    }
+
+    /// Checks and copies `table` (version, size, name, functions, capabilities, op list). `rename`: take the
+    /// plugin's own name as the label once known.
+    ///
+    /// # Safety
+    /// As [`PluginBackend::from_vtable`]; `library`, when given, is what keeps `table` valid.
+    unsafe fn adopt(
+        table: *const KilnBackendVtable,
+        library: Option<libloading::Library>,
+        label: &str,
+        rename: bool,
+        shown: &str,
+    ) -> Result<PluginBackend, RunError> {
+        let early = |message: String| RunError::Plugin { name: label.to_string(), message };
         if !(table as usize).is_multiple_of(std::mem::align_of::<KilnBackendVtable>()) {
-            return Err(early(format!("{shown}: kiln_backend_entry returned a misaligned vtable")));
+            return Err(early(format!("{shown}: the vtable is misaligned")));
         }
         // SAFETY: non-null and aligned; every vtable version starts with this header, so reading it is in bounds
         // whatever version the plugin was built against.
         let header = unsafe { *table.cast::<KilnVtableHeader>() };
-        if header.abi_version != KILN_BACKEND_ABI_VERSION {
+        if !(KILN_BACKEND_ABI_MIN_VERSION..=KILN_BACKEND_ABI_VERSION).contains(&header.abi_version) {
             return Err(early(format!(
-                "{shown}: ABI version {} is not supported (this kiln speaks version {KILN_BACKEND_ABI_VERSION})",
+                "{shown}: ABI version {} is not supported (this kiln loads ABI versions \
+                 {KILN_BACKEND_ABI_MIN_VERSION} to {KILN_BACKEND_ABI_VERSION})",
                 header.abi_version
             )));
         }
+        // Versions 1 and 2 share the vtable's layout.
         let expected = std::mem::size_of::<KilnBackendVtable>();
         if header.struct_size as usize != expected {
             return Err(early(format!(
-                "{shown}: vtable struct_size is {} bytes, ABI version {KILN_BACKEND_ABI_VERSION} needs {expected} \
+                "{shown}: vtable struct_size is {} bytes, ABI version {} needs {expected} \
                  (built against a different kiln_backend.h?)",
-                header.struct_size
+                header.struct_size, header.abi_version
             )));
         }
         // SAFETY: version and size match this host's definition, so the whole struct is readable.
         let vtable = unsafe { *table };
         // From here on, dropping `lib` calls `destroy` and unloads.
-        let mut lib = PluginLibrary { label: label.unwrap_or(&shown).to_string(), vtable, library: Some(library) };
+        let mut lib = PluginLibrary { label: label.to_string(), vtable, abi_version: header.abi_version, library };
         // SAFETY: the vtable's strings are valid until `destroy` by the ABI.
         let plugin_name = unsafe { plugin_str(vtable.name, "the plugin's name") }
             .map_err(|m| lib.error(m))?
             .filter(|n| !n.is_empty())
             .ok_or_else(|| lib.error(format!("{shown}: the vtable has no name")))?;
-        if label.is_none() {
+        if rename {
             lib.label = plugin_name.clone();
         }
         if vtable.run.is_none() {
@@ -453,7 +491,7 @@ unsafe extern "C" fn alloc_bytes(ctx: *mut c_void, len: u64) -> *mut u8 {
 fn attrs_json(node: &Node) -> Result<String, RunError> {
     let json = match &node.kind {
         NodeKind::Op(op) => serde_json::to_string(op),
-        NodeKind::Token { model } => serde_json::to_string(&serde_json::json!({ "model": model })),
+        NodeKind::Token { model, .. } => serde_json::to_string(&serde_json::json!({ "model": model })),
     };
     json.map_err(|e| RunError::Unsupported { node: node.name.clone(), reason: format!("attributes as JSON: {e}") })
 }
@@ -559,8 +597,17 @@ impl Backend for PluginBackend {
         let mut collector = OutputCollector::default();
         let sink = KilnOutputSink { ctx: (&raw mut collector).cast(), alloc: Some(alloc_output) };
         let mut error = vec![0u8; ERROR_CAP];
+        let max_new_tokens = match &node.kind {
+            NodeKind::Token { max_new_tokens, .. } => *max_new_tokens,
+            NodeKind::Op(_) => 0,
+        };
+        // Each plugin is spoken to in its own ABI version.
+        let (struct_size, remaining_tokens) = match self.lib.abi_version {
+            1 => (KILN_RUN_ARGS_V1_SIZE, max_new_tokens),
+            _ => (std::mem::size_of::<KilnRunArgs>() as u32, remaining_tokens),
+        };
         let mut args = KilnRunArgs {
-            struct_size: std::mem::size_of::<KilnRunArgs>() as u32,
+            struct_size,
             input_count: u32::try_from(descs.len()).map_err(|_| self.lib.error("too many inputs"))?,
             remaining_tokens,
             counters: KilnCounters::default(),
@@ -575,6 +622,8 @@ impl Backend for PluginBackend {
             state_tokens: 0,
             error: error.as_mut_ptr().cast(),
             error_cap: ERROR_CAP as u64,
+            max_new_tokens,
+            reserved: 0,
         };
         // SAFETY: every pointer in `args` refers to host memory alive until the call returns (the C strings,
         // descriptors and their shapes, the tensors' bytes, the sink and its collector, the error buffer); the
@@ -648,7 +697,7 @@ mod tests {
             (Node::op("s", Op::Softmax(Softmax { axis: -1 })), r#"{"op":"softmax","attrs":{"axis":-1}}"#),
             (Node::op("a", Op::Binary(BinaryOp::Add)), r#"{"op":"binary","attrs":"Add"}"#),
             (Node::op("m", Op::MatMul), r#"{"op":"mat_mul"}"#),
-            (Node::token("t", "count", true), r#"{"model":"count"}"#),
+            (Node::token("t", "count", true, 2), r#"{"model":"count"}"#),
         ];
         for (node, want) in cases {
             assert_eq!(attrs_json(&node).unwrap(), want);

@@ -226,8 +226,8 @@ impl Decoder {
     fn token_prompt(&self, node: &Node, inputs: &[Tensor]) -> Result<Vec<Token>, RunError> {
         let unsupported = |reason: String| RunError::Unsupported { node: node.name.clone(), reason };
         match &node.kind {
-            NodeKind::Token { model } if *model == self.model => {}
-            NodeKind::Token { model } => {
+            NodeKind::Token { model, .. } if *model == self.model => {}
+            NodeKind::Token { model, .. } => {
                 return Err(unsupported(format!("this decoder runs model `{}`, not `{model}`", self.model)));
             }
             NodeKind::Op(op) => {
@@ -298,9 +298,15 @@ impl Backend for Decoder {
         node: &Node,
         inputs: &[Tensor],
         prefix_state: Option<&BackendState>,
-        remaining_tokens: u32,
+        _remaining_tokens: u32,
     ) -> Result<RunResult, RunError> {
+        // The decoder finds the shared prefix itself (it compares the state's tokens with the prompt), so the
+        // caller's count of uncached tokens is not needed; the generation length is the node's.
         let prompt = self.token_prompt(node, inputs)?;
+        let max_new_tokens = match &node.kind {
+            crate::contract::NodeKind::Token { max_new_tokens, .. } => *max_new_tokens,
+            crate::contract::NodeKind::Op(_) => 0,
+        };
         let prefix = match prefix_state {
             Some(s) => Some(s.downcast::<KvState>().ok_or_else(|| {
                 RunError::State(format!(
@@ -310,7 +316,7 @@ impl Backend for Decoder {
             })?),
             None => None,
         };
-        let d = self.decode(&prompt, prefix, remaining_tokens)?;
+        let d = self.decode(&prompt, prefix, max_new_tokens)?;
         let ids = Tensor::from_vec(vec![d.ids.len()], d.ids.iter().map(|&t| t as i64).collect()).expect("[n] ids");
         Ok(RunResult { outputs: vec![ids, d.logits], state: Some(BackendState::new(d.state)), counters: d.counters })
     }

@@ -145,10 +145,13 @@ impl TokenSession {
             None => None,
         };
         let prefix = state.or(lease.as_ref().map(|hit| hit.state.as_ref()));
-        let node = Node::token(format!("request {}", self.requests), self.model.clone(), prefix.is_some());
+        let node =
+            Node::token(format!("request {}", self.requests), self.model.clone(), prefix.is_some(), max_new_tokens);
         let ids = Tensor::from_vec(vec![prompt.len()], prompt.iter().map(|&t| t as i64).collect())
             .expect("a vector of prompt ids");
-        let result = self.backend.run_with_cache(&node, &[ids], prefix, max_new_tokens)?;
+        // The seed's `remaining_tokens`: the prompt tokens the prefix state does not cover.
+        let uncached = prompt.len().saturating_sub(prefix.map_or(0, |s| s.tokens()));
+        let result = self.backend.run_with_cache(&node, &[ids], prefix, u32::try_from(uncached).unwrap_or(u32::MAX))?;
         drop(lease);
         let mut outputs = result.outputs.into_iter();
         let ids_tensor = outputs.next().ok_or_else(|| RunError::Backend("the token backend returned no ids".into()))?;

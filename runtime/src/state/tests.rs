@@ -194,10 +194,10 @@ fn bad_requests_are_errors_not_panics() {
     let stranger = Decoder::new("toy", 100, spec(), Arc::new(Toy::default())).unwrap();
     let state = stranger.decode(&prompt(3), None, 0).unwrap().state;
     assert!(dec.decode(&prompt(3), Some(&state), 1).unwrap_err().to_string().contains("different model"));
-    let node = Node::token("n", "toy", true);
+    let node = Node::token("n", "toy", true, 1);
     let ids = |v: Vec<i64>| Tensor::from_vec(vec![v.len()], v).unwrap();
     assert!(matches!(
-        dec.run_with_cache(&Node::token("n", "other", false), &[ids(vec![1])], None, 1),
+        dec.run_with_cache(&Node::token("n", "other", false, 1), &[ids(vec![1])], None, 1),
         Err(RunError::Unsupported { .. })
     ));
     assert!(dec.run_with_cache(&node, &[], None, 1).is_err());
@@ -253,9 +253,9 @@ fn the_backend_contract_round_trips_states_through_bytes() {
     let (dec, _) = decoder();
     assert!(dec.capabilities().token && dec.capabilities().cache && dec.capabilities().state_export);
     assert_eq!(dec.tensor_backend_type(), "cpu");
-    let node = Node::token("n", "toy", true);
+    let node = Node::token("n", "toy", true, 3);
     let p: Vec<i64> = prompt(7).iter().map(|&t| t as i64).collect();
-    let first = dec.run_with_cache(&node, &[Tensor::from_vec(vec![7], p.clone()).unwrap()], None, 3).unwrap();
+    let first = dec.run_with_cache(&node, &[Tensor::from_vec(vec![7], p.clone()).unwrap()], None, 7).unwrap();
     let state = first.state.unwrap();
     let bytes = dec.export_state(&state).unwrap();
     let imported = dec.import_state(&bytes).unwrap();
@@ -266,8 +266,11 @@ fn the_backend_contract_round_trips_states_through_bytes() {
     let mut longer = p.clone();
     longer.extend(first.outputs[0].to_i64_vec());
     let t = Tensor::from_vec(vec![longer.len()], longer).unwrap();
-    let hot = dec.run_with_cache(&node, std::slice::from_ref(&t), Some(&imported), 4).unwrap();
-    let cold = dec.run_with_cache(&node, &[t], None, 4).unwrap();
+    // Four tokens to generate; the prompt's tokens past the imported state's are the uncached ones.
+    let node = Node::token("n", "toy", true, 4);
+    let uncached = (t.shape()[0] - imported.tokens()) as u32;
+    let hot = dec.run_with_cache(&node, std::slice::from_ref(&t), Some(&imported), uncached).unwrap();
+    let cold = dec.run_with_cache(&node, &[t], None, 10).unwrap();
     assert_eq!(hot.outputs, cold.outputs);
     assert_eq!(hot.counters.reused_prefix_len, 9);
 }
