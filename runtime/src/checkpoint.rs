@@ -1,10 +1,10 @@
 //! Checkpoints: safetensors files, memory-mapped, handing out [`CheckpointLease`]s of single tensors.
 //!
-//! [`Checkpoint::open`] maps the file and validates its whole header before anything is leased: the header
-//! length fits the file, the header is a JSON object of tensor entries, every dtype and shape is well formed,
-//! every entry's byte range lies inside the data section, matches its shape's byte count, starts at a multiple
-//! of its element size (relative to the file, so a page-aligned mapping gives aligned elements), and overlaps no
-//! other entry. A truncated or corrupt file is a [`RunError::Checkpoint`] naming the path and the tensor; a file
+//! [`Checkpoint::open`] maps the file and validates its whole header before anything is leased — with the
+//! `safetensors` crate (the header length fits the file, the header is JSON, every dtype and shape is well formed,
+//! the entries' byte ranges are contiguous, match their shapes' byte counts and cover the data section), plus
+//! kiln's own rule that every entry starts at a multiple of its element size relative to the file (so a
+//! page-aligned mapping gives aligned elements). A truncated or corrupt file is a [`RunError::Checkpoint`] naming the path and the tensor; a file
 //! that opened is never read out of bounds later.
 //!
 //! A lease holds an `Arc` of the mapping, so the bytes stay mapped as long as any lease lives, even after the
@@ -22,9 +22,6 @@ use std::sync::Arc;
 use kiln_ir::{DType, Tensor};
 
 use crate::RunError;
-
-/// Headers larger than this are refused before parsing (safetensors' own limit).
-const MAX_HEADER_BYTES: u64 = 100 << 20;
 
 /// The bytes a lease points into.
 enum Storage {
@@ -187,27 +184,6 @@ pub struct Checkpoint {
     metadata: BTreeMap<String, String>,
 }
 
-/// The safetensors dtype names and their kiln dtype (or, for the ones kiln lacks, their element size in bits).
-fn parse_dtype(name: &str) -> Option<Result<DType, usize>> {
-    Some(match name {
-        "F32" => Ok(DType::F32),
-        "F16" => Ok(DType::F16),
-        "BF16" => Ok(DType::BF16),
-        "F64" => Ok(DType::F64),
-        "I8" => Ok(DType::I8),
-        "U8" => Ok(DType::U8),
-        "I32" => Ok(DType::I32),
-        "I64" => Ok(DType::I64),
-        "BOOL" => Ok(DType::Bool),
-        "I16" | "U16" => Err(16),
-        "U32" => Err(32),
-        "U64" => Err(64),
-        "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => Err(8),
-        // Sub-byte dtypes (F4, F6_*) pack several elements per byte; kiln neither supports nor range-checks them.
-        _ => return None,
-    })
-}
-
 impl Checkpoint {
     /// Maps `path` and validates its header (see the module docs).
     pub fn open(path: &Path) -> Result<Checkpoint, RunError> {
@@ -293,116 +269,41 @@ impl CheckpointSource for Checkpoint {
     }
 }
 
-/// Validates a safetensors image: every entry, by absolute byte range. Messages name the tensor.
+/// Validates a safetensors image with the `safetensors` crate (header length and size limit, JSON, every entry's
+/// dtype, shape and offsets: contiguous, in bounds, matching the shape's byte count, covering the data section),
+/// then what kiln adds: every element aligned to its size relative to the file, so a page-aligned mapping gives
+/// aligned elements. Entries are by absolute byte range.
 #[allow(clippy::type_complexity)]
 fn validate(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, BTreeMap<String, String>), String> {
-    let file_len = bytes.len();
-    let Some(prefix) = bytes.get(..8) else {
-        return Err(format!("truncated: {file_len} bytes, too short for the 8-byte header length"));
-    };
-    let header_len = u64::from_le_bytes(prefix.try_into().expect("8 bytes"));
-    if header_len > MAX_HEADER_BYTES {
-        return Err(format!("header length {header_len} is over the {MAX_HEADER_BYTES}-byte limit (corrupt file?)"));
-    }
-    let data_start = 8 + header_len as usize;
-    if data_start > file_len {
-        return Err(format!("truncated: the header needs {header_len} bytes but the file has {}", file_len - 8));
-    }
-    let header: serde_json::Value =
-        serde_json::from_slice(&bytes[8..data_start]).map_err(|e| format!("the header is not valid JSON: {e}"))?;
-    let serde_json::Value::Object(map) = header else {
-        return Err("the header is not a JSON object".into());
-    };
-    let data_len = file_len - data_start;
-    let mut entries = BTreeMap::new();
-    let mut metadata = BTreeMap::new();
-    for (name, value) in map {
-        if name == "__metadata__" {
-            let serde_json::Value::Object(m) = value else {
-                return Err("`__metadata__` is not an object of strings".into());
-            };
-            for (k, v) in m {
-                let serde_json::Value::String(v) = v else {
-                    return Err(format!("`__metadata__` value `{k}` is not a string"));
-                };
-                metadata.insert(k, v);
-            }
-            continue;
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| match e {
+        safetensors::SafeTensorError::HeaderTooSmall => {
+            format!("truncated: {} bytes, too short for the 8-byte header length", bytes.len())
         }
-        let entry = parse_entry(&name, &value, data_start, data_len)?;
-        entries.insert(name, entry);
-    }
-    let mut by_start: Vec<(&String, &Entry)> = entries.iter().collect();
-    by_start.sort_by_key(|(_, e)| (e.range.start, e.range.end));
-    for pair in by_start.windows(2) {
-        let ((a, ea), (b, eb)) = (pair[0], pair[1]);
-        // Empty tensors own no bytes and overlap nothing.
-        if !ea.range.is_empty() && !eb.range.is_empty() && eb.range.start < ea.range.end {
+        safetensors::SafeTensorError::InvalidHeaderLength => {
+            format!("truncated: the header length does not fit the file's {} bytes", bytes.len())
+        }
+        safetensors::SafeTensorError::MetadataIncompleteBuffer => {
+            "the tensors' byte ranges do not cover the data section exactly: the file is truncated or corrupt".into()
+        }
+        e => format!("not a valid safetensors file: {e}"),
+    })?;
+    let data_start = 8 + header_len;
+    let mut entries = BTreeMap::new();
+    for (name, info) in meta.tensors() {
+        let (begin, end) = info.data_offsets;
+        let elem = info.dtype.bitsize().div_ceil(8).max(1);
+        if !(data_start + begin).is_multiple_of(elem) {
             return Err(format!(
-                "tensors `{a}` (bytes {}..{}) and `{b}` (bytes {}..{}) overlap",
-                ea.range.start - data_start,
-                ea.range.end - data_start,
-                eb.range.start - data_start,
-                eb.range.end - data_start
+                "tensor `{name}`: its data starts at file offset {}, not a multiple of its {elem}-byte elements \
+                 (unaligned)",
+                data_start + begin
             ));
         }
+        let dtype = crate::weights::kiln_dtype(info.dtype).ok_or_else(|| info.dtype.to_string());
+        entries.insert(name, Entry { dtype, shape: info.shape.clone(), range: data_start + begin..data_start + end });
     }
+    let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();
     Ok((entries, metadata))
-}
-
-fn parse_entry(name: &str, value: &serde_json::Value, data_start: usize, data_len: usize) -> Result<Entry, String> {
-    let bad = |what: String| format!("tensor `{name}`: {what}");
-    let obj = value.as_object().ok_or_else(|| bad("its entry is not an object".into()))?;
-    let dtype_name = obj.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("no `dtype` string".into()))?;
-    let shape: Vec<usize> = obj
-        .get("shape")
-        .and_then(|s| s.as_array())
-        .ok_or_else(|| bad("no `shape` array".into()))?
-        .iter()
-        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-        .collect::<Option<_>>()
-        .ok_or_else(|| bad("`shape` holds something other than non-negative integers".into()))?;
-    let offsets: Vec<u64> = obj
-        .get("data_offsets")
-        .and_then(|s| s.as_array())
-        .and_then(|a| a.iter().map(|v| v.as_u64()).collect::<Option<Vec<u64>>>())
-        .ok_or_else(|| bad("no `data_offsets` pair of non-negative integers".into()))?;
-    let [begin, end] = offsets[..] else {
-        return Err(bad(format!("`data_offsets` has {} entries, not 2", offsets.len())));
-    };
-    if end < begin {
-        return Err(bad(format!("`data_offsets` [{begin}, {end}] end before they begin")));
-    }
-    if end > data_len as u64 {
-        return Err(bad(format!(
-            "bytes {begin}..{end} lie past the end of the data ({data_len} bytes): the file is truncated or corrupt"
-        )));
-    }
-    let (begin, end) = (begin as usize, end as usize);
-    let (dtype, bits) = match parse_dtype(dtype_name) {
-        Some(Ok(d)) => (Ok(d), d.size_bytes() * 8),
-        Some(Err(bits)) => (Err(dtype_name.to_string()), bits),
-        None => return Err(bad(format!("unknown dtype `{dtype_name}`"))),
-    };
-    let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    let want = elements
-        .and_then(|n| n.checked_mul(bits))
-        .map(|b| b.div_ceil(8))
-        .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-    if end - begin != want {
-        return Err(bad(format!(
-            "shape {shape:?} of {dtype_name} needs {want} bytes but `data_offsets` [{begin}, {end}] give {}",
-            end - begin
-        )));
-    }
-    let elem = (bits / 8).max(1);
-    if !(data_start + begin).is_multiple_of(elem) {
-        return Err(bad(format!(
-            "its data starts at file offset {}, not a multiple of its {elem}-byte elements (unaligned)",
-            data_start + begin
-        )));
-    }
-    Ok(Entry { dtype, shape, range: data_start + begin..data_start + end })
 }
 
 /// A checkpoint held in memory: tensors by name. Each lease copies nothing beyond the one copy made when the
@@ -486,11 +387,11 @@ mod tests {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
-    fn message(r: Result<Checkpoint, RunError>) -> String {
+    fn message(r: Result<Checkpoint, RunError>, case: &str) -> String {
         match r {
             Err(RunError::Checkpoint { path, message }) => format!("{path}: {message}"),
-            Err(e) => panic!("wrong error kind: {e}"),
-            Ok(_) => panic!("a bad checkpoint opened"),
+            Err(e) => panic!("{case}: wrong error kind: {e}"),
+            Ok(_) => panic!("{case}: a bad checkpoint opened"),
         }
     }
 
@@ -537,12 +438,22 @@ mod tests {
     fn truncated_and_corrupt_files_are_errors_naming_path_and_tensor() {
         let data = f32_bytes(&[1.0; 4]);
         let good = image(&[("w", "F32", &[4], [0, 16])], &data);
+        // A 57-byte header puts the data at file offset 65: well formed for safetensors, unaligned for f32.
+        let unaligned = {
+            let text = br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+            let mut v = (text.len() as u64 + 2).to_le_bytes().to_vec();
+            v.extend_from_slice(text);
+            v.extend_from_slice(b"  ");
+            v.extend_from_slice(&data);
+            v
+        };
         let cases: Vec<(&str, Vec<u8>, &str)> = vec![
             ("empty", vec![], "too short"),
             ("short length", vec![1, 2, 3], "too short"),
             ("header past the end", good[..20].to_vec(), "truncated"),
-            ("data cut off", good[..good.len() - 3].to_vec(), "tensor `w`: bytes 0..16 lie past the end"),
-            ("huge header", u64::MAX.to_le_bytes().to_vec(), "over the"),
+            ("data cut off", good[..good.len() - 3].to_vec(), "do not cover the data section"),
+            ("data too long", [good.clone(), vec![0; 4]].concat(), "do not cover the data section"),
+            ("huge header", u64::MAX.to_le_bytes().to_vec(), "header too large"),
             (
                 "not json",
                 {
@@ -550,7 +461,7 @@ mod tests {
                     v.extend(b"{{{{");
                     v
                 },
-                "not valid JSON",
+                "invalid JSON in header",
             ),
             (
                 "not an object",
@@ -559,28 +470,28 @@ mod tests {
                     v.extend(b"[]");
                     v
                 },
-                "not a JSON object",
+                "invalid JSON in header",
             ),
-            ("wrong size", image(&[("w", "F32", &[3], [0, 16])], &data), "tensor `w`: shape [3] of F32 needs 12 bytes"),
-            ("reversed", image(&[("w", "F32", &[0], [16, 0])], &data), "tensor `w`: `data_offsets` [16, 0] end"),
-            ("unknown dtype", image(&[("w", "Q4", &[4], [0, 16])], &data), "tensor `w`: unknown dtype `Q4`"),
-            ("bad shape", image(&[("w", "F32", &[], [0, 16])], &data), "tensor `w`: shape [] of F32 needs 4 bytes"),
+            ("wrong size", image(&[("w", "F32", &[3], [0, 16])], &data), "invalid shape, data type, or offset"),
+            ("reversed", image(&[("w", "F32", &[0], [16, 0])], &data), "invalid offset for tensor `w`"),
+            ("unknown dtype", image(&[("w", "Q4", &[4], [0, 16])], &data), "invalid JSON in header"),
+            ("bad shape", image(&[("w", "F32", &[], [0, 16])], &data), "invalid shape, data type, or offset"),
             (
                 "overlap",
                 image(&[("w", "F32", &[2], [0, 8]), ("v", "F32", &[2], [4, 12])], &data),
-                "tensors `w` (bytes 0..8) and `v` (bytes 4..12) overlap",
+                "invalid offset for tensor",
             ),
-            ("unaligned", image(&[("w", "F32", &[2], [2, 10])], &data), "tensor `w`: its data starts at file offset"),
+            ("unaligned", unaligned, "tensor `w`: its data starts at file offset 65"),
         ];
         let dir = tempfile::tempdir().unwrap();
         for (case, bytes, want) in cases {
             let path = dir.path().join(format!("{}.safetensors", case.replace(' ', "_")));
             std::fs::write(&path, &bytes).unwrap();
-            let msg = message(Checkpoint::open(&path));
+            let msg = message(Checkpoint::open(&path), case);
             assert!(msg.starts_with(&path.display().to_string()), "{case}: {msg}");
             assert!(msg.contains(want), "{case}: `{msg}` lacks `{want}`");
         }
-        assert!(message(Checkpoint::open(&dir.path().join("absent"))).contains("cannot open"));
+        assert!(message(Checkpoint::open(&dir.path().join("absent")), "absent").contains("cannot open"));
     }
 
     #[test]

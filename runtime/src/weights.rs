@@ -33,7 +33,8 @@ fn to_st(d: DType) -> St {
     }
 }
 
-fn from_st(d: St) -> Option<DType> {
+/// The kiln dtype of a safetensors dtype, `None` for those kiln lacks (F8, I16, U32, …).
+pub fn kiln_dtype(d: St) -> Option<DType> {
     Some(match d {
         St::F32 => DType::F32,
         St::F16 => DType::F16,
@@ -61,7 +62,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Weights, WeightsError> {
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let mut w = Weights::default();
     for (name, view) in st.iter() {
-        let dtype = from_st(view.dtype())
+        let dtype = kiln_dtype(view.dtype())
             .ok_or_else(|| bad(format!("tensor `{name}` has unsupported dtype {:?}", view.dtype())))?;
         // One copy per tensor (safetensors is little-endian, as every host kiln runs on).
         let t = Tensor::from_bytes(dtype, view.shape().to_vec(), view.data()).ok_or_else(|| {

@@ -14,11 +14,9 @@
 //! token count T, each u32; T token ids, u32 each; then per layer the key and then the value tensor,
 //! `[1, heads, T, head_dim]` row-major, in the dtype's little-endian bytes.
 //!
-//! The checksum is our own table-driven CRC-32 (the zlib/PNG polynomial): it detects the corruption this guards
-//! against (truncation, flipped bits, a different file), needs no dependency, and states are small enough
-//! (kilobytes to a few megabytes) that a faster implementation would not show. The model fingerprint
-//! ([`fingerprint`]) is a 64-bit hash of the model file's bytes: it tells models apart, it is not a defence
-//! against a crafted file.
+//! The checksum is CRC-32 (the zlib/PNG polynomial, from the `crc32fast` crate): it detects the corruption this
+//! guards against (truncation, flipped bits, a different file). The model fingerprint ([`fingerprint`]) is the
+//! BLAKE3 digest of the model file's bytes, truncated to 64 bits: it tells models apart.
 
 use kiln_ir::{DType, Tensor};
 
@@ -27,8 +25,8 @@ use crate::RunError;
 
 /// The file's first eight bytes.
 pub const MAGIC: &[u8; 8] = b"KILNSTAT";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes and reads (2: BLAKE3 model fingerprints).
+pub const VERSION: u32 = 2;
 const HEADER: usize = 24;
 
 /// The exported bytes of `state`.
@@ -136,44 +134,17 @@ pub fn decode(bytes: &[u8], spec: &DecoderSpec, fingerprint: u64) -> Result<KvSt
     Ok(state)
 }
 
-/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as zlib and PNG compute it.
+/// CRC-32 (IEEE 802.3), as zlib and PNG compute it (the `crc32fast` crate).
 pub fn crc32(bytes: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-                k += 1;
-            }
-            table[i] = c;
-            i += 1;
-        }
-        table
-    };
-    !bytes.iter().fold(!0u32, |c, &b| TABLE[((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8))
+    crc32fast::hash(bytes)
 }
 
-/// A 64-bit fingerprint of a model file's bytes (FNV-1a's prime over 64-bit words, with a final avalanche):
-/// equal bytes give equal fingerprints in every build; different models differ with overwhelming likelihood.
+/// A 64-bit fingerprint of a model file's bytes: the first eight bytes of their BLAKE3 digest. Equal bytes give
+/// equal fingerprints in every build; different models differ with overwhelming likelihood, and a crafted
+/// collision is as hard as one of BLAKE3 truncated to 64 bits.
 pub fn fingerprint(bytes: &[u8]) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01B3;
-    let mut h = 0xCBF2_9CE4_8422_2325 ^ bytes.len() as u64;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        h = (h ^ u64::from_le_bytes(w.try_into().expect("8-byte chunk"))).wrapping_mul(PRIME);
-        h ^= h >> 29;
-    }
-    for &b in words.remainder() {
-        h = (h ^ b as u64).wrapping_mul(PRIME);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
-    h ^ (h >> 33)
+    let digest = blake3::hash(bytes);
+    u64::from_le_bytes(digest.as_bytes()[..8].try_into().expect("a BLAKE3 digest has 32 bytes"))
 }
 
 fn dtype_code(d: DType) -> u8 {
@@ -306,8 +277,8 @@ mod tests {
         magic[0] = b'X';
         assert!(error(&magic).contains("bad magic"));
         let mut version = good.clone();
-        version[8] = 2;
-        assert!(error(&version).contains("version 2 is not supported"));
+        version[8] = 7;
+        assert!(error(&version).contains("version 7 is not supported"));
         let mut flipped = good.clone();
         let last = flipped.len() - 3;
         flipped[last] ^= 0x10;
