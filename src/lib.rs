@@ -576,6 +576,12 @@ impl Model {
             .collect();
         let provenance = WeightProvenance::new(&self.graph, &program_weights);
         report.placement = placed.clone();
+        for p in &placed {
+            tracing::info!(backend = %p.backend, priority = p.priority, nodes = p.nodes.len(), "placement");
+        }
+        if !executable.fallbacks.is_empty() {
+            tracing::info!(steps = executable.fallbacks.len(), "interpreter fallbacks in the compiled model");
+        }
         Ok(Lowered {
             graph,
             executable,

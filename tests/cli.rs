@@ -444,3 +444,30 @@ fn opt_runs_pipelines_with_instrumentation() {
     let o = kiln(&["opt", f.to_str().unwrap(), "--pipeline", "frobnicate"]);
     assert_clean_failure(&o, "frobnicate");
 }
+
+#[test]
+fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
+    let root = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conv_pool.kir");
+    let f = fixture.to_str().unwrap();
+    let out = root.path().join("out");
+    let run = |extra: &[&str], log: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        cmd.args(["run", f, "--random-weights", "0", "-o"]).arg(&out).args(extra);
+        match log {
+            Some(v) => cmd.env("KILN_LOG", v),
+            None => cmd.env_remove("KILN_LOG"),
+        };
+        cmd.output().unwrap()
+    };
+    // conv_pool holds a conv_transpose, which runs on the interpreter: said at -v, silent by default.
+    let quiet = run(&[], None);
+    assert!(quiet.status.success() && stderr(&quiet).is_empty(), "{}", stderr(&quiet));
+    let verbose = run(&["-v"], None);
+    assert!(stderr(&verbose).contains("interpreter fallback") && stderr(&verbose).contains("conv_transpose"));
+    let filtered = run(&[], Some("kiln_codegen=info"));
+    assert!(stderr(&filtered).contains("interpreter fallback"), "{}", stderr(&filtered));
+    assert_clean_failure(&run(&[], Some("[[[")), "KILN_LOG");
+    let both = kiln(&["-v", "-q", "backends"]);
+    assert_eq!(both.status.code(), Some(2), "usage error: {}", stderr(&both));
+}

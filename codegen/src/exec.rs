@@ -234,6 +234,7 @@ impl<'g> Builder<'g> {
 
     fn fallback(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId], why: String) -> Step {
         let node = self.g.describe(id);
+        tracing::info!(node = %node, why = %why, "interpreter fallback");
         self.exe.fallbacks.push(format!("{node}: {why}"));
         Step::Interp { op: self.g.node(id).op.clone(), inputs: inputs.to_vec(), outputs: outputs.to_vec(), node }
     }

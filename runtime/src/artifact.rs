@@ -154,6 +154,7 @@ pub fn load_cpu(
     // for these kernels; its table size and symbols are checked as it loads.
     let code = unsafe { load_kernel_library(&library, &m.kernels) }?;
     let program = CpuProgram::with_backends(exe, code, threads, registry)?;
+    tracing::info!(artifact = %dir.display(), kind = "cpu", kernels = m.kernels.len(), "artifact loaded");
     Ok(LoadedCpu { program, manifest: m, weights_load })
 }
 

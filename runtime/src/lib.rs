@@ -13,6 +13,7 @@ pub mod contract;
 pub mod cpu;
 pub mod cuda;
 pub mod library;
+pub mod log;
 pub mod npy;
 pub mod placement;
 pub mod plugin;

@@ -30,13 +30,16 @@ pub fn is_builtin(name: &str) -> bool {
 /// The placement of every op kind kiln has by `registry`'s selection rule: the op kinds whose best backend is
 /// not [built in](is_builtin), with that backend. Everything else is compiled.
 pub fn for_ops(registry: &BackendRegistry) -> Placement {
-    let ops = Op::mnemonics()
+    let ops: BTreeMap<String, (String, i32)> = Op::mnemonics()
         .iter()
         .filter_map(|&m| {
             let (name, priority) = registry.select_kind(m)?;
             (!is_builtin(&name)).then(|| (m.to_string(), (name, priority)))
         })
         .collect();
+    for (op, (backend, priority)) in &ops {
+        tracing::debug!(op = %op, backend = %backend, priority, "placement: op kind taken from the compiled code");
+    }
     Placement { ops }
 }
 
@@ -71,6 +74,7 @@ impl PlacedBackends {
                     crate::registry::PLUGINS_ENV_VAR
                 ))
             })?;
+            tracing::info!(backend = %name, nodes = nodes.len(), "placement: nodes bound to a registry backend");
             by_name.insert(name.clone(), backend);
         }
         Ok(PlacedBackends { by_name })

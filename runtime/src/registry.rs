@@ -269,6 +269,7 @@ impl BackendRegistry {
         }
         let n = loaded.len();
         for (s, backend) in loaded {
+            tracing::info!(name = %s.name, path = %s.path.display(), priority = s.priority, "plugin loaded");
             self.register(&s.name, Arc::new(backend), s.priority)?;
         }
         Ok(n)

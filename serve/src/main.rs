@@ -27,6 +27,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More log output on stderr: -v info, -vv debug, -vvv trace (`KILN_LOG` overrides).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -95,6 +101,10 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    if let Err(e) = kiln_runtime::log::init_cli(cli.verbose, cli.quiet) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Run(a) => run(a),
         Command::Bench(a) => bench(a),

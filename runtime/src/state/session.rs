@@ -145,6 +145,14 @@ impl TokenSession {
             None => None,
         };
         let prefix = state.or(lease.as_ref().map(|hit| hit.state.as_ref()));
+        match (&lease, state) {
+            (_, Some(s)) => tracing::info!(tokens = s.tokens(), "prefix cache: resuming from a given state"),
+            (Some(hit), None) => {
+                tracing::info!(reused = hit.state.tokens(), prompt = prompt.len(), "prefix cache: hit")
+            }
+            (None, None) if caching => tracing::info!(prompt = prompt.len(), "prefix cache: miss, cold start"),
+            (None, None) => tracing::debug!("prefix cache: the backend keeps no states"),
+        }
         let node =
             Node::token(format!("request {}", self.requests), self.model.clone(), prefix.is_some(), max_new_tokens);
         let ids = Tensor::from_vec(vec![prompt.len()], prompt.iter().map(|&t| t as i64).collect())
