@@ -156,7 +156,7 @@ fn bad_checkpoints_change_nothing() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
     let err = compiled.load_weights(&path).unwrap_err().to_string();
-    assert!(err.contains("cut.safetensors") && err.contains("past the end of the data"), "{err}");
+    assert!(err.contains("cut.safetensors") && err.contains("truncated or corrupt"), "{err}");
     std::fs::write(&path, b"not a checkpoint").unwrap();
     assert!(compiled.load_weights(&path).is_err());
     assert!(compiled.load_weights(&dir.path().join("absent.safetensors")).is_err());

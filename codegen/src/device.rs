@@ -36,6 +36,13 @@ pub fn build_plan(exe: &Executable) -> Result<DevicePlan, LowerError> {
     let mut b = PlanBuilder { exe, kernels: exe.kernels.clone(), index: HashMap::new() };
     let prepare = b.steps(&exe.prepare)?;
     let steps = b.steps(&exe.steps)?;
+    // The builtins are hand-built kernel IR: verified once here, like lowered kernels.
+    for k in &b.kernels[exe.kernels.len()..] {
+        kernel::verify_message(k).map_err(|reason| LowerError::NotLowerable {
+            node: k.name.clone(),
+            reason: format!("malformed builtin (a kiln bug): {reason}"),
+        })?;
+    }
     Ok(DevicePlan { prepare, steps, kernels: b.kernels, fallbacks: exe.fallbacks.clone() })
 }
 

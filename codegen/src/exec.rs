@@ -58,6 +58,8 @@ struct Builder<'g> {
     exe: Executable,
     buffer_of: HashMap<Value, BufferId>,
     kernel_index: HashMap<String, usize>,
+    /// Kernels the verifier refused: lowering bugs, which fail the build.
+    bugs: Vec<String>,
 }
 
 impl<'g> Builder<'g> {
@@ -86,6 +88,7 @@ impl<'g> Builder<'g> {
             },
             buffer_of: HashMap::new(),
             kernel_index: HashMap::new(),
+            bugs: Vec::new(),
         })
     }
 
@@ -113,6 +116,12 @@ impl<'g> Builder<'g> {
                 }
             };
             self.exe.outputs.push((name.clone(), b));
+        }
+        if !self.bugs.is_empty() {
+            return Err(BuildError::Graph {
+                graph: g.name().to_string(),
+                message: format!("{} (a kiln bug)", self.bugs.join("; ")),
+            });
         }
         Ok(self.exe)
     }
@@ -247,6 +256,11 @@ impl<'g> Builder<'g> {
         values: &[Value],
         buffer: &dyn Fn(Value) -> Option<BufferId>,
     ) -> Result<Step, String> {
+        // Verified once, here, after lowering: a violation is a bug in the lowering, reported as an error of
+        // the build (never an interpreter fallback).
+        if let Err(why) = kernel::verify_message(&k) {
+            self.bugs.push(format!("kernel `{}` (lowered from this graph) is malformed: {why}", k.name));
+        }
         if let Some(why) = integer_division_hazard(&k) {
             return Err(why);
         }

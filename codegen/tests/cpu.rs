@@ -309,7 +309,7 @@ fn unsupported_and_malformed_kernels_are_errors() {
         body: Block(vec![Stmt::Store { arg: kernel::ArgId(0), index: IExpr::Var(LoopVar(0)), value: load.clone() }]),
     }]);
     let store_err = JitModule::compile(&[k], &CpuOptions::default()).unwrap_err();
-    assert!(store_err.to_string().contains("store into `x`"), "{store_err}");
+    assert!(store_err.to_string().contains("stores into `x`, which is not an output"), "{store_err}");
     let mut k = one_loop_kernel("scope", DType::F32, load.clone());
     let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!() };
     body.0.insert(0, Stmt::Let { var: kernel::Var(0), dtype: DType::F32, value: load.clone() });

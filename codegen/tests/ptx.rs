@@ -392,7 +392,10 @@ fn unsupported_and_malformed_kernels_are_errors_naming_kernel_and_construct() {
         assert!(e.to_string().contains(needle), "{e}");
     };
     malformed(&one_loop_kernel("undefined", kiln_ir::DType::F32, Expr::Var(Var(7))), "v7 is not defined");
-    malformed(&one_loop_kernel("mixed", kiln_ir::DType::F32, Expr::Const(Scalar::I32(1))), "store of i32");
+    malformed(
+        &one_loop_kernel("mixed", kiln_ir::DType::F32, Expr::Const(Scalar::I32(1))),
+        "stores i32 into `y` of f32",
+    );
     let mut k = one_loop_kernel("store_input", kiln_ir::DType::F32, load.clone());
     let Stmt::For { body, .. } = &mut k.body.0[0] else { unreachable!("one loop") };
     body.0[0] = Stmt::Store { arg: ArgId(0), index: IExpr::Var(LoopVar(0)), value: load.clone() };

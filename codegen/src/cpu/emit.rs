@@ -208,9 +208,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
             }
             Stmt::Let { var, dtype, value } => {
                 let (v, d) = self.expr(value)?;
-                if d != *dtype {
-                    return Err(self.malformed(format!("v{} is declared {dtype} but its value is {d}", var.0)));
-                }
+                debug_assert_eq!(d, *dtype, "verified: v{} holds its declared dtype", var.0);
                 self.lets.insert(*var, (v, d));
                 Ok(())
             }
@@ -227,11 +225,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
             Stmt::Update { acc, value, position } => self.update(*acc, value, position.as_ref()),
             Stmt::Store { arg, index, value } => {
                 let (v, d) = self.expr(value)?;
-                let a =
-                    self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
-                if a.dtype != d {
-                    return Err(self.malformed(format!("store of {d} into `{}` of {}", a.name, a.dtype)));
-                }
+                debug_assert_eq!(self.kernel.arg(*arg).dtype, d, "verified: stores carry the buffer's dtype");
                 let addr = self.address(*arg, index, true)?;
                 self.store_scalar(v, d, addr);
                 Ok(())
@@ -310,14 +304,11 @@ impl<'k, 'f> Emitter<'k, 'f> {
                 if let Some(&x) = self.lane_index.get(v) {
                     x
                 } else {
-                    let var = *self
-                        .loops
-                        .get(v)
-                        .ok_or_else(|| self.malformed(format!("loop variable i{} is not bound", v.0)))?;
+                    let var = *self.loops.get(v).expect("verified: loop variables are used inside their loops");
                     self.b.use_var(var)
                 }
             }
-            IExpr::Sym(s) => *self.syms.get(*s).ok_or_else(|| self.malformed(format!("no symbol s{s}")))?,
+            IExpr::Sym(s) => *self.syms.get(*s).expect("verified: symbols exist"),
             IExpr::Add(a, b) => {
                 let (a, b) = (self.iexpr(a)?, self.iexpr(b)?);
                 self.b.ins().iadd(a, b)
@@ -355,12 +346,9 @@ impl<'k, 'f> Emitter<'k, 'f> {
                 self.b.ins().select(c, a, b)
             }
             IExpr::Read { arg, index } => {
-                let a =
-                    self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
-                let ty = match a.dtype {
+                let ty = match self.kernel.arg(*arg).dtype {
                     DType::I32 => types::I32,
-                    DType::I64 => types::I64,
-                    d => return Err(self.malformed(format!("index read from `{}` of {d}", a.name))),
+                    _ => types::I64, // verified: index reads are of i32 or i64 buffers
                 };
                 let addr = self.address(*arg, index, false)?;
                 // Read-only for the whole call (the buffer is never an output), so Cranelift may merge equal reads
@@ -431,11 +419,8 @@ impl<'k, 'f> Emitter<'k, 'f> {
     /// The address of element `index` of `arg`, which must be an output when `store` is set and must not be one
     /// otherwise.
     pub(crate) fn address(&mut self, arg: ArgId, index: &IExpr, store: bool) -> EResult<Value> {
-        let a = self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
-        if store != (a.role == ArgRole::Output) {
-            let what = if store { "store into" } else { "load from" };
-            return Err(self.malformed(format!("{what} `{}`, of role {:?}", a.name, a.role)));
-        }
+        let a = self.kernel.arg(arg);
+        debug_assert_eq!(store, a.role == ArgRole::Output, "verified: stores write outputs and loads read the rest");
         let size = a.dtype.size_bytes() as i64;
         let i = self.iexpr(index)?;
         let off = self.b.ins().imul_imm_s(i, size);

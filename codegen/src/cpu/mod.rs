@@ -358,6 +358,9 @@ fn define_kernel<M: Module>(
     table: DataId,
     text: bool,
 ) -> Result<(FuncId, KernelInfo, String), CpuError> {
+    // The emitter works on verified kernels only (and does not check their invariants again).
+    crate::kernel::verify_message(kernel)
+        .map_err(|message| CpuError::Malformed { kernel: kernel.name.clone(), message })?;
     let merr = |e: cranelift_module::ModuleError| CpuError::Module(format!("kernel `{}`: {e}", kernel.name));
     let symbol = symbol_name(kernel, index);
     let mut consts: Vec<(ArgId, DataId)> = Vec::new();

@@ -44,19 +44,13 @@ impl Emitter<'_, '_> {
         Ok(match e {
             Expr::Const(s) => (self.scalar_const(*s), s.dtype()),
             Expr::Load { arg, index } => {
-                let d = self
-                    .kernel
-                    .args
-                    .get(arg.0 as usize)
-                    .ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?
-                    .dtype;
+                let d = self.kernel.arg(*arg).dtype;
                 let addr = self.address(*arg, index, false)?;
                 (self.load_scalar(d, addr), d)
             }
-            Expr::Var(v) => *self.lets.get(v).ok_or_else(|| self.malformed(format!("v{} is not defined", v.0)))?,
+            Expr::Var(v) => *self.lets.get(v).expect("verified: lets are defined before their uses"),
             Expr::Acc(a) => {
-                let slot =
-                    *self.accs.get(a).ok_or_else(|| self.malformed(format!("accumulator a{} is not declared", a.0)))?;
+                let slot = *self.accs.get(a).expect("verified: accumulators are declared before their uses");
                 if slot.op.is_arg() {
                     (self.b.use_var(slot.position), DType::I64)
                 } else {
@@ -75,9 +69,7 @@ impl Emitter<'_, '_> {
             Expr::Binary(k, a, bx) => {
                 let (a, da) = self.expr(a)?;
                 let (b, db) = self.expr(bx)?;
-                if da != db {
-                    return Err(self.malformed(format!("{} on {da} and {db}", k.name())));
-                }
+                debug_assert_eq!(da, db, "verified: binary operands share a dtype");
                 match bx.small_power() {
                     Some(n) if *k == BinaryOp::Pow && matches!(da, DType::F32 | DType::F64) => {
                         let mut acc = a;
@@ -93,9 +85,7 @@ impl Emitter<'_, '_> {
                 let (c, dc) = self.expr(c)?;
                 let (a, da) = self.expr(a)?;
                 let (b, db) = self.expr(b)?;
-                if dc != DType::Bool || da != db {
-                    return Err(self.malformed(format!("select on {dc}, {da} and {db}")));
-                }
+                debug_assert!(dc == DType::Bool && da == db, "verified: select on bool and two arms of one dtype");
                 (self.b.ins().select(c, a, b), da)
             }
             Expr::Cast(x, to) => {
@@ -413,18 +403,14 @@ impl Emitter<'_, '_> {
     }
 
     pub(crate) fn update(&mut self, acc: AccVar, value: &Expr, position: Option<&IExpr>) -> EResult<()> {
-        let slot =
-            *self.accs.get(&acc).ok_or_else(|| self.malformed(format!("accumulator a{} is not declared", acc.0)))?;
+        let slot = *self.accs.get(&acc).expect("verified: accumulators are declared before their updates");
         let (v, d) = self.expr(value)?;
-        if d != slot.dtype {
-            return Err(self.malformed(format!("update with {d} into a{} of {}", acc.0, slot.dtype)));
-        }
+        debug_assert_eq!(d, slot.dtype, "verified: updates carry the accumulator's dtype");
         let cur = self.b.use_var(slot.value);
         let folded = match slot.op {
             AccOp::ArgMax { select_last } | AccOp::ArgMin { select_last } => {
                 let max = matches!(slot.op, AccOp::ArgMax { .. });
-                let pos =
-                    position.ok_or_else(|| self.malformed(format!("an arg update of a{} needs a position", acc.0)))?;
+                let pos = position.expect("verified: arg updates carry a position");
                 let p = self.iexpr(pos)?;
                 let replace = self.arg_replaces(max, select_last, v, cur, d);
                 let cur_pos = self.b.use_var(slot.position);

@@ -92,6 +92,8 @@ pub(crate) fn build_module<'ctx>(
     let mut taken = HashSet::new();
     let mut infos = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
+        // The emitter works on verified kernels only (and does not check their invariants again).
+        crate::kernel::verify_message(k).map_err(|what| PtxError::Malformed { kernel: k.name.clone(), what })?;
         let entry = super::entry_name(&k.name, i, &mut taken);
         let (work, cooperative) = KernelEmitter::emit(ctx, &module, k, &entry, flavor)?;
         infos.push(PtxKernelInfo {
@@ -470,9 +472,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             }
             Stmt::Let { var, dtype, value } => {
                 let (v, d) = self.expr(value)?;
-                if d != *dtype {
-                    return Err(self.malformed(format!("v{} declared {dtype} holds {d}", var.0)));
-                }
+                debug_assert_eq!(d, *dtype, "verified: v{} holds its declared dtype", var.0);
                 self.lets.insert(*var, (v, d));
                 Ok(())
             }
@@ -488,16 +488,9 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             }
             Stmt::Update { acc, value, position } => self.update(*acc, value, position.as_ref()),
             Stmt::Store { arg, index, value } => {
-                let a =
-                    self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
-                if a.role != ArgRole::Output {
-                    return Err(self.malformed(format!("store to arg{}, which is not an output", arg.0)));
-                }
-                let d = a.dtype;
+                let d = self.kernel.arg(*arg).dtype;
                 let (v, vd) = self.expr(value)?;
-                if vd != d {
-                    return Err(self.malformed(format!("store of {vd} into arg{} of {d}", arg.0)));
-                }
+                debug_assert_eq!(vd, d, "verified: stores carry the buffer's dtype");
                 let ptr = self.address(arg.0 as usize, index)?;
                 let m = self.memory_form(v, d)?;
                 match &mut self.deferred_stores {
@@ -599,10 +592,8 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
         let i64t = self.ctx.i64_type();
         Ok(match e {
             IExpr::Const(c) => i64t.const_int(*c as u64, true),
-            IExpr::Var(v) => {
-                *self.loops.get(v).ok_or_else(|| self.malformed(format!("loop variable i{} is not bound", v.0)))?
-            }
-            IExpr::Sym(s) => *self.syms.get(*s).ok_or_else(|| self.malformed(format!("no symbol s{s}")))?,
+            IExpr::Var(v) => *self.loops.get(v).expect("verified: loop variables are used inside their loops"),
+            IExpr::Sym(s) => *self.syms.get(*s).expect("verified: symbols exist"),
             IExpr::Add(a, b) => {
                 let (a, b) = (self.iexpr(a)?, self.iexpr(b)?);
                 self.b.build_int_add(a, b, "add")?
@@ -632,11 +623,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
                 self.b.build_select(c, a, b, "sel")?.into_int_value()
             }
             IExpr::Read { arg, index } => {
-                let a =
-                    self.kernel.args.get(arg.0 as usize).ok_or_else(|| self.malformed(format!("no arg{}", arg.0)))?;
-                if a.role == ArgRole::Output || !matches!(a.dtype, DType::I32 | DType::I64) {
-                    return Err(self.malformed(format!("index read from arg{} ({} {:?})", arg.0, a.dtype, a.role)));
-                }
+                // Verified: an i32/i64 input or constant.
                 let (v, d) = self.load(arg.0 as usize, index)?;
                 let v = v.into_int_value();
                 if d == DType::I64 { v } else { self.b.build_int_s_extend(v, i64t, "sext")? }

@@ -73,16 +73,10 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
     pub(super) fn expr(&mut self, e: &Expr) -> R<(V<'ctx>, DType)> {
         Ok(match e {
             Expr::Const(s) => (self.scalar_const(*s)?, s.dtype()),
-            Expr::Load { arg, index } => {
-                if self.kernel.args.get(arg.0 as usize).is_none() {
-                    return Err(self.malformed(format!("no arg{}", arg.0)));
-                }
-                self.load(arg.0 as usize, index)?
-            }
-            Expr::Var(v) => *self.lets.get(v).ok_or_else(|| self.malformed(format!("v{} is not defined", v.0)))?,
+            Expr::Load { arg, index } => self.load(arg.0 as usize, index)?,
+            Expr::Var(v) => *self.lets.get(v).expect("verified: lets are defined before their uses"),
             Expr::Acc(a) => {
-                let slot =
-                    *self.accs.get(a).ok_or_else(|| self.malformed(format!("accumulator a{} is not declared", a.0)))?;
+                let slot = *self.accs.get(a).expect("verified: accumulators are declared before their uses");
                 if slot.op.is_arg() {
                     (self.b.build_load(self.ctx.i64_type(), slot.position, "pos")?, DType::I64)
                 } else {
@@ -101,9 +95,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
             Expr::Binary(k, a, bx) => {
                 let (a, da) = self.expr(a)?;
                 let (b, db) = self.expr(bx)?;
-                if da != db {
-                    return Err(self.malformed(format!("{} on {da} and {db}", k.name())));
-                }
+                debug_assert_eq!(da, db, "verified: binary operands share a dtype");
                 match bx.small_power() {
                     Some(n) if *k == BinaryOp::Pow && matches!(da, DType::F32 | DType::F64) => {
                         let mut acc = a;
@@ -119,9 +111,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 let (c, dc) = self.expr(c)?;
                 let (a, da) = self.expr(a)?;
                 let (b, db) = self.expr(b)?;
-                if dc != DType::Bool || da != db {
-                    return Err(self.malformed(format!("select on {dc}, {da} and {db}")));
-                }
+                debug_assert!(dc == DType::Bool && da == db, "verified: select on bool and two arms of one dtype");
                 (self.b.build_select(c.into_int_value(), a, b, "sel")?, da)
             }
             Expr::Cast(x, to) => {
@@ -479,18 +469,14 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
     }
 
     pub(super) fn update(&mut self, acc: AccVar, value: &Expr, position: Option<&IExpr>) -> R<()> {
-        let slot =
-            *self.accs.get(&acc).ok_or_else(|| self.malformed(format!("accumulator a{} is not declared", acc.0)))?;
+        let slot = *self.accs.get(&acc).expect("verified: accumulators are declared before their updates");
         let (v, d) = self.expr(value)?;
-        if d != slot.dtype {
-            return Err(self.malformed(format!("update with {d} into a{} of {}", acc.0, slot.dtype)));
-        }
+        debug_assert_eq!(d, slot.dtype, "verified: updates carry the accumulator's dtype");
         let cur = self.b.build_load(self.reg_type(d), slot.value, "cur")?;
         let folded = match slot.op {
             AccOp::ArgMax { select_last } | AccOp::ArgMin { select_last } => {
                 let max = matches!(slot.op, AccOp::ArgMax { .. });
-                let pos =
-                    position.ok_or_else(|| self.malformed(format!("an arg update of a{} needs a position", acc.0)))?;
+                let pos = position.expect("verified: arg updates carry a position");
                 let p = self.iexpr(pos)?;
                 let replace = self.arg_replaces(max, select_last, v, cur, d)?;
                 let cur_pos = self.b.build_load(self.ctx.i64_type(), slot.position, "cur_pos")?;

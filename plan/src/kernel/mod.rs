@@ -24,10 +24,12 @@
 mod eval;
 mod ir;
 mod print;
+mod verify;
 
 pub use eval::{EvalError, eval};
 pub use ir::*;
 pub use print::{expr as print_expr, iexpr as print_iexpr, print};
+pub use verify::{VerifyError, verify, verify_message};
 
 /// `floor(x / c)`, for `c != 0`.
 pub fn floor_div(x: i64, c: i64) -> i64 {
