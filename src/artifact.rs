@@ -142,7 +142,6 @@ impl Artifact {
             kiln_runtime::artifact::load_cpu(dir, artifact.manifest, crate::resolve_threads(threads)?, backends)
                 .map_err(crate::run_error)?;
         let exe = loaded.program.executable();
-        let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
         let report = crate::CompileReport {
             kernels: loaded.manifest.kernels.len(),
             steps: exe.step_counts(),
@@ -151,7 +150,7 @@ impl Artifact {
             weights_load: loaded.weights_load,
             ..Default::default()
         };
-        let mut compiled = Compiled::from_program(loaded.program, report, inputs);
+        let mut compiled = Compiled::from_program(loaded.program, report);
         compiled.report.placement = loaded.manifest.common.placement.clone();
         compiled.provenance = Some(loaded.manifest.common.provenance);
         compiled.report.load = t0.elapsed();
@@ -160,16 +159,12 @@ impl Artifact {
 
     /// Loads the CUDA artifact in `dir` onto CUDA device `ordinal`: the manifest (checked), the weights and the
     /// PTX module (JIT-compiled by the driver; no LLVM is needed). Without a device, the device's clear error.
-    pub fn load_cuda(dir: &Path, ordinal: usize) -> Result<crate::cuda::CudaCompiled, Error> {
+    pub fn load_cuda(dir: &Path, ordinal: usize) -> Result<Compiled, Error> {
         Artifact::load_cuda_with(dir, ordinal, &crate::BackendRegistry::with_defaults())
     }
 
     /// [`Artifact::load_cuda`], with the backends the artifact's placement names taken from `backends`.
-    pub fn load_cuda_with(
-        dir: &Path,
-        ordinal: usize,
-        backends: &crate::BackendRegistry,
-    ) -> Result<crate::cuda::CudaCompiled, Error> {
+    pub fn load_cuda_with(dir: &Path, ordinal: usize, backends: &crate::BackendRegistry) -> Result<Compiled, Error> {
         let t0 = Instant::now();
         let manifest = kiln_plan::artifact::read_manifest(dir)?;
         if !matches!(manifest, ArtifactManifest::Cuda(_)) {
@@ -187,8 +182,8 @@ impl Artifact {
             placement: loaded.manifest.common.placement.clone(),
             ..Default::default()
         };
-        let mut compiled = crate::cuda::CudaCompiled::from_program(loaded.program, report);
-        compiled.set_load_time(t0.elapsed());
+        let mut compiled = Compiled::from_program(loaded.program, report);
+        compiled.report.load = t0.elapsed();
         Ok(compiled)
     }
 }

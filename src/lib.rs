@@ -240,14 +240,25 @@ pub struct CompileReport {
     pub placement: Vec<kiln_plan::artifact::PlacementRecord>,
 }
 
-/// A compiled model: run it as often as you like, from several threads at once.
+/// A compiled model on any target — the one handle over every loaded program (`kiln_runtime::Program`: the CPU
+/// program, a CUDA device's): run it as often as you like, from several threads at once.
 pub struct Compiled {
-    program: std::sync::Arc<kiln_runtime::cpu::CpuProgram>,
+    program: std::sync::Arc<dyn kiln_runtime::Program>,
     report: CompileReport,
     inputs: Vec<(String, kiln_ir::TensorType)>,
     /// Which weights are the model's and which the compiler's, for weight swaps; `None` when unknown (an
     /// artifact written before kiln recorded it): then every weight the program reads is required.
     provenance: Option<WeightProvenance>,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiled")
+            .field("backend", &self.program.backend())
+            .field("graph", &self.program.executable().name)
+            .field("inputs", &self.inputs.len())
+            .finish()
+    }
 }
 
 impl Compiled {
@@ -263,16 +274,35 @@ impl Compiled {
     ) -> Result<Compiled, Error> {
         let program = kiln_runtime::cpu::CpuProgram::with_backends(exe, code, resolve_threads(threads)?, backends)
             .map_err(run_error)?;
-        Ok(Compiled::from_program(program, report, inputs))
+        let mut compiled = Compiled::from_program(program, report);
+        compiled.inputs = inputs;
+        Ok(compiled)
     }
 
-    /// Wraps a program the runtime bound (a loaded artifact's, say).
-    fn from_program(
-        program: kiln_runtime::cpu::CpuProgram,
-        report: CompileReport,
-        inputs: Vec<(String, kiln_ir::TensorType)>,
-    ) -> Compiled {
+    /// Wraps a program the runtime bound (a loaded artifact's, a device's); the inputs are its executable's.
+    pub(crate) fn from_program(program: impl kiln_runtime::Program + 'static, report: CompileReport) -> Compiled {
+        let exe = program.executable();
+        let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
         Compiled { program: std::sync::Arc::new(program), report, inputs, provenance: None }
+    }
+
+    /// The backend the program runs on (`cpu`, `cuda`).
+    pub fn backend(&self) -> &'static str {
+        self.program.backend()
+    }
+
+    /// The device facts and timings of a program on an accelerator (device name, data-resident step times, copy
+    /// bandwidth); `None` on the CPU.
+    pub fn device(&self) -> Option<&dyn kiln_runtime::DeviceProgram> {
+        self.program.device()
+    }
+
+    /// The CPU program, for what only it does (weight swaps); an error naming the backend otherwise.
+    pub(crate) fn cpu_program(&self) -> Result<&kiln_runtime::cpu::CpuProgram, Error> {
+        self.program.as_any().downcast_ref::<kiln_runtime::cpu::CpuProgram>().ok_or_else(|| Error::Backend {
+            backend: self.program.backend(),
+            message: "weight swaps are the cpu backend's (recompile, or load the artifact, to change weights)".into(),
+        })
     }
 
     /// Runs the compiled model on named inputs; outputs come in the model's order.
@@ -302,8 +332,7 @@ impl Compiled {
         &self,
         inputs: &BTreeMap<String, Tensor>,
     ) -> Result<Vec<(String, std::time::Duration)>, Error> {
-        let (_, times) =
-            self.program.run_profiled(inputs).map_err(|e| Error::Backend { backend: "cpu", message: e.to_string() })?;
+        let (_, times) = self.program.run_profiled(inputs).map_err(run_error)?;
         let exe = self.program.executable();
         Ok(exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect())
     }
@@ -507,16 +536,15 @@ impl Model {
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
-            Backend::Cpu => {
-                let compiled = self.compile(&CompileOptions {
+            Backend::CudaEmulated => self.run_cuda_emulated(inputs, &options.backends),
+            backend @ (Backend::Cpu | Backend::Cuda) => self
+                .compile(&CompileOptions {
+                    backend,
                     threads: options.threads,
                     backends: options.backends.clone(),
                     ..CompileOptions::default()
-                })?;
-                compiled.run(inputs)
-            }
-            Backend::Cuda => self.compile_cuda(0, None, &options.backends)?.run(inputs),
-            Backend::CudaEmulated => self.run_cuda_emulated(inputs, &options.backends),
+                })?
+                .run(inputs),
         }
     }
 
@@ -593,12 +621,26 @@ impl Model {
         })
     }
 
-    /// Compiles the model for `options.backend`: [`Model::lower`], then machine code in memory (JIT).
+    /// Compiles the model for `options.backend` into a [`Compiled`]: [`Model::lower`], then code in memory — the
+    /// CPU's JIT, or PTX bound to CUDA device 0 ([`Model::compile_cuda`] picks the device). The interpreter and
+    /// the emulated device are not compile targets.
     pub fn compile(&self, options: &CompileOptions) -> Result<Compiled, Error> {
-        if options.backend != Backend::Cpu {
-            let message = "`compile` is the cpu backend's JIT; use `compile_cuda` for a CUDA device".into();
-            return Err(Error::Backend { backend: options.backend.name(), message });
+        match options.backend {
+            Backend::Cpu => self.compile_cpu(options),
+            Backend::Cuda => {
+                let pipeline =
+                    (options.pipeline != CompileOptions::default().pipeline).then_some(options.pipeline.as_str());
+                self.compile_cuda(0, pipeline, &options.backends)
+            }
+            b @ (Backend::Interp | Backend::CudaEmulated) => Err(Error::Backend {
+                backend: b.name(),
+                message: "not a compile target (`Model::run` runs it; compile for cpu or cuda)".into(),
+            }),
         }
+    }
+
+    /// The CPU target: machine code in memory through Cranelift's JIT.
+    fn compile_cpu(&self, options: &CompileOptions) -> Result<Compiled, Error> {
         let Lowered { executable: exe, mut report, inputs, provenance, backends, .. } = self.lower(options)?;
         let fail = |message: String| Error::Backend { backend: options.backend.name(), message };
         let t2 = std::time::Instant::now();

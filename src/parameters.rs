@@ -26,7 +26,7 @@ pub use kiln_plan::weights::WeightProvenance;
 impl Compiled {
     /// The weight of this name that runs read now (after any swap), if the program reads one.
     pub fn weight(&self, name: &str) -> Option<std::sync::Arc<kiln_ir::Tensor>> {
-        self.program.weight(name)
+        self.cpu_program().ok()?.weight(name)
     }
 
     /// Replaces the model's weights with those of the safetensors checkpoint at `path` (memory-mapped), by name,
@@ -52,7 +52,7 @@ impl Compiled {
             Some(p) => WeightLoad { optional: p.compiler_made.clone(), frozen: p.folded.clone(), ..Default::default() },
             None => WeightLoad::default(),
         };
-        self.program.load_weights(source, &load).map_err(|e| weights_error(Path::new(source.origin()), e))
+        self.cpu_program()?.load_weights(source, &load).map_err(|e| weights_error(Path::new(source.origin()), e))
     }
 }
 

@@ -306,7 +306,7 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gp
     assert!(!root.path().join("emu").exists(), "nothing is written for a refused target");
 
     // The CPU loader refuses it by name; `kiln run` loads it onto GPU 0: without one, the device's one clear line.
-    let e = Artifact::load(&root.path().join("gpu"), 1).err().expect("refused").to_string();
+    let e = Artifact::load(&root.path().join("gpu"), 1).expect_err("refused").to_string();
     assert!(e.contains("a CUDA artifact (PTX for sm_90)"), "{e}");
     let o = kiln(&["run", &p("gpu")]);
     let err = String::from_utf8_lossy(&o.stderr);

@@ -732,7 +732,7 @@ fn artifacts_record_their_placement_and_need_the_plugin_to_run() {
     kiln::Artifact::write(&lowered, &dir).unwrap();
     let manifest = kiln::Artifact::open(&dir).unwrap();
     assert_eq!(manifest.manifest().common().placement[0].backend, "ew");
-    let err = kiln::Artifact::load(&dir, 1).err().expect("refused without the plugin").to_string();
+    let err = kiln::Artifact::load(&dir, 1).expect_err("refused without the plugin").to_string();
     assert!(err.contains("backend `ew`, which is not registered") && err.contains("KILN_BACKEND_PLUGINS"), "{err}");
     let loaded = kiln::Artifact::load_with(&dir, 1, &backends).unwrap();
     let jit = model.compile(&kiln::CompileOptions { backends, ..Default::default() }).unwrap();

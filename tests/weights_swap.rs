@@ -300,6 +300,6 @@ fn artifacts_keep_the_provenance_that_guards_folded_weights() {
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
     v.as_object_mut().unwrap().remove("provenance").expect("written with provenance");
     std::fs::write(&manifest, v.to_string()).unwrap();
-    let err = kiln::Artifact::load(&art, 1).err().expect("refused").to_string();
+    let err = kiln::Artifact::load(&art, 1).expect_err("refused").to_string();
     assert!(err.contains("corrupt manifest") && err.contains("provenance"), "{err}");
 }

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod op;
 pub mod parse;
 pub mod print;
+pub mod random;
 pub mod tensor;
 pub mod types;
 pub mod verify;

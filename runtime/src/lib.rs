@@ -121,8 +121,12 @@ pub enum RunError {
     Submission(String),
 }
 
-/// A loaded program on some backend: run it on named inputs, get its named outputs in order. Implementations
-/// are `Send + Sync` and may be run from several threads at once.
+/// A profiled run: the outputs, and each step's wall time in step order.
+pub type Profiled = (Vec<(String, Tensor)>, Vec<std::time::Duration>);
+
+/// A loaded program on some backend — the one abstraction over everything that runs a compiled plan (the CPU
+/// program, a device program): run it on named inputs, get its named outputs in order. Implementations are
+/// `Send + Sync` and may be run from several threads at once.
 pub trait Program: Send + Sync {
     /// The backend's name (`cpu`, `cuda`).
     fn backend(&self) -> &'static str;
@@ -132,6 +136,39 @@ pub trait Program: Send + Sync {
 
     /// Runs the program.
     fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError>;
+
+    /// Runs once, timing each step of the executable (in order); an error where the backend cannot time steps.
+    fn run_profiled(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Profiled, RunError> {
+        let _ = inputs;
+        Err(RunError::Backend(format!("the {} backend does not time single steps", self.backend())))
+    }
+
+    /// The device facts and timings of a program on an accelerator; `None` on the host.
+    fn device(&self) -> Option<&dyn DeviceProgram> {
+        None
+    }
+
+    /// The program as `Any`, to reach a backend's own API (weight swaps of a CPU program, say).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// What a program on an accelerator adds: its device and timings with the data resident there.
+pub trait DeviceProgram {
+    /// The device's name.
+    fn device_name(&self) -> String;
+
+    /// The steps' own time on the device, inputs resident and outputs left there: `runs` timings after `warmup`
+    /// untimed runs.
+    fn time_resident(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Vec<std::time::Duration>, RunError>;
+
+    /// The device's copy bandwidth in GB/s (bytes read plus written per second, device to device, 256 MiB
+    /// copies): what a memory-bound kernel is measured against.
+    fn copy_bandwidth_gbps(&self) -> Result<f64, RunError>;
 }
 
 impl Program for cpu::CpuProgram {
@@ -146,9 +183,17 @@ impl Program for cpu::CpuProgram {
     fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
         cpu::CpuProgram::run(self, inputs)
     }
+
+    fn run_profiled(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Profiled, RunError> {
+        cpu::CpuProgram::run_profiled(self, inputs)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
-impl<G: cuda::Gpu> Program for cuda::GpuProgram<G> {
+impl<G: cuda::Gpu + 'static> Program for cuda::GpuProgram<G> {
     fn backend(&self) -> &'static str {
         "cuda"
     }
@@ -159,6 +204,33 @@ impl<G: cuda::Gpu> Program for cuda::GpuProgram<G> {
 
     fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
         cuda::GpuProgram::run(self, inputs)
+    }
+
+    fn device(&self) -> Option<&dyn DeviceProgram> {
+        Some(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl<G: cuda::Gpu> DeviceProgram for cuda::GpuProgram<G> {
+    fn device_name(&self) -> String {
+        cuda::Gpu::name(self.gpu().as_ref())
+    }
+
+    fn time_resident(
+        &self,
+        inputs: &BTreeMap<String, Tensor>,
+        warmup: usize,
+        runs: usize,
+    ) -> Result<Vec<std::time::Duration>, RunError> {
+        cuda::GpuProgram::time_resident(self, inputs, warmup, runs)
+    }
+
+    fn copy_bandwidth_gbps(&self) -> Result<f64, RunError> {
+        cuda::GpuProgram::copy_bandwidth_gbps(self, 256 << 20, 10)
     }
 }
 

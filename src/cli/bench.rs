@@ -120,12 +120,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut device: Option<(String, f64, f64)> = None;
     let mut io_bytes = 0u64;
     let (warmup, runs) = (a.warmup, a.runs);
-    let mut cuda_runner = |compiled: kiln::cuda::CudaCompiled, ins: BTreeMap<String, Tensor>| -> Result<Runner> {
-        let copy_gbps = compiled.copy_bandwidth_gbps()?;
-        let mut resident = compiled.time_resident(&ins, warmup, runs)?;
+    let mut cuda_runner = |compiled: kiln::Compiled, ins: BTreeMap<String, Tensor>| -> Result<Runner> {
+        let Some(dev) = compiled.device() else { bail!("the {} backend has no device to time", compiled.backend()) };
+        let copy_gbps = dev.copy_bandwidth_gbps()?;
+        let mut resident = dev.time_resident(&ins, warmup, runs)?;
         resident.sort();
         let resident_ms = resident[resident.len() / 2].as_secs_f64() * 1e3;
-        device = Some((compiled.device_name(), copy_gbps, resident_ms));
+        device = Some((dev.device_name(), copy_gbps, resident_ms));
         let outputs = compiled.run(&ins)?;
         io_bytes = ins.values().chain(outputs.iter().map(|(_, t)| t)).map(|t| t.as_bytes().len() as u64).sum();
         Ok(Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)))
@@ -161,13 +162,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Backend::CudaEmulated => {
                 bail!("--backend cuda-emulated tests the GPU path on the host; it is not timed (bench cpu or cuda)")
             }
-            Backend::Cuda => {
-                let pipeline = (a.pipeline != "cpu-default").then_some(a.pipeline.as_str());
-                let compiled = model.compile_cuda(0, pipeline, &backends)?;
-                let report = compiled.report().clone();
-                let ms = t0.elapsed().as_secs_f64() * 1e3;
-                (cuda_runner(compiled, ins)?, Some(report), ms)
-            }
             backend => {
                 let compiled = model.compile(&CompileOptions {
                     backend,
@@ -177,7 +171,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 })?;
                 let report = compiled.report().clone();
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
-                (profiled(compiled, ins), Some(report), ms)
+                let runner =
+                    if compiled.device().is_some() { cuda_runner(compiled, ins)? } else { profiled(compiled, ins) };
+                (runner, Some(report), ms)
             }
         }
     };

@@ -177,7 +177,7 @@ fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &ki
                 "artifact {} (cuda backend, {}): loaded in {load_ms:.1} ms (the driver compiled the PTX), ran in \
                  {run_ms:.1} ms",
                 a.model.model.display(),
-                compiled.device_name()
+                compiled.device().map_or_else(|| "?".to_string(), |d| d.device_name())
             )
         },
     )

@@ -2,7 +2,8 @@
 //!
 //! [`Model::compile_cuda`] lowers the model (`cuda-default` pipeline, the target-independent executable), turns
 //! it into a [`DevicePlan`] (library ops as GEMMs and builtin kernels), compiles the plan's kernels to PTX for the
-//! device's architecture, and binds it all to the device: a [`CudaCompiled`]. A CUDA artifact
+//! device's architecture, and binds it all to the device: a [`crate::Compiled`] whose program is the runtime's
+//! `GpuProgram` (the same handle the CPU gives; `Compiled::device` adds device timings). A CUDA artifact
 //! ([`crate::Artifact::load_cuda`]) holds the same plan and PTX, so loading it needs no LLVM. Every step that
 //! needs a device opens it first, so a machine without one gets the one clear error of
 //! [`kiln_runtime::cuda::CudaDevice::open`] before any work.
@@ -16,149 +17,45 @@
 mod emulated;
 
 use std::collections::BTreeMap;
+#[cfg(feature = "ptx")]
 use std::sync::Arc;
-
-use kiln_codegen::device::{DevicePlan, PtxKernelInfo};
-use kiln_codegen::exec::Executable;
-use kiln_ir::Tensor;
-use kiln_runtime::cuda::{CudaDevice, CudaGpu, GpuCompletion, GpuExecutor, GpuProgram, PendingRun};
 
 #[cfg(feature = "ptx")]
 pub use emulated::run_emulated;
+#[cfg(feature = "ptx")]
+use kiln_codegen::device::{DevicePlan, PtxKernelInfo};
+#[cfg(feature = "ptx")]
+use kiln_codegen::exec::Executable;
+use kiln_ir::Tensor;
+use kiln_runtime::cuda::CudaDevice;
+#[cfg(feature = "ptx")]
+use kiln_runtime::cuda::{CudaGpu, GpuProgram};
 
-use crate::{CompileReport, Error};
+#[cfg(feature = "ptx")]
+use crate::CompileReport;
+use crate::Error;
 
 fn cuda_error(message: impl std::fmt::Display) -> Error {
     Error::Backend { backend: "cuda", message: message.to_string() }
 }
 
-/// A model bound to a CUDA device, ready to run.
-pub struct CudaCompiled {
-    program: GpuProgram<CudaGpu>,
-    inputs: Vec<(String, kiln_ir::TensorType)>,
+/// Binds `exe` (with its weights) and `plan` to device `device`, loading `ptx` whose kernels `infos` describe,
+/// with the backends its placed steps name from `backends`: a [`crate::Compiled`] on the cuda backend.
+#[cfg(feature = "ptx")]
+fn bind(
+    device: CudaDevice,
+    exe: Executable,
+    plan: DevicePlan,
+    ptx: &str,
+    infos: Vec<PtxKernelInfo>,
     report: CompileReport,
-}
-
-impl std::fmt::Debug for CudaCompiled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaCompiled({:?})", self.program)
-    }
-}
-
-impl CudaCompiled {
-    /// Binds `exe` (with its weights) and `plan` to device `device`, loading `ptx` whose kernels `infos`
-    /// describe.
-    pub(crate) fn bind(
-        device: CudaDevice,
-        exe: Executable,
-        plan: DevicePlan,
-        ptx: &str,
-        infos: Vec<PtxKernelInfo>,
-        report: CompileReport,
-        backends: &crate::BackendRegistry,
-    ) -> Result<CudaCompiled, Error> {
-        let entries: Vec<String> = infos.iter().map(|i| i.entry.clone()).collect();
-        let gpu = CudaGpu::new(device, ptx, &entries).map_err(crate::cuda_run_error)?;
-        let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
-        let program =
-            GpuProgram::with_backends(Arc::new(gpu), exe, plan, infos, backends).map_err(crate::cuda_run_error)?;
-        Ok(CudaCompiled { program, inputs, report })
-    }
-
-    /// Wraps a program the runtime bound (a loaded artifact's).
-    pub(crate) fn from_program(program: GpuProgram<CudaGpu>, report: CompileReport) -> CudaCompiled {
-        let exe = program.executable();
-        let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
-        CudaCompiled { program, inputs, report }
-    }
-
-    /// Runs the model on named inputs; outputs come in the model's order.
-    pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, Error> {
-        self.program.run(inputs).map_err(crate::cuda_run_error)
-    }
-
-    /// `count` executors: streams of their own on the model's device (the contract's submission lanes).
-    pub fn executors(&self, count: usize) -> Result<Vec<GpuExecutor<CudaGpu>>, Error> {
-        use kiln_runtime::contract::SubmissionBackend;
-        let root = GpuExecutor::new("cuda0", self.program.gpu().as_ref().clone());
-        kiln_runtime::cuda::GpuBackend::fork_executors(&root, count).map_err(crate::cuda_run_error)
-    }
-
-    /// Queues a run on `executor`'s stream and returns at once; the request's completion is an event after its
-    /// last copy (order other executors after it with `GpuBackend::order_after`).
-    pub fn submit(
-        &self,
-        executor: &GpuExecutor<CudaGpu>,
-        inputs: &BTreeMap<String, Tensor>,
-    ) -> Result<CudaRequest, Error> {
-        let pending = self.program.enqueue(executor.gpu(), inputs).map_err(crate::cuda_run_error)?;
-        let completion = executor.mark().map_err(crate::cuda_run_error)?;
-        Ok(CudaRequest { pending, completion })
-    }
-
-    /// The steps' own time on the device, inputs resident and outputs left there: `runs` timings after `warmup`
-    /// untimed runs (see `GpuProgram::time_resident`).
-    pub fn time_resident(
-        &self,
-        inputs: &BTreeMap<String, Tensor>,
-        warmup: usize,
-        runs: usize,
-    ) -> Result<Vec<std::time::Duration>, Error> {
-        self.program.time_resident(inputs, warmup, runs).map_err(crate::cuda_run_error)
-    }
-
-    /// The device's copy bandwidth in GB/s (bytes read plus bytes written per second, device to device, over
-    /// 256 MiB copies): what a memory-bound kernel is measured against.
-    pub fn copy_bandwidth_gbps(&self) -> Result<f64, Error> {
-        self.program.copy_bandwidth_gbps(256 << 20, 10).map_err(crate::cuda_run_error)
-    }
-
-    /// The device's name.
-    pub fn device_name(&self) -> String {
-        kiln_runtime::cuda::Gpu::name(self.program.gpu().as_ref())
-    }
-
-    pub(crate) fn set_load_time(&mut self, load: std::time::Duration) {
-        self.report.load = load;
-    }
-
-    /// What compiling (or loading) produced.
-    pub fn report(&self) -> &CompileReport {
-        &self.report
-    }
-
-    /// The model's inputs, names and declared types, in order.
-    pub fn inputs(&self) -> &[(String, kiln_ir::TensorType)] {
-        &self.inputs
-    }
-
-    /// `given` plus random values for the inputs it lacks (as [`crate::Model::complete_inputs`]).
-    pub fn complete_inputs(
-        &self,
-        given: BTreeMap<String, Tensor>,
-        shapes: &BTreeMap<String, Vec<usize>>,
-        seed: u64,
-    ) -> Result<BTreeMap<String, Tensor>, Error> {
-        crate::complete_inputs(&self.inputs, given, shapes, seed)
-    }
-}
-
-/// A run submitted with [`CudaCompiled::submit`].
-pub struct CudaRequest {
-    pending: PendingRun<CudaGpu>,
-    completion: GpuCompletion<CudaGpu>,
-}
-
-impl CudaRequest {
-    /// The run's completion: poll it, or order another executor after it.
-    pub fn completion(&self) -> &GpuCompletion<CudaGpu> {
-        &self.completion
-    }
-
-    /// Waits for the run; its outputs in the model's order.
-    pub fn wait(self) -> Result<Vec<(String, Tensor)>, Error> {
-        self.pending.wait().map_err(crate::cuda_run_error)
-    }
+    backends: &crate::BackendRegistry,
+) -> Result<crate::Compiled, Error> {
+    let entries: Vec<String> = infos.iter().map(|i| i.entry.clone()).collect();
+    let gpu = CudaGpu::new(device, ptx, &entries).map_err(crate::cuda_run_error)?;
+    let program =
+        GpuProgram::with_backends(Arc::new(gpu), exe, plan, infos, backends).map_err(crate::cuda_run_error)?;
+    Ok(crate::Compiled::from_program(program, report))
 }
 
 /// The architecture PTX is compiled for on `device`: `sm_90` from compute capability 9.0 on, `sm_80` from 8.0;
@@ -227,7 +124,7 @@ impl crate::Model {
         ordinal: usize,
         pipeline: Option<&str>,
         backends: &crate::BackendRegistry,
-    ) -> Result<CudaCompiled, Error> {
+    ) -> Result<crate::Compiled, Error> {
         let device = CudaDevice::open(ordinal).map_err(crate::cuda_run_error)?;
         #[cfg(feature = "ptx")]
         {
@@ -243,7 +140,7 @@ impl crate::Model {
             let code = compile_device(&exe, &ptx_options)?;
             report.codegen = t.elapsed();
             report.kernels = code.plan.kernels.len();
-            CudaCompiled::bind(device, exe, code.plan, &code.module.ptx, code.module.kernels, report, backends)
+            bind(device, exe, code.plan, &code.module.ptx, code.module.kernels, report, backends)
         }
         #[cfg(not(feature = "ptx"))]
         {
