@@ -116,7 +116,8 @@ impl StepPrograms {
     pub fn open(path: &Path, options: &GenerateOptions) -> Result<StepPrograms, Error> {
         use protobuf::Message;
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::Io { path: shown.clone(), message: e.to_string() })?;
+        let bytes =
+            kiln_ir::io::read_file(path).map_err(|e| Error::Io { path: shown.clone(), message: e.to_string() })?;
         let fingerprint = format::fingerprint(&bytes);
         let proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes)
             .map_err(|e| Error::Format { path: shown.clone(), message: format!("not a valid ONNX model: {e}") })?;

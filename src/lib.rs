@@ -417,7 +417,7 @@ pub struct Model {
 
 /// Reads a file into a string, naming it in the error.
 fn read_text(path: &Path) -> Result<String, Error> {
-    std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.display().to_string(), message: e.to_string() })
+    kiln_ir::io::read_text(path).map_err(|e| Error::Io { path: path.display().to_string(), message: e.to_string() })
 }
 
 impl Model {

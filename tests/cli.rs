@@ -471,3 +471,63 @@ fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
     let both = kiln(&["-v", "-q", "backends"]);
     assert_eq!(both.status.code(), Some(2), "usage error: {}", stderr(&both));
 }
+
+/// Sizes and files a hostile user gives: devices, lying `.npy` headers, absurd thread and run counts — each one
+/// line and exit 1, never an abort, a hang or a crash.
+#[test]
+fn hostile_sizes_and_files_are_one_line_errors() {
+    let root = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/elementwise_broadcast.kir");
+    let f = fixture.to_str().unwrap();
+    let input = {
+        let text = std::fs::read_to_string(&fixture).unwrap();
+        let at = text.find("name=\"").expect("the fixture has a named input") + 6;
+        text[at..at + text[at..].find('"').unwrap()].to_string()
+    };
+    // A 128-byte .npy whose header claims (2^62, 4) f32s.
+    let lying = root.path().join("lying.npy");
+    let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }";
+    let mut text = dict.as_bytes().to_vec();
+    while !(10 + text.len() + 1).is_multiple_of(64) {
+        text.push(b' ');
+    }
+    text.push(b'\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((text.len() as u16).to_le_bytes());
+    bytes.extend(text);
+    bytes.resize(128.max(bytes.len()), 0);
+    std::fs::write(&lying, &bytes).unwrap();
+    let out = root.path().join("out");
+    let o = out.to_str().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["run".into(), f.into(), "--input".into(), format!("{input}=/dev/zero"), "-o".into(), o.into()],
+            "not a regular file",
+        ),
+        (
+            vec![
+                "run".into(),
+                f.into(),
+                "--input".into(),
+                format!("{input}={}", lying.display()),
+                "-o".into(),
+                o.into(),
+            ],
+            "overflows",
+        ),
+        (vec!["run".into(), "/dev/zero".into(), "-o".into(), o.into()], "/dev/zero"),
+        (vec!["run".into(), f.into(), "--threads".into(), "100000".into(), "-o".into(), o.into()], "more than the cap"),
+        (
+            vec!["run".into(), f.into(), "--threads".into(), "18446744073709551615".into(), "-o".into(), o.into()],
+            "more than the cap",
+        ),
+        (vec!["bench".into(), f.into(), "--runs".into(), "18446744073709551615".into()], "--runs must be 1 to"),
+        (vec!["bench".into(), f.into(), "--warmup".into(), "18446744073709551615".into()], "--warmup at most"),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = kiln(&args);
+        assert_clean_failure(&o, needle);
+        assert_eq!(stderr(&o).lines().count(), 1, "{args:?}: {}", stderr(&o));
+    }
+}

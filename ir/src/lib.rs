@@ -12,6 +12,7 @@ pub mod fusion;
 pub mod graph;
 pub mod infer;
 pub mod interp;
+pub mod io;
 pub mod memory;
 pub mod op;
 pub mod parse;

@@ -73,7 +73,7 @@ pub enum ImportError {
 
 /// Reads and imports an ONNX file; external data resolves against its folder.
 pub fn import(path: &Path, options: &ImportOptions) -> Result<kiln_ir::Graph, ImportError> {
-    let bytes = std::fs::read(path)
+    let bytes = kiln_ir::io::read_file(path)
         .map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
     let base = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     import_bytes(&bytes, base, options)

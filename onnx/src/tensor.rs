@@ -181,7 +181,7 @@ pub fn contained_path(base: &Path, location: &str) -> Result<PathBuf, String> {
 /// Reads a serialized `TensorProto` file (ONNX test data's `input_N.pb`/`output_N.pb`): its name and value.
 pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor), String> {
     use protobuf::Message;
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = kiln_ir::io::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let proto =
         TensorProto::parse_from_bytes(&bytes).map_err(|e| format!("{}: not a TensorProto: {e}", path.display()))?;
     let t = tensor_from_proto(&proto, path.parent()).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -201,7 +201,7 @@ impl ArtifactManifest {
     /// from another artifact, is refused. Returns the bytes.
     pub fn check_file(dir: &Path, digest: &FileDigest) -> Result<Vec<u8>, ArtifactError> {
         let path = artifact_file(dir, &digest.file)?;
-        let bytes = std::fs::read(&path).map_err(|e| {
+        let bytes = kiln_ir::io::read_file(&path).map_err(|e| {
             let why = if e.kind() == std::io::ErrorKind::NotFound {
                 "the file is missing (an incomplete artifact)".to_string()
             } else {
@@ -231,7 +231,7 @@ pub fn is_artifact(path: &Path) -> bool {
 /// loader's, which knows the machine.
 pub fn read_manifest(dir: &Path) -> Result<ArtifactManifest, ArtifactError> {
     let path = dir.join(MANIFEST_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| artifact_error(&path, format!("cannot read: {e}")))?;
+    let text = kiln_ir::io::read_text(&path).map_err(|e| artifact_error(&path, format!("cannot read: {e}")))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| artifact_error(&path, format!("corrupt manifest (not valid JSON): {e}")))?;
     let version = value

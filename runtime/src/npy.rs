@@ -5,7 +5,7 @@
 //! that. Fortran-order files are reordered to row-major on read. Anything else (structured arrays, strings,
 //! complex numbers, unsigned types wider than a byte) is refused with the file's type string in the message.
 
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
 use half::{bf16, f16};
@@ -37,8 +37,7 @@ pub enum NpyError {
 /// Reads an `.npy` file.
 pub fn read(path: &Path) -> Result<Tensor, NpyError> {
     let io_err = |error| NpyError::Io { path: path.display().to_string(), error };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io_err)?;
+    let bytes = kiln_ir::io::read_file(path).map_err(io_err)?;
     from_bytes(&bytes).map_err(|e| match e {
         FromBytes::Io(error) => io_err(error),
         FromBytes::Dtype(descr) => NpyError::Dtype { path: path.display().to_string(), descr },
@@ -50,7 +49,41 @@ enum FromBytes {
     Dtype(String),
 }
 
+/// The shape an `.npy` header declares, read before `npyz` parses it (`npyz` multiplies the extents without
+/// checking, so a lying header would overflow there); `None` when the header is not one this understands, which
+/// `npyz` then reports.
+fn declared_shape(bytes: &[u8]) -> Option<Vec<u64>> {
+    let rest = bytes.strip_prefix(b"\x93NUMPY")?;
+    let (major, rest) = rest.split_first()?;
+    let rest = rest.get(1..)?;
+    let (len, rest) = match major {
+        1 => (usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?)), rest.get(2..)?),
+        _ => (u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize, rest.get(4..)?),
+    };
+    let header = std::str::from_utf8(rest.get(..len)?).ok()?;
+    let after = &header[header.find("'shape'")? + "'shape'".len()..];
+    let open = after.find('(')?;
+    let close = open + after[open..].find(')')?;
+    after[open + 1..close].split(',').map(str::trim).filter(|d| !d.is_empty()).map(|d| d.parse().ok()).collect()
+}
+
 fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
+    // What the header declares must fit in the file before anything is sized from it: an element count that
+    // overflows, or more bytes than the file holds (at one byte per element at least), is an error — never a
+    // wrapped count or a huge allocation.
+    if let Some(shape) = declared_shape(bytes) {
+        let bad = |m: String| FromBytes::Io(io::Error::new(io::ErrorKind::InvalidData, m));
+        match shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)) {
+            None => return Err(bad(format!("the header's shape {shape:?} overflows an element count"))),
+            Some(n) if n > bytes.len() as u64 => {
+                return Err(bad(format!(
+                    "the header's shape {shape:?} declares {n} elements, more than the file's {} bytes hold",
+                    bytes.len()
+                )));
+            }
+            Some(_) => {}
+        }
+    }
     let file = npyz::NpyFile::new(bytes).map_err(FromBytes::Io)?;
     let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
     let fortran = file.order() == npyz::Order::Fortran && shape.len() > 1;
@@ -68,6 +101,7 @@ fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
         (TypeChar::RawData, 2) => DType::BF16,
         _ => return Err(FromBytes::Dtype(descr)),
     };
+
     fn typed<T: Element + npyz::Deserialize>(f: npyz::NpyFile<&[u8]>) -> io::Result<Data> {
         f.into_vec::<T>().map(T::wrap)
     }
@@ -258,5 +292,33 @@ mod tests {
         write_to(&mut buf, &t).unwrap();
         buf.truncate(buf.len() - 3);
         assert!(from_bytes(&buf).is_err());
+    }
+
+    /// A header whose shape overflows, or declares more data than the file holds, is refused before anything is
+    /// sized from it (a 128-byte file claiming `(2**62, 4)` f32s used to wrap to a small count).
+    #[test]
+    fn headers_that_lie_about_their_size_are_errors() {
+        let header = |shape: &str| {
+            let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+            let mut text = dict.into_bytes();
+            while !(10 + text.len() + 1).is_multiple_of(64) {
+                text.push(b' ');
+            }
+            text.push(b'\n');
+            let mut v = b"\x93NUMPY\x01\x00".to_vec();
+            v.extend((text.len() as u16).to_le_bytes());
+            v.extend(text);
+            v.extend([0u8; 64]);
+            v
+        };
+        let msg = |shape: &str| match from_bytes(&header(shape)) {
+            Err(FromBytes::Io(e)) => e.to_string(),
+            Err(FromBytes::Dtype(d)) => panic!("{shape}: dtype {d}"),
+            Ok(t) => panic!("{shape}: read {:?}", t.shape()),
+        };
+        assert!(msg("(4611686018427387904, 4)").contains("overflows"), "{}", msg("(4611686018427387904, 4)"));
+        assert!(msg("(1000000,)").contains("declares 1000000 elements"), "{}", msg("(1000000,)"));
+        assert!(msg("(18446744073709551615, 18446744073709551615)").contains("overflows"));
+        assert!(from_bytes(&header("(4,)")).is_ok(), "a header that fits reads");
     }
 }

@@ -51,8 +51,8 @@ pub fn kiln_dtype(d: St) -> Option<DType> {
 
 /// Reads every tensor of a safetensors file.
 pub fn load(path: &Path) -> Result<Weights, WeightsError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| WeightsError { path: path.display().to_string(), message: e.to_string() })?;
+    let bytes = kiln_ir::io::read_file(path)
+        .map_err(|e| WeightsError { path: path.display().to_string(), message: e.to_string() })?;
     parse(path, &bytes)
 }
 

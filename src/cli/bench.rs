@@ -91,8 +91,10 @@ struct Report<'a> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if a.runs == 0 {
-        bail!("--runs must be at least 1");
+    // Bounded so a typo cannot ask for an allocation of 2^64 timings or a run that never ends.
+    const MAX_RUNS: usize = 1_000_000;
+    if a.runs == 0 || a.runs > MAX_RUNS || a.warmup > MAX_RUNS {
+        bail!("--runs must be 1 to {MAX_RUNS} and --warmup at most {MAX_RUNS}");
     }
     let mut given = BTreeMap::new();
     for spec in &a.inputs {

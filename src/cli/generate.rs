@@ -82,7 +82,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let imported = match &a.state_in {
         None => None,
         Some(path) => {
-            let loaded = std::fs::read(path)
+            let loaded = kiln_ir::io::read_file(path)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| generator.import_state(&bytes).map_err(|e| e.to_string()));
             match loaded {
