@@ -138,28 +138,73 @@ pub enum Backend {
     CudaEmulated,
 }
 
+/// What a backend is, as data: one row per [`Backend`], so its properties are columns of one table rather than
+/// matches repeated through the facade and the CLI.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// The backend.
+    pub backend: Backend,
+    /// The name used on the command line.
+    pub name: &'static str,
+    /// The pass pipeline it compiles with (`None`: the model is not compiled — the interpreter).
+    pub pipeline: Option<&'static str>,
+    /// Whether `kiln compile` writes an artifact for it (`Model::compile` gives a program for it).
+    pub compile_target: bool,
+    /// Why it is not a compile target, when it is not.
+    pub not_compiled: &'static str,
+}
+
+/// Every backend, in the order the CLI lists them.
+pub const BACKENDS: [BackendInfo; 4] = [
+    BackendInfo {
+        backend: Backend::Interp,
+        name: "interp",
+        pipeline: None,
+        compile_target: false,
+        not_compiled: "the interpreter is not compiled",
+    },
+    BackendInfo {
+        backend: Backend::Cpu,
+        name: "cpu",
+        pipeline: Some("cpu-default"),
+        compile_target: true,
+        not_compiled: "",
+    },
+    BackendInfo {
+        backend: Backend::Cuda,
+        name: "cuda",
+        pipeline: Some("cuda-default"),
+        compile_target: true,
+        not_compiled: "",
+    },
+    BackendInfo {
+        backend: Backend::CudaEmulated,
+        name: "cuda-emulated",
+        pipeline: Some("cuda-default"),
+        compile_target: false,
+        not_compiled: "the emulated device runs in-process (`kiln run --backend cuda-emulated`)",
+    },
+];
+
 impl Backend {
+    /// This backend's row of [`BACKENDS`].
+    pub fn info(self) -> &'static BackendInfo {
+        BACKENDS.iter().find(|i| i.backend == self).expect("every backend has a row in BACKENDS")
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
-        match self {
-            Backend::Interp => "interp",
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-            Backend::CudaEmulated => "cuda-emulated",
-        }
+        self.info().name
     }
 }
 
 impl FromStr for Backend {
     type Err = String;
     fn from_str(s: &str) -> Result<Backend, String> {
-        match s {
-            "interp" => Ok(Backend::Interp),
-            "cpu" => Ok(Backend::Cpu),
-            "cuda" => Ok(Backend::Cuda),
-            "cuda-emulated" => Ok(Backend::CudaEmulated),
-            _ => Err(format!("unknown backend `{s}` (expected interp, cpu, cuda or cuda-emulated)")),
-        }
+        BACKENDS.iter().find(|i| i.name == s).map(|i| i.backend).ok_or_else(|| {
+            let names: Vec<&str> = BACKENDS.iter().map(|i| i.name).collect();
+            format!("unknown backend `{s}` (expected {})", names.join(", "))
+        })
     }
 }
 
@@ -565,8 +610,8 @@ impl Model {
         let fail = |message: String| Error::Backend { backend: backend.name(), message };
         // Lowering is target-independent ("one lowering, two emitters"): the CUDA target starts from the same
         // executable; only code generation differs.
-        if backend == Backend::Interp {
-            return Err(fail("the interpreter is not compiled".into()));
+        if backend.info().pipeline.is_none() {
+            return Err(fail(backend.info().not_compiled.into()));
         }
         kiln_ir::verify_weights_bound(&self.graph)
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
@@ -634,7 +679,7 @@ impl Model {
             }
             b @ (Backend::Interp | Backend::CudaEmulated) => Err(Error::Backend {
                 backend: b.name(),
-                message: "not a compile target (`Model::run` runs it; compile for cpu or cuda)".into(),
+                message: format!("not a compile target: {} (`Model::run` runs it)", b.info().not_compiled),
             }),
         }
     }

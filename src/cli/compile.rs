@@ -47,19 +47,16 @@ enum Emit {
 }
 
 pub fn run(a: CompileArgs) -> Result<()> {
-    match a.target {
-        Backend::Interp => bail!("--target interp: the interpreter is not compiled (targets: cpu, cuda)"),
-        Backend::CudaEmulated => bail!(
-            "--target cuda-emulated: the emulated device runs in-process (`kiln run --backend cuda-emulated`); \
-             compile with --target cuda for a GPU or --target cpu"
-        ),
-        Backend::Cpu | Backend::Cuda => {}
+    let info = a.target.info();
+    if !info.compile_target {
+        let targets: Vec<&str> = kiln::BACKENDS.iter().filter(|i| i.compile_target).map(|i| i.name).collect();
+        bail!("--target {}: {}; compile for one of: {}", info.name, info.not_compiled, targets.join(", "));
     }
     let t0 = Instant::now();
     let model = a.model.load()?;
     // Without -O or --pipeline, the target's own pipeline (`cpu-default` as `kiln run --backend cpu` uses, or
     // `cuda-default`).
-    let default = if a.target == Backend::Cuda { "cuda-default" } else { "cpu-default" };
+    let default = info.pipeline.expect("compile targets have a pipeline");
     let pipeline = if a.passes.is_default() { default.to_string() } else { a.passes.pipeline_text()? };
     let options = CompileOptions { backend: a.target, pipeline, threads: 0, backends: super::registry()? };
     let lowered = model.lower_instrumented(&options, &mut a.passes.instrumentation())?;
