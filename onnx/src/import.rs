@@ -238,7 +238,15 @@ impl<'m> Ctx<'m> {
         let result = handler(self, &n);
         self.node_name = None;
         let unread = n.unread_attributes();
+        let mistyped = n.mistyped_attributes();
         match result {
+            // An attribute of the wrong type is the model's error, reported whatever the handler made of it.
+            _ if !mistyped.is_empty() => {
+                for m in mistyped {
+                    self.problems.push(problem(m));
+                }
+                self.poison(node);
+            }
             Ok(_) if !unread.is_empty() => {
                 for a in unread {
                     self.problems.push(problem(format!("attribute `{a}` is not supported")));

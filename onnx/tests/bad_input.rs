@@ -255,3 +255,23 @@ fn handler_edge_cases_found_by_fuzzing_are_errors() {
     let nll = node("nll", "NegativeLogLikelihoodLoss", &["x", "t"], &["y"]);
     check("nll_scalar_target", &one_op(&["2", "3"], nll, vec![tensor_i64("t", &[], &[0])]));
 }
+
+/// An attribute given with another type than the op declares is the model's error naming the node and the
+/// attribute, never a default or a zero read from the wrong field (a Gemm `alpha` given as a string used to become
+/// 0, a float `transB` was ignored, a float Softmax `axis` became 0).
+#[test]
+fn attributes_of_the_wrong_type_are_errors() {
+    let gemm = || node("gemm", "Gemm", &["x", "w"], &["y"]);
+    let w = || vec![tensor_f32("w", &[2, 2], &[1.0; 4])];
+    check("gemm_alpha_as_string", &one_op(&["2", "2"], with_attr(gemm(), attr_string("alpha", "2.0")), w()));
+    check("gemm_trans_b_as_float", &one_op(&["2", "2"], with_attr(gemm(), attr_float("transB", 1.0)), w()));
+    let softmax = node("softmax", "Softmax", &["x"], &["y"]);
+    check("softmax_axis_as_float", &one_op(&["2", "2"], with_attr(softmax, attr_float("axis", 0.0)), vec![]));
+    // No declared type: the data decides; data of two kinds is ambiguous.
+    check(
+        "gemm_alpha_untyped_two_kinds",
+        &one_op(&["2", "2"], with_attr(gemm(), attr_untyped("alpha", 2.0, "x")), w()),
+    );
+    let untyped_ok = one_op(&["2", "2"], with_attr(gemm(), attr_untyped("alpha", 2.0, "")), w());
+    kiln_onnx::import_bytes(&untyped_ok, None, &ImportOptions::default()).expect("an untyped float alpha imports");
+}

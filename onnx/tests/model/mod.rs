@@ -151,6 +151,28 @@ pub fn attr_int(name: &str, v: i64) -> AttributeProto {
     a
 }
 
+/// A float attribute.
+pub fn attr_float(name: &str, v: f32) -> AttributeProto {
+    let mut a = attr(name, AttributeType::FLOAT);
+    a.f = v;
+    a
+}
+
+/// A string attribute.
+pub fn attr_string(name: &str, v: &str) -> AttributeProto {
+    let mut a = attr(name, AttributeType::STRING);
+    a.s = v.as_bytes().to_vec();
+    a
+}
+
+/// An attribute of no declared type holding `f` and `s` (old files leave the type `UNDEFINED`).
+pub fn attr_untyped(name: &str, f: f32, s: &str) -> AttributeProto {
+    let mut a = attr(name, AttributeType::UNDEFINED);
+    a.f = f;
+    a.s = s.as_bytes().to_vec();
+    a
+}
+
 /// An integer-list attribute.
 pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
     let mut a = attr(name, AttributeType::INTS);
