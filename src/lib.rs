@@ -63,12 +63,12 @@ pub enum Error {
     #[error("{path}:{0}", path = .1)]
     Parse(kiln_ir::ParseError, String),
     /// The graph is malformed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {errors}")]
     Invalid {
         /// The model file.
         path: String,
-        /// Every verifier error.
-        source: kiln_ir::Error,
+        /// Every verifier error (shown in the message, not chained: it is the whole story).
+        errors: kiln_ir::Error,
     },
     /// A weight file could not be used.
     #[error("weights {path}: {message}")]
@@ -509,7 +509,7 @@ impl Model {
                 graph.weights.insert(name, t.clone());
             }
         }
-        kiln_ir::verify(&graph).map_err(|errs| Error::Invalid { path: shown, source: kiln_ir::Error::Verify(errs) })?;
+        kiln_ir::verify(&graph).map_err(|errs| Error::Invalid { path: shown, errors: kiln_ir::Error::Verify(errs) })?;
         Ok(Model { graph })
     }
 
@@ -517,7 +517,7 @@ impl Model {
     pub fn from_graph(graph: Graph) -> Result<Model, Error> {
         kiln_ir::verify(&graph).map_err(|errs| Error::Invalid {
             path: format!("graph `{}`", graph.name()),
-            source: kiln_ir::Error::Verify(errs),
+            errors: kiln_ir::Error::Verify(errs),
         })?;
         Ok(Model { graph })
     }

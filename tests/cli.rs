@@ -531,3 +531,43 @@ fn hostile_sizes_and_files_are_one_line_errors() {
         assert_eq!(stderr(&o).lines().count(), 1, "{args:?}: {}", stderr(&o));
     }
 }
+
+/// Element counts that overflow, and sizes no machine can allocate, are one-line errors wherever they enter: a
+/// `.kir` type or reshape, a `--shape` for a symbolic input.
+#[test]
+fn overflowing_and_unallocatable_sizes_are_one_line_errors() {
+    let root = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = root.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let reshape = write(
+        "reshape.kir",
+        "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[4]\n  %1 = reshape %0 {shape=[4611686018427387904, 4]} : f32[4611686018427387904,4]\n  output \"y\" = %1\n}\n",
+    );
+    let huge_input = write(
+        "input.kir",
+        "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[4611686018427387904,4]\n  %1 = relu %0 : f32[4611686018427387904,4]\n  output \"y\" = %1\n}\n",
+    );
+    let symbolic = write(
+        "sym.kir",
+        "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[n,m]\n  %1 = relu %0 : f32[n,m]\n  output \"y\" = %1\n}\n",
+    );
+    let out = root.path().join("out");
+    let o = out.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["run", reshape.as_str(), "-o", o], "more than 2^63"),
+        (vec!["run", huge_input.as_str(), "-o", o], "more than 2^63"),
+        (vec!["compile", huge_input.as_str(), "-o", o], "more than 2^63"),
+        (vec!["run", symbolic.as_str(), "--shape", "x=4611686018427387904x4", "-o", o], "more than 2^63 bytes"),
+        (vec!["run", symbolic.as_str(), "--shape", "x=1000000000x100000", "-o", o], "cannot be allocated"),
+    ] {
+        let out = kiln(&args);
+        assert_clean_failure(&out, needle);
+        // One line, or the verifier's list (a line per error) for a graph with several.
+        let err = stderr(&out);
+        assert!(err.lines().count() == 1 || err.lines().nth(1).is_some_and(|l| l.starts_with("  ")), "{args:?}: {err}");
+        assert_eq!(err.matches("error:").count(), 1, "{args:?}: said once: {err}");
+    }
+}

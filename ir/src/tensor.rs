@@ -354,6 +354,36 @@ impl Tensor {
         Tensor { shape, data: Data::zeros(dtype, n) }
     }
 
+    /// The bytes a tensor of `dtype` and `shape` needs, checked: `Err` when the count overflows or, for a large
+    /// tensor (1 GiB and up), when this process cannot allocate it — said with the number of bytes, so sizes a
+    /// user gives become errors instead of an allocation abort.
+    pub fn allocatable_bytes(dtype: DType, shape: &[usize]) -> Result<usize, String> {
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| format!("a {dtype} tensor of shape {shape:?} has more than 2^63 bytes"))?;
+        if bytes >= 1 << 30 {
+            // A probe: the real allocation (zeroed pages) follows at once; small ones are not worth the call.
+            Vec::<u8>::new().try_reserve_exact(bytes).map_err(|_| {
+                format!("a {dtype} tensor of shape {shape:?} needs {bytes} bytes, which cannot be allocated")
+            })?;
+        }
+        Ok(bytes)
+    }
+
+    /// [`Tensor::zeros`], with [`Tensor::allocatable_bytes`] checked first.
+    pub fn try_zeros(dtype: DType, shape: Vec<usize>) -> Result<Tensor, String> {
+        Tensor::allocatable_bytes(dtype, &shape)?;
+        Ok(Tensor::zeros(dtype, shape))
+    }
+
+    /// [`Tensor::random`], with [`Tensor::allocatable_bytes`] checked first.
+    pub fn try_random(dtype: DType, shape: Vec<usize>, seed: u64) -> Result<Tensor, String> {
+        Tensor::allocatable_bytes(dtype, &shape)?;
+        Ok(Tensor::random(dtype, shape, seed))
+    }
+
     /// Deterministic pseudo-random values for `seed`: floats uniform in [-1, 1), integers in [0, 10), bools fair.
     pub fn random(dtype: DType, shape: Vec<usize>, seed: u64) -> Tensor {
         let n: usize = shape.iter().product();

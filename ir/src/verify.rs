@@ -54,6 +54,8 @@ pub enum VerifyErrorKind {
     TypeMismatch,
     /// A symbolic dim's name is not a valid identifier.
     BadSymbol,
+    /// A result (or a shape attribute) has static dims whose element count or byte size does not fit in 63 bits.
+    TooLarge,
     /// The graph's input list names a missing node, a non-`input` node, or one node twice.
     BadInputList,
     /// The graph has no outputs.
@@ -87,6 +89,7 @@ impl VerifyErrorKind {
             VerifyErrorKind::TypeError => "type-error",
             VerifyErrorKind::TypeMismatch => "type-mismatch",
             VerifyErrorKind::BadSymbol => "bad-symbol",
+            VerifyErrorKind::TooLarge => "too-large",
             VerifyErrorKind::BadInputList => "bad-input-list",
             VerifyErrorKind::NoOutputs => "no-outputs",
             VerifyErrorKind::EmptyOutputName => "empty-output-name",
@@ -163,6 +166,16 @@ impl Graph {
     pub fn verify(&self) -> Result<(), crate::Error> {
         verify(self).map_err(crate::Error::Verify)
     }
+}
+
+/// The bytes a value of type `t` takes, when its dims are static and that fits in 63 bits; `Some(0)` for a
+/// type with symbolic dims (checked when they are bound), `None` when it overflows.
+pub fn byte_size(t: &TensorType) -> Option<u64> {
+    if t.shape.dims().iter().any(|d| d.as_static().is_none()) {
+        return Some(0);
+    }
+    let n = t.shape.num_elements()?;
+    n.checked_mul(t.dtype.size_bytes() as u64).filter(|&b| b <= i64::MAX as u64)
 }
 
 /// True when `s` can name a symbolic dim: an ASCII letter or `_`, then ASCII letters, digits and `_`.
@@ -302,6 +315,22 @@ impl<'g> Verifier<'g> {
             let msg =
                 format!("symbolic dim {name:?} is not a valid identifier (a letter or `_`, then letters, digits, `_`)");
             self.report(i, VerifyErrorKind::BadSymbol, msg);
+        }
+        // Sizes are computed from static dims everywhere downstream (buffers, kernels' index arithmetic, memory
+        // plans): one that overflows would wrap, so it is refused here, where the user's graph enters.
+        for t in &node.outputs {
+            if byte_size(t).is_none() {
+                let msg = format!("result type {t} has more than 2^63 bytes (or elements): no buffer can hold it");
+                self.report(i, VerifyErrorKind::TooLarge, msg);
+            }
+        }
+        for shape in &shapes[node.outputs.len()..] {
+            if shape.dims().iter().all(|d| d.as_static().is_some())
+                && shape.num_elements().is_none_or(|n| n > i64::MAX as u64)
+            {
+                let msg = format!("shape {shape} has more than 2^63 elements");
+                self.report(i, VerifyErrorKind::TooLarge, msg);
+            }
         }
     }
 

@@ -192,18 +192,31 @@ impl Executable {
         }
     }
 
-    /// The extents of buffer `b` with `symbols` bound; `Err` names an unbound symbol.
+    /// The extents of buffer `b` with `symbols` bound; `Err` names an unbound symbol, or says that the buffer's
+    /// size with these symbols does not fit in 63 bits (so every size computed from the extents afterwards is
+    /// exact, never wrapped).
     pub fn dims(&self, b: BufferId, symbols: &HashMap<String, u64>) -> Result<Vec<usize>, String> {
-        self.buffers[b.0 as usize]
-            .ty
-            .shape
-            .0
-            .iter()
-            .map(|d| match d {
-                Dim::Static(n) => Ok(*n as usize),
-                Dim::Sym(s) => symbols.get(s).map(|&n| n as usize).ok_or_else(|| format!("symbol `{s}` is unbound")),
-            })
-            .collect()
+        let ty = &self.buffers[b.0 as usize].ty;
+        let dims: Vec<usize> =
+            ty.shape
+                .0
+                .iter()
+                .map(|d| match d {
+                    Dim::Static(n) => usize::try_from(*n).map_err(|_| format!("extent {n} does not fit this machine")),
+                    Dim::Sym(s) => symbols.get(s).ok_or_else(|| format!("symbol `{s}` is unbound")).and_then(|&n| {
+                        usize::try_from(n).map_err(|_| format!("`{s}` = {n} does not fit this machine"))
+                    }),
+                })
+                .collect::<Result<_, _>>()?;
+        let bytes = dims.iter().try_fold(ty.dtype.size_bytes(), |acc, &d| acc.checked_mul(d));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(format!(
+                "a buffer of type {} would be {} with these sizes: more than 2^63 bytes",
+                ty,
+                dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+            ));
+        }
+        Ok(dims)
     }
 
     /// A one-line description of `step` for profiles: its kind, kernel or op, and result shape.

@@ -92,7 +92,9 @@ pub fn complete_inputs(
                 })
                 .collect::<Result<_, _>>()?,
         };
-        given.insert(name.clone(), Tensor::random(ty.dtype, dims, seed.wrapping_add(i as u64)));
+        let t = Tensor::try_random(ty.dtype, dims, seed.wrapping_add(i as u64))
+            .map_err(|e| RunError::Input(format!("input `{name}`: {e}")))?;
+        given.insert(name.clone(), t);
     }
     Ok(given)
 }

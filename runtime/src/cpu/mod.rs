@@ -572,7 +572,7 @@ impl CpuProgram {
                     match (dims, results.as_deref_mut()) {
                         (Ok(dims), Some(results)) if is_result => {
                             // The returned tensor itself: no copy at the end of the run.
-                            let mut t = Tensor::zeros(info.ty.dtype, dims);
+                            let mut t = Tensor::try_zeros(info.ty.dtype, dims).map_err(RunError::Memory)?;
                             // SAFETY: steps write this buffer only with values of its dtype (bools as 0 or 1);
                             // the tensor's heap storage does not move when the tensor moves into the map.
                             let bytes = unsafe { t.as_bytes_mut() };
@@ -827,7 +827,7 @@ impl CpuProgram {
                                     Extent::Sym(s) => syms[*s] as usize,
                                 })
                                 .collect();
-                            tensors.push(Tensor::zeros(a.dtype, dims));
+                            tensors.push(Tensor::try_zeros(a.dtype, dims).map_err(RunError::Memory)?);
                         }
                         _ => tensors.push(self.tensor_at(b, ptrs, symbols)?),
                     }
