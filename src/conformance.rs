@@ -45,11 +45,12 @@ pub fn tolerance(_case: &str, dtype: kiln_ir::DType) -> (f64, f64) {
     }
 }
 
-/// Case folders under `root` whose names contain `filter`, sorted.
+/// Case folders under `root` whose names contain `filter`, sorted: every folder holding a `model.onnx` entry —
+/// one that is not a file (a directory, say) is still a case, which then fails saying so, never a silent skip.
 pub fn cases(root: &Path, filter: Option<&str>) -> std::io::Result<Vec<PathBuf>> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(root)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("model.onnx").is_file())
+        .filter(|p| p.join("model.onnx").exists())
         .filter(|p| filter.is_none_or(|f| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains(f))))
         .collect();
     v.sort();
@@ -68,7 +69,7 @@ pub fn run_case(dir: &Path, backend: Backend) -> Outcome {
     }
 }
 
-fn read_set(ds: &Path, prefix: &str) -> Result<Vec<(String, Tensor)>, String> {
+fn read_set(ds: &Path, prefix: &str) -> Result<Vec<(String, Tensor)>, kiln_onnx::tensor::TensorFileError> {
     let mut out = Vec::new();
     for j in 0.. {
         let p = ds.join(format!("{prefix}_{j}.pb"));
@@ -81,6 +82,9 @@ fn read_set(ds: &Path, prefix: &str) -> Result<Vec<(String, Tensor)>, String> {
 }
 
 fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
+    if !dir.join("model.onnx").is_file() {
+        return Outcome::Failed("model.onnx is not a file".into());
+    }
     let mut sets: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()).collect(),
         Err(e) => return Outcome::Failed(format!("cannot list {}: {e}", dir.display())),
@@ -90,8 +94,14 @@ fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
         return Outcome::Failed("no test_data_set_* folder".into());
     }
     for ds in sets {
+        // Test data of a dtype kiln lacks is unsupported; unreadable or corrupt test data is a failure of the
+        // case, never a quiet "unsupported".
         let (inputs, expected) = match (read_set(&ds, "input"), read_set(&ds, "output")) {
             (Ok(i), Ok(o)) => (i, o),
+            (Err(kiln_onnx::tensor::TensorFileError::Invalid(e)), _)
+            | (_, Err(kiln_onnx::tensor::TensorFileError::Invalid(e))) => {
+                return Outcome::Failed(format!("test data: {e}"));
+            }
             (Err(e), _) | (_, Err(e)) => return Outcome::Unsupported(format!("test data: {e}")),
         };
         let shapes: BTreeMap<String, Vec<usize>> =

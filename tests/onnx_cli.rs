@@ -262,3 +262,36 @@ fn inspect_and_opt_read_onnx() {
 fn reference_models_match_onnx_runtime_on_the_interpreter() {
     common::check_reference_models(kiln::Backend::Interp);
 }
+
+/// Conformance never hides a broken case: corrupt or unreadable test data fails its case (not "unsupported"), a
+/// case whose `model.onnx` is a directory fails saying so, and the run exits 1; good data still passes.
+#[test]
+fn conformance_reports_broken_cases_as_failures() {
+    let root = tempfile::tempdir().unwrap();
+    let case = |name: &str, model: Option<&[u8]>, input: &[u8], output: &[u8]| {
+        let dir = root.path().join(name);
+        let ds = dir.join("test_data_set_0");
+        std::fs::create_dir_all(&ds).unwrap();
+        match model {
+            Some(bytes) => std::fs::write(dir.join("model.onnx"), bytes).unwrap(),
+            None => std::fs::create_dir_all(dir.join("model.onnx")).unwrap(),
+        }
+        std::fs::write(ds.join("input_0.pb"), input).unwrap();
+        std::fs::write(ds.join("output_0.pb"), output).unwrap();
+    };
+    let x = [1.0f32, -2.0, 3.0, -4.0, 0.5, 0.0, -1.0, 2.0];
+    let y = mlp_reference(&x);
+    let input = pb::f32_tensor("x", &[2, 4], &x).finish();
+    let output = pb::f32_tensor("y", &[2, 3], &y).finish();
+    case("test_good", Some(&mlp_model()), &input, &output);
+    case("test_corrupt_input", Some(&mlp_model()), b"\xff\xff\xff garbage", &output);
+    case("test_model_is_a_directory", None, &input, &output);
+    let o = kiln(&["conformance", root.path().to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
+    assert_no_panic(&o);
+    assert!(out.lines().any(|l| l.starts_with("passed") && l.ends_with("test_good")), "{out}");
+    assert!(out.lines().any(|l| l.contains("test_corrupt_input") && l.starts_with("FAILED")), "{out}");
+    assert!(out.lines().any(|l| l.contains("test_model_is_a_directory") && l.contains("not a file")), "{out}");
+    assert!(out.trim_end().ends_with("1 passed, 2 failed, 0 unsupported"), "{out}");
+}

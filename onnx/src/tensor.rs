@@ -178,13 +178,27 @@ pub fn contained_path(base: &Path, location: &str) -> Result<PathBuf, String> {
     Ok(joined_c)
 }
 
+/// Why a tensor file could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TensorFileError {
+    /// A well-formed tensor of a dtype kiln does not support.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The file is unreadable, not a `TensorProto`, or inconsistent (sizes, external data).
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Reads a serialized `TensorProto` file (ONNX test data's `input_N.pb`/`output_N.pb`): its name and value.
-pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor), String> {
+pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor), TensorFileError> {
     use protobuf::Message;
-    let bytes = kiln_ir::io::read_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let proto =
-        TensorProto::parse_from_bytes(&bytes).map_err(|e| format!("{}: not a TensorProto: {e}", path.display()))?;
-    let t = tensor_from_proto(&proto, path.parent()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let invalid = |e: String| TensorFileError::Invalid(format!("{}: {e}", path.display()));
+    let bytes = kiln_ir::io::read_file(path).map_err(|e| invalid(e.to_string()))?;
+    let proto = TensorProto::parse_from_bytes(&bytes).map_err(|e| invalid(format!("not a TensorProto: {e}")))?;
+    if let Err(e) = dtype_from_onnx(proto.data_type) {
+        return Err(TensorFileError::Unsupported(format!("{}: {e}", path.display())));
+    }
+    let t = tensor_from_proto(&proto, path.parent()).map_err(invalid)?;
     Ok((proto.name.clone(), t))
 }
 
