@@ -9,6 +9,27 @@
 /// The environment variable holding a log filter.
 pub const LOG_ENV_VAR: &str = "KILN_LOG";
 
+/// The logging options every kiln command line takes (flattened into each CLI's top-level arguments).
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct LogArgs {
+    /// More log output on stderr: -v info (placement, fallbacks, plugin loads, cache decisions), -vv debug,
+    /// -vvv trace. `KILN_LOG` (a tracing filter such as `kiln_runtime=debug`) overrides -v and -q.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+}
+
+#[cfg(feature = "cli")]
+impl LogArgs {
+    /// Installs the subscriber these options ask for ([`init_cli`]).
+    pub fn init(&self) -> Result<(), String> {
+        init_cli(self.verbose, self.quiet)
+    }
+}
+
 /// Installs the stderr subscriber for `verbose` (`-v` count) and `quiet`, unless `KILN_LOG` gives a filter. A
 /// malformed `KILN_LOG` is an error naming it. Calling it twice keeps the first subscriber.
 #[cfg(feature = "cli")]

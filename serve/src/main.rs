@@ -27,12 +27,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// More log output on stderr: -v info, -vv debug, -vvv trace (`KILN_LOG` overrides).
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
-    /// Only errors on stderr.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
-    quiet: bool,
+    #[command(flatten)]
+    log: kiln_runtime::log::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -101,7 +97,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    if let Err(e) = kiln_runtime::log::init_cli(cli.verbose, cli.quiet) {
+    if let Err(e) = cli.log.init() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }

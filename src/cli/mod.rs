@@ -22,13 +22,8 @@ use clap::{Args, Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// More log output on stderr: -v info (placement, fallbacks, cache decisions), -vv debug, -vvv trace.
-    /// `KILN_LOG` (a tracing filter such as `kiln_runtime=debug`) overrides -v and -q.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    verbose: u8,
-    /// Only errors on stderr.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
-    quiet: bool,
+    #[command(flatten)]
+    log: kiln_runtime::log::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -168,7 +163,7 @@ pub fn placement_lines(report: &kiln::CompileReport) -> Vec<String> {
 
 /// Runs the parsed command.
 pub fn dispatch(cli: Cli) -> Result<()> {
-    kiln_runtime::log::init_cli(cli.verbose, cli.quiet).map_err(anyhow::Error::msg)?;
+    cli.log.init().map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Run(a) => run::run(a),
         Command::Compile(a) => compile::run(a),

@@ -793,17 +793,5 @@ pub(super) fn flatten_where(outer: &Stmt, inner_kind: impl Fn(LoopKind) -> bool)
 
 /// Whether `e` reads loop variable `v`.
 fn mentions(e: &IExpr, v: LoopVar) -> bool {
-    match e {
-        IExpr::Var(x) => *x == v,
-        IExpr::Const(_) | IExpr::Sym(_) => false,
-        IExpr::Add(a, b)
-        | IExpr::Sub(a, b)
-        | IExpr::Mul(a, b)
-        | IExpr::FloorDiv(a, b)
-        | IExpr::Rem(a, b)
-        | IExpr::Min(a, b)
-        | IExpr::Max(a, b) => mentions(a, v) || mentions(b, v),
-        IExpr::Select(c, a, b) => mentions(&c.lhs, v) || mentions(&c.rhs, v) || mentions(a, v) || mentions(b, v),
-        IExpr::Read { index, .. } => mentions(index, v),
-    }
+    matches!(e, IExpr::Var(x) if *x == v) || e.children().into_iter().any(|c| mentions(c, v))
 }

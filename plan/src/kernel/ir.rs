@@ -407,6 +407,25 @@ pub enum VarRef {
     Acc(AccVar),
 }
 
+impl IExpr {
+    /// The index expressions directly inside this one (a select's condition sides included), for walks that
+    /// treat every operand alike.
+    pub fn children(&self) -> Vec<&IExpr> {
+        match self {
+            IExpr::Const(_) | IExpr::Var(_) | IExpr::Sym(_) => Vec::new(),
+            IExpr::Read { index, .. } => vec![index],
+            IExpr::Add(a, b)
+            | IExpr::Sub(a, b)
+            | IExpr::Mul(a, b)
+            | IExpr::FloorDiv(a, b)
+            | IExpr::Rem(a, b)
+            | IExpr::Min(a, b)
+            | IExpr::Max(a, b) => vec![a, b],
+            IExpr::Select(c, a, b) => vec![&c.lhs, &c.rhs, a, b],
+        }
+    }
+}
+
 /// Shorthands for building index expressions.
 impl IExpr {
     /// The coefficient of `var` in this index when it is affine in it (`c * var + invariant`), else `None`: 1 for

@@ -199,35 +199,17 @@ impl Verifier<'_> {
     }
 
     fn iexpr(&mut self, e: &IExpr, scope: &Scope, at: &str) {
+        for c in e.children() {
+            self.iexpr(c, scope, at);
+        }
         match e {
-            IExpr::Const(_) => {}
-            IExpr::Var(v) => {
-                if !scope.loops.contains(v) {
-                    self.error(at, format!("loop variable i{} is not bound here", v.0));
-                }
+            IExpr::Var(v) if !scope.loops.contains(v) => {
+                self.error(at, format!("loop variable i{} is not bound here", v.0));
             }
-            IExpr::Sym(s) => {
-                if *s >= self.k.symbols.len() {
-                    self.error(at, format!("symbol s{s} does not exist ({} symbols)", self.k.symbols.len()));
-                }
+            IExpr::Sym(s) if *s >= self.k.symbols.len() => {
+                self.error(at, format!("symbol s{s} does not exist ({} symbols)", self.k.symbols.len()));
             }
-            IExpr::Add(a, b)
-            | IExpr::Sub(a, b)
-            | IExpr::Mul(a, b)
-            | IExpr::FloorDiv(a, b)
-            | IExpr::Rem(a, b)
-            | IExpr::Min(a, b)
-            | IExpr::Max(a, b) => {
-                self.iexpr(a, scope, at);
-                self.iexpr(b, scope, at);
-            }
-            IExpr::Select(c, a, b) => {
-                self.icond(c, scope, at);
-                self.iexpr(a, scope, at);
-                self.iexpr(b, scope, at);
-            }
-            IExpr::Read { arg, index } => {
-                self.iexpr(index, scope, at);
+            IExpr::Read { arg, .. } => {
                 if let Some(a) = self.arg_ref(at, *arg) {
                     let readable = matches!(a.role, ArgRole::Input | ArgRole::Constant(_));
                     let (dtype, name) = (a.dtype, a.name.clone());
@@ -239,6 +221,7 @@ impl Verifier<'_> {
                     }
                 }
             }
+            _ => {}
         }
     }
 
@@ -321,18 +304,7 @@ impl Verifier<'_> {
 
 /// Whether an index expression reads a buffer anywhere.
 fn has_read(e: &IExpr) -> bool {
-    match e {
-        IExpr::Const(_) | IExpr::Var(_) | IExpr::Sym(_) => false,
-        IExpr::Read { .. } => true,
-        IExpr::Add(a, b)
-        | IExpr::Sub(a, b)
-        | IExpr::Mul(a, b)
-        | IExpr::FloorDiv(a, b)
-        | IExpr::Rem(a, b)
-        | IExpr::Min(a, b)
-        | IExpr::Max(a, b) => has_read(a) || has_read(b),
-        IExpr::Select(c, a, b) => has_read(&c.lhs) || has_read(&c.rhs) || has_read(a) || has_read(b),
-    }
+    matches!(e, IExpr::Read { .. }) || e.children().into_iter().any(has_read)
 }
 
 #[cfg(test)]

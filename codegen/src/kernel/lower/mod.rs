@@ -385,21 +385,11 @@ impl<'g> Ctx<'g> {
     // ---- placement -------------------------------------------------------------------------------------------
 
     fn iexpr_depth(&self, e: &IExpr) -> usize {
-        match e {
-            IExpr::Const(_) | IExpr::Sym(_) => 0,
+        let own = match e {
             IExpr::Var(v) => self.loop_depth.get(v).copied().unwrap_or(0),
-            IExpr::Read { index, .. } => self.iexpr_depth(index),
-            IExpr::Add(a, b)
-            | IExpr::Sub(a, b)
-            | IExpr::Mul(a, b)
-            | IExpr::FloorDiv(a, b)
-            | IExpr::Rem(a, b)
-            | IExpr::Min(a, b)
-            | IExpr::Max(a, b) => self.iexpr_depth(a).max(self.iexpr_depth(b)),
-            IExpr::Select(c, a, b) => {
-                self.iexpr_depth(&c.lhs).max(self.iexpr_depth(&c.rhs)).max(self.iexpr_depth(a)).max(self.iexpr_depth(b))
-            }
-        }
+            _ => 0,
+        };
+        e.children().into_iter().map(|c| self.iexpr_depth(c)).fold(own, usize::max)
     }
 
     fn expr_depth(&self, e: &Expr) -> usize {
