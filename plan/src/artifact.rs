@@ -232,15 +232,20 @@ pub fn is_artifact(path: &Path) -> bool {
 pub fn read_manifest(dir: &Path) -> Result<ArtifactManifest, ArtifactError> {
     let path = dir.join(MANIFEST_FILE);
     let text = kiln_ir::io::read_text(&path).map_err(|e| artifact_error(&path, format!("cannot read: {e}")))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| artifact_error(&path, format!("corrupt manifest (not valid JSON): {e}")))?;
+    parse_manifest(&path, &text)
+}
+
+/// Parses and checks manifest text (read from `path`, which names it in errors), as [`read_manifest`] does.
+pub fn parse_manifest(path: &Path, text: &str) -> Result<ArtifactManifest, ArtifactError> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| artifact_error(path, format!("corrupt manifest (not valid JSON): {e}")))?;
     let version = value
         .get("format_version")
         .and_then(|v| v.as_u64())
-        .ok_or_else(|| artifact_error(&path, "no `format_version`: not a kiln artifact manifest"))?;
+        .ok_or_else(|| artifact_error(path, "no `format_version`: not a kiln artifact manifest"))?;
     if version != u64::from(FORMAT_VERSION) {
         return Err(artifact_error(
-            &path,
+            path,
             format!(
                 "format version {version} is not supported: this kiln ({}) reads format version {FORMAT_VERSION}; \
                  recompile the model with `kiln compile`",
@@ -249,8 +254,8 @@ pub fn read_manifest(dir: &Path) -> Result<ArtifactManifest, ArtifactError> {
         ));
     }
     let manifest: ArtifactManifest =
-        serde_json::from_value(value).map_err(|e| artifact_error(&path, format!("corrupt manifest: {e}")))?;
-    manifest.check_program().map_err(|e| artifact_error(&path, format!("corrupt manifest: {e}")))?;
+        serde_json::from_value(value).map_err(|e| artifact_error(path, format!("corrupt manifest: {e}")))?;
+    manifest.check_program().map_err(|e| artifact_error(path, format!("corrupt manifest: {e}")))?;
     Ok(manifest)
 }
 

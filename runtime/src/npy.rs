@@ -38,10 +38,22 @@ pub enum NpyError {
 pub fn read(path: &Path) -> Result<Tensor, NpyError> {
     let io_err = |error| NpyError::Io { path: path.display().to_string(), error };
     let bytes = kiln_ir::io::read_file(path).map_err(io_err)?;
-    from_bytes(&bytes).map_err(|e| match e {
-        FromBytes::Io(error) => io_err(error),
+    parse(path, &bytes)
+}
+
+/// Reads `.npy` bytes (read from `path`, which names them in errors).
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, NpyError> {
+    from_bytes(bytes).map_err(|e| match e {
+        FromBytes::Io(error) => NpyError::Io { path: path.display().to_string(), error },
         FromBytes::Dtype(descr) => NpyError::Dtype { path: path.display().to_string(), descr },
     })
+}
+
+/// The `.npy` bytes of `t` (what [`write`] writes).
+pub fn to_bytes(t: &Tensor) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_to(&mut out, t).expect("writing to memory cannot fail");
+    out
 }
 
 enum FromBytes {

@@ -1,0 +1,7 @@
+#![no_main]
+//! Fuzz target `npy_read`: see `fuzz/src/runtime_props.rs`.
+
+#[path = "../src/runtime_props.rs"]
+mod props;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| props::npy_read(data));

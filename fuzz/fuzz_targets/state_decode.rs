@@ -1,0 +1,7 @@
+#![no_main]
+//! Fuzz target `state_decode`: see `fuzz/src/runtime_props.rs`.
+
+#[path = "../src/runtime_props.rs"]
+mod props;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| props::state_decode(data));
