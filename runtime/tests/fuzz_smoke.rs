@@ -103,7 +103,7 @@ fn npy_reading_survives_mutations() {
     for s in &seeds {
         properties::npy_read(s);
     }
-    let mut rng = Rng(0x6e70_79);
+    let mut rng = Rng(0x006e_7079);
     for i in 0..iterations(6000) {
         let pick = rng.below(seeds.len());
         let input = mutate(&mut rng, &seeds[pick]);
@@ -145,7 +145,7 @@ fn manifest_parsing_survives_mutations() {
     let seed = manifest_seed();
     properties::artifact_manifest(seed.as_bytes());
     kiln_plan::artifact::parse_manifest(std::path::Path::new("seed"), &seed).expect("the seed is a valid manifest");
-    let mut rng = Rng(0x6d61_6e);
+    let mut rng = Rng(0x006d_616e);
     for i in 0..iterations(3000) {
         let input = if i % 2 == 0 { mutate_number(&mut rng, &seed) } else { mutate(&mut rng, seed.as_bytes()) };
         check("artifact_manifest", i, &input, properties::artifact_manifest);
