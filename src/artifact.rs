@@ -74,9 +74,9 @@ impl Artifact {
         let (object, kernels) = cpu::emit_object(&exe.kernels, &options).map_err(fail)?;
         link_shared_library(&object, &dir.join(LIBRARY_FILE))?;
         kiln_runtime::weights::save(&dir.join(WEIGHTS_FILE), &exe.weights)?;
-        let manifest =
+        let mut manifest =
             ArtifactManifest::Cpu(CpuManifest { common: common(lowered, dir, LIBRARY_FILE)?, target, kernels });
-        kiln_plan::artifact::write_manifest(dir, &manifest)?;
+        kiln_plan::artifact::write_manifest(dir, &mut manifest)?;
         Ok(Artifact { dir: dir.to_path_buf(), manifest })
     }
 
@@ -101,7 +101,9 @@ impl Artifact {
             kernels: module.kernels,
             plan,
         };
-        kiln_plan::artifact::write_manifest(dir, &ArtifactManifest::Cuda(manifest.clone()))?;
+        let mut sealed = ArtifactManifest::Cuda(manifest);
+        kiln_plan::artifact::write_manifest(dir, &mut sealed)?;
+        let ArtifactManifest::Cuda(manifest) = sealed else { unreachable!("built as a CUDA manifest above") };
         Ok(manifest)
     }
 
@@ -235,6 +237,7 @@ fn common(lowered: &Lowered, dir: &Path, code: &str) -> Result<ManifestCommon, E
         executable: lowered.executable.clone(),
         provenance: lowered.provenance.clone(),
         placement: lowered.placement.clone(),
+        digest: String::new(),
     })
 }
 

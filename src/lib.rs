@@ -432,6 +432,7 @@ fn run_error(e: kiln_runtime::RunError) -> Error {
     match e {
         kiln_runtime::RunError::Input(m) => Error::Input(m),
         kiln_runtime::RunError::NoDevice { reason, .. } => Error::Backend { backend: "cuda", message: reason },
+        kiln_runtime::RunError::Load { path, message } => Error::Artifact { path, message },
         // They name their backend (a plugin) and the node themselves.
         e @ (kiln_runtime::RunError::Placed { .. }
         | kiln_runtime::RunError::Plugin { .. }

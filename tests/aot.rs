@@ -110,12 +110,68 @@ fn load_error(dir: &Path) -> String {
     }
 }
 
-/// Rewrites the manifest with `edit` applied to its JSON.
+/// Rewrites the manifest with `edit` applied to its JSON and, where the result is still a manifest, its digest
+/// recomputed — a crafted manifest, which the checks behind the digest must refuse on their own.
 fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("manifest.json");
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut v);
-    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    let text = match serde_json::from_value::<kiln::artifact::ArtifactManifest>(v.clone()) {
+        Ok(mut m) => {
+            kiln_plan::artifact::seal(&mut m);
+            serde_json::to_string(&m).unwrap()
+        }
+        Err(_) => serde_json::to_string(&v).unwrap(),
+    };
+    std::fs::write(&path, text).unwrap();
+}
+
+#[test]
+fn a_changed_byte_in_any_file_or_files_swapped_between_artifacts_are_refused_before_anything_runs() {
+    if !have_cc() {
+        return;
+    }
+    // Each file of the artifact, one byte changed (the manifest without recomputing its digest).
+    for (file, needle) in [
+        ("manifest.json", "digest does not match its contents"),
+        ("weights.safetensors", "digest does not match the manifest"),
+        ("kernels.so", "digest does not match the manifest"),
+    ] {
+        let (_root, dir) = small_artifact();
+        let path = dir.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = if file == "manifest.json" {
+            // Inside a number of the program, so the JSON still parses and only the contents differ.
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            // The last digit of the arena size: the JSON stays valid, only the contents differ.
+            let key = text.find("\"arena_bytes\":").expect("arena_bytes");
+            let first = key + text[key..].find(|c: char| c.is_ascii_digit()).expect("a number");
+            first + text[first..].find(|c: char| !c.is_ascii_digit()).expect("the number ends") - 1
+        } else {
+            bytes.len() / 2
+        };
+        bytes[at] = if file != "manifest.json" {
+            bytes[at] ^ 0x5a
+        } else if bytes[at] == b'9' {
+            b'8'
+        } else {
+            bytes[at] + 1
+        };
+        std::fs::write(&path, &bytes).unwrap();
+        let e = load_error(&dir);
+        assert!(e.contains(needle), "{file}: {e}");
+    }
+    // The kernel library of another artifact (of another model) in place of this one's.
+    let (_root, dir) = small_artifact();
+    let other = tempfile::tempdir().unwrap();
+    let mut g = kiln_ir::parse(
+        "graph \"o\" {\n  %0 = input {name=\"x\"} : f32[4]\n  %1 = exp %0 : f32[4]\n  output \"y\" = %1\n}\n",
+    )
+    .unwrap();
+    common::bind_weights(&mut g);
+    write_artifact(&Model::from_graph(g).unwrap(), &other.path().join("o"));
+    std::fs::copy(other.path().join("o/kernels.so"), dir.join("kernels.so")).unwrap();
+    assert!(load_error(&dir).contains("kernels.so"), "swapped library");
 }
 
 #[test]

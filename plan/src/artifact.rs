@@ -104,6 +104,10 @@ pub struct ManifestCommon {
     /// registered.
     #[serde(default)]
     pub placement: Vec<PlacementRecord>,
+    /// BLAKE3 of the manifest's canonical JSON with this field empty ([`seal`]): a manifest changed after
+    /// `kiln compile` wrote it — a step, a symbol, a digest of another file — is refused.
+    #[serde(default)]
+    pub digest: String,
 }
 
 /// One backend's share of a compiled model, as recorded at compile time.
@@ -161,6 +165,22 @@ impl ArtifactManifest {
             ArtifactManifest::Cpu(m) => &m.common,
             ArtifactManifest::Cuda(m) => &m.common,
         }
+    }
+
+    fn common_mut(&mut self) -> &mut ManifestCommon {
+        match self {
+            ArtifactManifest::Cpu(m) => &mut m.common,
+            ArtifactManifest::Cuda(m) => &mut m.common,
+        }
+    }
+
+    /// The digest [`seal`] records: BLAKE3 of the canonical JSON (serde's field order, no whitespace) of this
+    /// manifest with its `digest` empty.
+    pub fn canonical_digest(&self) -> String {
+        let mut blank = self.clone();
+        blank.common_mut().digest.clear();
+        let text = serde_json::to_string(&blank).expect("a manifest serializes");
+        crate::weights::digest(text.as_bytes())
     }
 
     /// `cpu` or `cuda`.
@@ -256,11 +276,26 @@ pub fn parse_manifest(path: &Path, text: &str) -> Result<ArtifactManifest, Artif
     let manifest: ArtifactManifest =
         serde_json::from_value(value).map_err(|e| artifact_error(path, format!("corrupt manifest: {e}")))?;
     manifest.check_program().map_err(|e| artifact_error(path, format!("corrupt manifest: {e}")))?;
+    if manifest.common().digest != manifest.canonical_digest() {
+        return Err(artifact_error(
+            path,
+            "the manifest's digest does not match its contents (it was changed after `kiln compile` wrote it): \
+             recompile the model",
+        ));
+    }
     Ok(manifest)
 }
 
-/// Writes `manifest` into `dir` (last, so an interrupted write leaves no loadable artifact).
-pub fn write_manifest(dir: &Path, manifest: &ArtifactManifest) -> Result<(), ArtifactError> {
+/// Records the manifest's own digest ([`ArtifactManifest::canonical_digest`]) in it.
+pub fn seal(manifest: &mut ArtifactManifest) {
+    let digest = manifest.canonical_digest();
+    manifest.common_mut().digest = digest;
+}
+
+/// Seals `manifest` ([`seal`]) and writes it into `dir` (last, so an interrupted write leaves no loadable
+/// artifact).
+pub fn write_manifest(dir: &Path, manifest: &mut ArtifactManifest) -> Result<(), ArtifactError> {
+    seal(manifest);
     let path = dir.join(MANIFEST_FILE);
     let text = serde_json::to_string_pretty(manifest)
         .map_err(|e| artifact_error(&path, format!("cannot serialize the manifest: {e}")))?;

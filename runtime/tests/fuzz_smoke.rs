@@ -133,10 +133,13 @@ fn manifest_seed() -> String {
             executable,
             provenance: Default::default(),
             placement: vec![],
+            digest: String::new(),
         },
         target: kiln_plan::cpu::CpuTarget { triple: kiln_plan::cpu::host_triple(), cpu_features: vec![] },
         kernels: vec![],
     });
+    let mut m = m;
+    seal(&mut m);
     serde_json::to_string_pretty(&m).unwrap()
 }
 
