@@ -290,7 +290,13 @@ fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType
     };
     let dtype = dtype_from_onnx(tt.elem_type)?;
     let dims: Vec<Dim> = match tt.shape.as_ref() {
-        None => return Err("has no shape: give one with --shape".into()),
+        // An input declared without a shape takes the one the user gives (`--shape NAME=DxD`).
+        None => match options.shapes.get(&vi.name) {
+            Some(given) => given.iter().map(|&n| Dim::Static(n as u64)).collect(),
+            None => {
+                return Err(format!("has no declared shape: give one with --shape {}=DxD (its extents)", vi.name));
+            }
+        },
         Some(s) => s
             .dim
             .iter()
@@ -425,7 +431,14 @@ pub fn import_model(
     if g.output.is_empty() {
         return Err(ImportError::Invalid("the graph has no outputs".into()));
     }
+    let mut listed = std::collections::BTreeSet::new();
     for o in &g.output {
+        if o.name.is_empty() {
+            return Err(ImportError::Invalid("a graph output has an empty name".into()));
+        }
+        if !listed.insert(o.name.as_str()) {
+            return Err(ImportError::Invalid(format!("graph output `{}` is listed twice", o.name)));
+        }
         match cx.lookup(&o.name).cloned() {
             Some(Some(v)) => cx.b.output(&o.name, v.v),
             Some(None) => {}

@@ -275,3 +275,20 @@ fn attributes_of_the_wrong_type_are_errors() {
     let untyped_ok = one_op(&["2", "2"], with_attr(gemm(), attr_untyped("alpha", 2.0, "")), w());
     kiln_onnx::import_bytes(&untyped_ok, None, &ImportOptions::default()).expect("an untyped float alpha imports");
 }
+
+/// Misleading messages, fixed: an input without a declared shape takes the one the user gives (and says how when
+/// none is given); a graph output listed twice is the model's error, not "a kiln bug".
+#[test]
+fn shapeless_inputs_take_given_shapes_and_duplicate_outputs_are_named() {
+    let m = ModelBuilder::new("g")
+        .input_without_shape("x", dtype::FLOAT)
+        .node(node("relu", "Relu", &["x"], &["y"]))
+        .output("y");
+    let options = ImportOptions { shapes: [("x".to_string(), vec![2, 3])].into(), ..Default::default() };
+    let g = kiln_onnx::import_bytes(&m.bytes(), None, &options).expect("the given shape is used");
+    assert_eq!(
+        kiln_ir::print(&g).lines().find(|l| l.contains("input")).unwrap().trim(),
+        "%0 = input {name=\"x\"} : f32[2,3]"
+    );
+    check("duplicate_graph_output", &relu_model(&["2"]).output("y").bytes());
+}
