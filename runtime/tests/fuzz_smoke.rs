@@ -170,3 +170,41 @@ fn state_decoding_survives_mutations() {
         check("state_decode", i, &input, properties::state_decode);
     }
 }
+
+/// `KILN_FUZZ_SEEDS=write` writes the seeds above into `fuzz/seeds/<target>/` for `cargo fuzz`; otherwise the
+/// checked-in seeds are checked to satisfy their properties.
+#[test]
+fn seed_corpora() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
+    let seeds: [(&str, Vec<(String, Vec<u8>)>, fn(&[u8])); 3] = [
+        (
+            "npy_read",
+            DType::ALL
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| (format!("{d}.npy"), kiln_runtime::npy::to_bytes(&Tensor::random(d, vec![2, 3], i as u64))))
+                .collect(),
+            properties::npy_read,
+        ),
+        ("artifact_manifest", vec![("matmul.json".into(), manifest_seed().into_bytes())], properties::artifact_manifest),
+        (
+            "state_decode",
+            vec![("one.state".into(), properties::state_seed(1)), ("four.state".into(), properties::state_seed(4))],
+            properties::state_decode,
+        ),
+    ];
+    for (target, files, property) in seeds {
+        let dir = root.join(target);
+        if std::env::var("KILN_FUZZ_SEEDS").as_deref() == Ok("write") {
+            std::fs::create_dir_all(&dir).unwrap();
+            for (name, bytes) in &files {
+                std::fs::write(dir.join(name), bytes).unwrap();
+            }
+        }
+        let present: Vec<_> = std::fs::read_dir(&dir).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+        assert!(!present.is_empty(), "no seeds in {} (KILN_FUZZ_SEEDS=write makes them)", dir.display());
+        for p in present {
+            property(&std::fs::read(&p).unwrap());
+        }
+    }
+}
