@@ -215,6 +215,14 @@ impl<'m> Ctx<'m> {
                 }
             }
         }
+        // Values are single-assignment: a node writing a name already defined in this graph (a graph input, an
+        // initializer, another node's output, or twice itself) is a malformed model, never "the last wins".
+        let mut writes = std::collections::BTreeSet::new();
+        for name in node.output.iter().filter(|n| !n.is_empty()) {
+            if self.scopes.last().expect("a scope").contains_key(name) || !writes.insert(name) {
+                return Err(format!("node `{label}` ({op_type}) writes `{name}`, which is already defined"));
+            }
+        }
         let handler =
             if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
         let problem = |message: String| Unsupported { node: label.clone(), op_type: op_type.clone(), message };

@@ -292,3 +292,14 @@ fn shapeless_inputs_take_given_shapes_and_duplicate_outputs_are_named() {
     );
     check("duplicate_graph_output", &relu_model(&["2"]).output("y").bytes());
 }
+
+/// Values are single-assignment: a node writing a graph input's name, another node's output, or one name twice is
+/// the model's error naming the node (it used to be "the last write wins").
+#[test]
+fn values_written_twice_are_errors() {
+    check("node_output_reuses_graph_input", &relu_model(&["2"]).node(node("again", "Relu", &["y"], &["x"])).bytes());
+    check("two_nodes_write_one_value", &relu_model(&["2"]).node(node("again", "Relu", &["x"], &["y"])).bytes());
+    let twice =
+        ModelBuilder::new("g").input("x", dtype::FLOAT, &["2"]).node(node("split", "Split", &["x"], &["a", "a"]));
+    check("one_node_writes_a_name_twice", &twice.output("a").bytes());
+}

@@ -182,11 +182,17 @@ fn seed_corpora() {
             DType::ALL
                 .into_iter()
                 .enumerate()
-                .map(|(i, d)| (format!("{d}.npy"), kiln_runtime::npy::to_bytes(&Tensor::random(d, vec![2, 3], i as u64))))
+                .map(|(i, d)| {
+                    (format!("{d}.npy"), kiln_runtime::npy::to_bytes(&Tensor::random(d, vec![2, 3], i as u64)))
+                })
                 .collect(),
             properties::npy_read,
         ),
-        ("artifact_manifest", vec![("matmul.json".into(), manifest_seed().into_bytes())], properties::artifact_manifest),
+        (
+            "artifact_manifest",
+            vec![("matmul.json".into(), manifest_seed().into_bytes())],
+            properties::artifact_manifest,
+        ),
         (
             "state_decode",
             vec![("one.state".into(), properties::state_seed(1)), ("four.state".into(), properties::state_seed(4))],
@@ -201,7 +207,8 @@ fn seed_corpora() {
                 std::fs::write(dir.join(name), bytes).unwrap();
             }
         }
-        let present: Vec<_> = std::fs::read_dir(&dir).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+        let present: Vec<_> =
+            std::fs::read_dir(&dir).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
         assert!(!present.is_empty(), "no seeds in {} (KILN_FUZZ_SEEDS=write makes them)", dir.display());
         for p in present {
             property(&std::fs::read(&p).unwrap());
