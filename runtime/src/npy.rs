@@ -65,13 +65,7 @@ enum FromBytes {
 /// checking, so a lying header would overflow there); `None` when the header is not one this understands, which
 /// `npyz` then reports.
 fn declared_shape(bytes: &[u8]) -> Option<Vec<u64>> {
-    let rest = bytes.strip_prefix(b"\x93NUMPY")?;
-    let (major, rest) = rest.split_first()?;
-    let rest = rest.get(1..)?;
-    let (len, rest) = match major {
-        1 => (usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?)), rest.get(2..)?),
-        _ => (u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize, rest.get(4..)?),
-    };
+    let (len, rest) = declared_header(bytes)?;
     let header = std::str::from_utf8(rest.get(..len)?).ok()?;
     let after = &header[header.find("'shape'")? + "'shape'".len()..];
     let open = after.find('(')?;
@@ -79,7 +73,53 @@ fn declared_shape(bytes: &[u8]) -> Option<Vec<u64>> {
     after[open + 1..close].split(',').map(str::trim).filter(|d| !d.is_empty()).map(|d| d.parse().ok()).collect()
 }
 
+/// The deepest bracket nesting a header may have (`{'descr': [('a', '<f4', (2,))], …}` is 4).
+const MAX_HEADER_NESTING: usize = 8;
+
+/// The header length an `.npy` prefix declares and the bytes after the length field; `None` when the bytes do not
+/// start like an `.npy` file.
+fn declared_header(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    let rest = bytes.strip_prefix(b"\x93NUMPY")?;
+    let (major, rest) = rest.split_first()?;
+    let rest = rest.get(1..)?;
+    Some(match major {
+        1 => (usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?)), rest.get(2..)?),
+        _ => (u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize, rest.get(4..)?),
+    })
+}
+
 fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
+    // `npyz` allocates the header length the file declares before reading it: a length past the end of the file
+    // is refused here (a 100-byte file claiming a 4 GiB header).
+    if let Some((len, rest)) = declared_header(bytes) {
+        if len > rest.len() {
+            return Err(FromBytes::Io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the header declares {len} bytes, the file holds {} after it", rest.len()),
+            )));
+        }
+        // `npyz` parses the header (a Python literal) with a backtracking parser whose time grows exponentially
+        // with bracket nesting; real headers nest a few levels (a structured dtype's list of tuples), so deeper
+        // ones are refused before parsing (found by `cargo fuzz run npy_read`: 90 `{` took minutes).
+        let mut depth = 0usize;
+        let mut deepest = 0usize;
+        for &b in &rest[..len] {
+            match b {
+                b'{' | b'(' | b'[' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b'}' | b')' | b']' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        if deepest > MAX_HEADER_NESTING {
+            return Err(FromBytes::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the header nests brackets {deepest} deep (an .npy header nests at most {MAX_HEADER_NESTING})"),
+            )));
+        }
+    }
     // What the header declares must fit in the file before anything is sized from it: an element count that
     // overflows, or more bytes than the file holds (at one byte per element at least), is an error — never a
     // wrapped count or a huge allocation.
@@ -332,5 +372,20 @@ mod tests {
         assert!(msg("(1000000,)").contains("declares 1000000 elements"), "{}", msg("(1000000,)"));
         assert!(msg("(18446744073709551615, 18446744073709551615)").contains("overflows"));
         assert!(from_bytes(&header("(4,)")).is_ok(), "a header that fits reads");
+        // A header of 90 nested `{` (found by `cargo fuzz run npy_read`: it took the parser minutes).
+        let mut deep = b"\x93NUMPY\x01\x00\x76\x00".to_vec();
+        deep.extend(std::iter::repeat_n(b'{', 90));
+        deep.resize(8 + 0x76 + 2, b' ');
+        match from_bytes(&deep) {
+            Err(FromBytes::Io(e)) => assert!(e.to_string().contains("nests brackets 90 deep"), "{e}"),
+            _ => panic!("a deeply nested header must be refused"),
+        }
+        // A version-3 prefix declaring a ~4 GiB header in a 113-byte file (found by `cargo fuzz run npy_read`).
+        let mut lying = b"\x93NUMPY\x03\x00\x76\x00\x7b\xff".to_vec();
+        lying.resize(113, 0xff);
+        match from_bytes(&lying) {
+            Err(FromBytes::Io(e)) => assert!(e.to_string().contains("the header declares"), "{e}"),
+            _ => panic!("a header longer than the file must be refused"),
+        }
     }
 }
