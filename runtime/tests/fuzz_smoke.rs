@@ -176,7 +176,9 @@ fn state_decoding_survives_mutations() {
 #[test]
 fn seed_corpora() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds");
-    let seeds: [(&str, Vec<(String, Vec<u8>)>, fn(&[u8])); 3] = [
+    // A target, its seed files (name, bytes) and its property.
+    type Seeds = (&'static str, Vec<(String, Vec<u8>)>, fn(&[u8]));
+    let seeds: [Seeds; 3] = [
         (
             "npy_read",
             DType::ALL
