@@ -247,6 +247,7 @@ impl<'m> Ctx<'m> {
         self.node_name = None;
         let unread = n.unread_attributes();
         let mistyped = n.mistyped_attributes();
+        let unread_inputs = n.unread_inputs();
         match result {
             // An attribute of the wrong type is the model's error, reported whatever the handler made of it.
             _ if !mistyped.is_empty() => {
@@ -258,6 +259,14 @@ impl<'m> Ctx<'m> {
             Ok(_) if !unread.is_empty() => {
                 for a in unread {
                     self.problems.push(problem(format!("attribute `{a}` is not supported")));
+                }
+                self.poison(node);
+            }
+            Ok(_) if !unread_inputs.is_empty() => {
+                for (i, name) in unread_inputs {
+                    self.problems.push(problem(format!(
+                        "input {i} (`{name}`) is not used by this op (extra, or not supported)"
+                    )));
                 }
                 self.poison(node);
             }

@@ -21,6 +21,8 @@ pub(crate) struct OnnxNode<'a> {
     pub opset: i64,
     pub base_dir: Option<&'a Path>,
     used: RefCell<BTreeSet<String>>,
+    /// Positions of the inputs the handler looked at.
+    read_inputs: RefCell<BTreeSet<usize>>,
     /// Attributes read as one type but declared (or holding data) of another, with why.
     mistyped: RefCell<Vec<String>>,
 }
@@ -64,18 +66,34 @@ impl<'a> OnnxNode<'a> {
             opset,
             base_dir,
             used: RefCell::new(BTreeSet::new()),
+            read_inputs: RefCell::new(BTreeSet::new()),
             mistyped: RefCell::new(Vec::new()),
         }
     }
 
     /// Required input `i`.
     pub fn input(&self, i: usize) -> Result<&Val, String> {
+        self.read_inputs.borrow_mut().insert(i);
         self.inputs.get(i).and_then(Option::as_ref).ok_or_else(|| format!("input {i} is required"))
     }
 
     /// Optional input `i`.
     pub fn opt_input(&self, i: usize) -> Option<&Val> {
+        self.read_inputs.borrow_mut().insert(i);
         self.inputs.get(i).and_then(Option::as_ref)
+    }
+
+    /// Given inputs the handler never looked at (by position and name): an extra input, or an optional one the
+    /// handler does not support — never silently ignored.
+    pub fn unread_inputs(&self) -> Vec<(usize, String)> {
+        let read = self.read_inputs.borrow();
+        self.proto
+            .input
+            .iter()
+            .enumerate()
+            .filter(|(i, name)| !name.is_empty() && !read.contains(i))
+            .map(|(i, name)| (i, name.clone()))
+            .collect()
     }
 
     /// All given inputs, requiring each to be present.

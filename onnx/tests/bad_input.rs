@@ -303,3 +303,9 @@ fn values_written_twice_are_errors() {
         ModelBuilder::new("g").input("x", dtype::FLOAT, &["2"]).node(node("split", "Split", &["x"], &["a", "a"]));
     check("one_node_writes_a_name_twice", &twice.output("a").bytes());
 }
+
+/// An input a handler never looks at — an extra operand of a one-input op — is reported, never silently ignored.
+#[test]
+fn extra_inputs_are_reported() {
+    check("relu_with_two_inputs", &one_op(&["2"], node("relu", "Relu", &["x", "x"], &["y"]), vec![]));
+}
