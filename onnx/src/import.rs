@@ -382,6 +382,36 @@ fn check_declared_types(cx: &Ctx<'_>, g: &GraphProto) -> Result<(), ImportError>
             )));
         }
     }
+    // Graph outputs: a declared shape must fit the computed one (same rank; equal extents where both are
+    // static). value_info is left alone: exporters leave stale shapes there that ONNX Runtime ignores too.
+    for o in &g.output {
+        let Some(Tv::TensorType(tt)) = o.type_.as_ref().and_then(|t| t.value.as_ref()) else { continue };
+        let (Some(Some(v)), Some(shape)) = (cx.lookup(&o.name), tt.shape.as_ref()) else { continue };
+        use onnx_protobuf::tensor_shape_proto::dimension::Value as Dv;
+        let computed = &v.ty.shape;
+        let fits = shape.dim.len() == computed.rank()
+            && shape.dim.iter().zip(computed.dims()).all(|(d, c)| match (&d.value, c.as_static()) {
+                (Some(Dv::DimValue(n)), Some(m)) => u64::try_from(*n).is_ok_and(|n| n == m),
+                _ => true,
+            });
+        if !fits {
+            let declared: Vec<String> = shape
+                .dim
+                .iter()
+                .map(|d| match &d.value {
+                    Some(Dv::DimValue(n)) => n.to_string(),
+                    Some(Dv::DimParam(p)) => p.clone(),
+                    _ => "?".into(),
+                })
+                .collect();
+            return Err(ImportError::Invalid(format!(
+                "graph output `{}` is declared [{}], but it computes {}",
+                o.name,
+                declared.join(","),
+                v.ty
+            )));
+        }
+    }
     Ok(())
 }
 

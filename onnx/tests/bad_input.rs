@@ -309,3 +309,18 @@ fn values_written_twice_are_errors() {
 fn extra_inputs_are_reported() {
     check("relu_with_two_inputs", &one_op(&["2"], node("relu", "Relu", &["x", "x"], &["y"]), vec![]));
 }
+
+/// A graph output whose declared shape contradicts the computed one is the model's error; a symbolic declared
+/// dim fits any extent.
+#[test]
+fn declared_output_shapes_must_fit() {
+    let relu = |dims: &[&str]| {
+        ModelBuilder::new("g")
+            .input("x", dtype::FLOAT, &["2", "3"])
+            .node(node("relu", "Relu", &["x"], &["y"]))
+            .output_typed("y", dtype::FLOAT, dims)
+    };
+    check("output_declared_with_another_extent", &relu(&["2", "4"]).bytes());
+    check("output_declared_with_another_rank", &relu(&["6"]).bytes());
+    kiln_onnx::import_bytes(&relu(&["n", "3"]).bytes(), None, &ImportOptions::default()).expect("a symbolic dim fits");
+}

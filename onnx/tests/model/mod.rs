@@ -55,6 +55,12 @@ impl ModelBuilder {
         self
     }
 
+    /// A graph output with a declared type.
+    pub fn output_typed(mut self, name: &str, elem_type: i32, dims: &[&str]) -> Self {
+        self.graph.output.push(value_info(name, elem_type, Some(dims)));
+        self
+    }
+
     /// A graph output with no declared type (so the importer checks only its name).
     pub fn output(mut self, name: &str) -> Self {
         let mut vi = ValueInfoProto::new();
