@@ -62,15 +62,24 @@ enum FromBytes {
 }
 
 /// The shape an `.npy` header declares, read before `npyz` parses it (`npyz` multiplies the extents without
-/// checking, so a lying header would overflow there); `None` when the header is not one this understands, which
-/// `npyz` then reports.
-fn declared_shape(bytes: &[u8]) -> Option<Vec<u64>> {
+/// checking, so a lying header would overflow there, and it evaluates arithmetic such as `9-3` in them): `None`
+/// when the bytes have no `'shape': (…)` this can find (`npyz` then reports what is wrong), `Some(Err)` when the
+/// tuple holds anything but plain integers.
+fn declared_shape(bytes: &[u8]) -> Option<Result<Vec<u64>, String>> {
     let (len, rest) = declared_header(bytes)?;
     let header = std::str::from_utf8(rest.get(..len)?).ok()?;
     let after = &header[header.find("'shape'")? + "'shape'".len()..];
     let open = after.find('(')?;
     let close = open + after[open..].find(')')?;
-    after[open + 1..close].split(',').map(str::trim).filter(|d| !d.is_empty()).map(|d| d.parse().ok()).collect()
+    let inner = &after[open + 1..close];
+    Some(
+        inner
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| d.parse::<u64>().map_err(|_| format!("the header's shape ({inner}) holds `{d}`, not an extent")))
+            .collect(),
+    )
 }
 
 /// The deepest bracket nesting a header may have (`{'descr': [('a', '<f4', (2,))], …}` is 4).
@@ -125,7 +134,12 @@ fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
     // wrapped count or a huge allocation.
     if let Some(shape) = declared_shape(bytes) {
         let bad = |m: String| FromBytes::Io(io::Error::new(io::ErrorKind::InvalidData, m));
-        match shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d)) {
+        let shape = shape.map_err(bad)?;
+        // The non-zero extents must multiply without overflow even when another extent is 0 (strides are
+        // products of extents too); the element count is 0 then.
+        let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1u64, |n, &d| n.checked_mul(d));
+        let count = nonzero.map(|n| if shape.contains(&0) { 0 } else { n });
+        match count {
             None => return Err(bad(format!("the header's shape {shape:?} overflows an element count"))),
             Some(n) if n > bytes.len() as u64 => {
                 return Err(bad(format!(
@@ -372,6 +386,14 @@ mod tests {
         assert!(msg("(1000000,)").contains("declares 1000000 elements"), "{}", msg("(1000000,)"));
         assert!(msg("(18446744073709551615, 18446744073709551615)").contains("overflows"));
         assert!(from_bytes(&header("(4,)")).is_ok(), "a header that fits reads");
+        // Arithmetic in the shape, which `npyz` would evaluate (found by `cargo fuzz run npy_read`), and a zero
+        // extent beside extents whose product overflows.
+        assert!(
+            msg("(5, 3775158741846003940-93, 0)").contains("not an extent"),
+            "{}",
+            msg("(5, 3775158741846003940-93, 0)")
+        );
+        assert!(msg("(5, 3775158741846003940, 0)").contains("overflows"), "{}", msg("(5, 3775158741846003940, 0)"));
         // A header of 90 nested `{` (found by `cargo fuzz run npy_read`: it took the parser minutes).
         let mut deep = b"\x93NUMPY\x01\x00\x76\x00".to_vec();
         deep.extend(std::iter::repeat_n(b'{', 90));
