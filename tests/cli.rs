@@ -463,6 +463,9 @@ fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
     // conv_pool holds a conv_transpose, which runs on the interpreter: said at -v, silent by default.
     let quiet = run(&[], None);
     assert!(quiet.status.success() && stderr(&quiet).is_empty(), "{}", stderr(&quiet));
+    // The fallback itself is always said, once per op kind, with how many and why.
+    let said = String::from_utf8_lossy(&quiet.stdout);
+    assert!(said.contains("fallback: 1 `conv_transpose` node(s) run on the reference interpreter: "), "{said}");
     let verbose = run(&["-v"], None);
     assert!(stderr(&verbose).contains("interpreter fallback") && stderr(&verbose).contains("conv_transpose"));
     let filtered = run(&[], Some("kiln_codegen=info"));

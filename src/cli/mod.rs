@@ -139,9 +139,21 @@ pub fn registry() -> Result<kiln::BackendRegistry> {
         .with_context(|| format!("loading the plugins in {}", kiln_runtime::registry::PLUGINS_ENV_VAR))
 }
 
-/// One line per registry backend that takes nodes of a compiled model from the compiled code (nothing when
-/// none does), for `run`, `bench` and `compile`.
+/// What a compiled model does not run as compiled code, for `run`, `bench` and `compile`: one line per registry
+/// backend that takes nodes from the compiled code, and one per op kind that runs on the reference interpreter
+/// (how many nodes, and why) — nothing when everything is compiled. Never a silent slow path.
 pub fn placement_lines(report: &kiln::CompileReport) -> Vec<String> {
+    let mut fallbacks: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for f in &report.fallbacks {
+        // `<op> <name or id>: why`, where the why may name the node again.
+        let (node, why) = f.split_once(": ").unwrap_or((f.as_str(), ""));
+        let why = why.strip_prefix(&format!("{node}: ")).unwrap_or(why);
+        let op = node.split_whitespace().next().unwrap_or(node);
+        fallbacks.entry(op).or_insert((0, why)).0 += 1;
+    }
+    let fallback_lines = fallbacks
+        .into_iter()
+        .map(|(op, (n, why))| format!("fallback: {n} `{op}` node(s) run on the reference interpreter: {why}"));
     report
         .placement
         .iter()
@@ -158,6 +170,7 @@ pub fn placement_lines(report: &kiln::CompileReport) -> Vec<String> {
                 kinds.join(", ")
             )
         })
+        .chain(fallback_lines)
         .collect()
 }
 
