@@ -10,37 +10,15 @@
 mod model;
 #[path = "../../fuzz/src/lib.rs"]
 mod properties;
+#[path = "../../fuzz/src/smoke_rng.rs"]
+mod smoke_rng;
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 
 use model::*;
 use onnx_protobuf::{Message, ModelProto};
-
-/// xorshift64*: small, deterministic, good enough to pick mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
-    }
-
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len())]
-    }
-
-    /// An integer that tends to break things: small, boundary or huge, either sign.
-    fn nasty_int(&mut self) -> i64 {
-        *self.pick(&[0, 1, -1, 2, -2, 3, 7, 64, -64, 1 << 20, 1 << 31, i32::MAX as i64, i64::MAX, i64::MIN, 1 << 40])
-    }
-}
+use smoke_rng::Rng;
 
 /// The seed of a run: fixed, unless `KILN_FUZZ_SMOKE_SEED` picks another stream (for hunting by hand).
 fn rng(stream: u64) -> Rng {

@@ -6,26 +6,13 @@
 
 #[path = "../../fuzz/src/runtime_props.rs"]
 mod properties;
+#[path = "../../fuzz/src/smoke_rng.rs"]
+mod smoke_rng;
 
 use std::panic::AssertUnwindSafe;
 
 use kiln_ir::{DType, Tensor};
-
-/// xorshift64*: small, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
-    }
-}
+use smoke_rng::Rng;
 
 fn iterations(n: usize) -> usize {
     n * std::env::var("KILN_FUZZ_SMOKE_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
