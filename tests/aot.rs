@@ -201,6 +201,142 @@ fn manifests_for_another_format_target_or_cpu_are_refused_by_name() {
     }
 }
 
+/// A model whose program has every kind of step: a prepare step (the weight transpose), a kernel, a library
+/// call with an epilogue running in place, and a kernel reading the arena.
+const CRAFTED: &str = r#"graph "crafted" {
+  %0 = input {name="x"} : f32[2,4]
+  %1 = param {name="w"} : f32[3,4]
+  %2 = param {name="b"} : f32[3]
+  %3 = transpose %1 {perm=[1, 0]} : f32[4,3]
+  %4 = matmul %0, %3 : f32[2,3]
+  %5 = add %4, %2 : f32[2,3]
+  %6 = relu %5 : f32[2,3]
+  %7 = exp %0 : f32[2,4]
+  %8 = reduce %7 {kind=sum, axes=[1], keep_dims=true} : f32[2,1]
+  %9 = softmax %6 {axis=-1} : f32[2,3]
+  output "y" = %9
+  output "z" = %8
+}
+"#;
+
+#[test]
+fn crafted_programs_are_refused_by_the_verifier_even_when_the_manifest_is_resealed() {
+    if !have_cc() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let mut g = kiln_ir::parse(CRAFTED).unwrap();
+    common::bind_weights(&mut g);
+    let model = Model::from_graph(g).unwrap();
+    let fresh = root.path().join("fresh");
+    write_artifact(&model, &fresh);
+    Artifact::load(&fresh, 1).expect("the compiler's own artifact loads");
+    // The edits below address the program by index: check that it is still the one they were written for.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fresh.join("manifest.json")).unwrap()).unwrap();
+    let e = &v["executable"];
+    let layout = (
+        e["prepare"].to_string(),
+        e["steps"].to_string(),
+        e["outputs"].to_string(),
+        e["buffers"][5]["home"].to_string(),
+        v["kernels"].as_array().unwrap().len(),
+    );
+    let want = (
+        r#"[{"Kernel":{"args":[1,3],"kernel":0}}]"#.to_string(),
+        r#"[{"Kernel":{"args":[0,4],"kernel":1}},{"Library":{"epilogue":{"Kernel":{"args":[5,2,5],"kernel":2}},"inputs":[0,3],"op":"MatMul","output":5}},{"Kernel":{"args":[5,6],"kernel":3}}]"#.to_string(),
+        r#"[["y",6],["z",4]]"#.to_string(),
+        r#"{"Arena":64}"#.to_string(),
+        4,
+    );
+    assert_eq!(layout, want, "the compiler now builds another program for CRAFTED: update the edits of this test");
+
+    type Edit = fn(&mut serde_json::Value);
+    let cases: &[(&str, Edit, &str)] = &[
+        ("no steps", |v| v["executable"]["steps"] = serde_json::json!([]), "does not hold its value at the end"),
+        ("reversed steps", |v| v["executable"]["steps"].as_array_mut().unwrap().reverse(), "before it holds a value"),
+        (
+            "an extent of 0",
+            |v| v["executable"]["buffers"][5]["ty"]["shape"] = serde_json::json!([2, 0]),
+            "`matmul` gives f32[2,3], the step writes f32[2,0]",
+        ),
+        (
+            "a result aliased to the input",
+            |v| v["executable"]["outputs"][0][1] = 0.into(),
+            "results are arena or per-run buffers",
+        ),
+        (
+            "kernel symbols swapped",
+            |v| {
+                let k = v["kernels"].as_array_mut().unwrap();
+                let (a, b) = (k[1]["symbol"].clone(), k[3]["symbol"].clone());
+                k[1]["symbol"] = b;
+                k[3]["symbol"] = a;
+            },
+            "are not those its code was compiled with",
+        ),
+        (
+            "a part's extent enlarged",
+            |v| v["kernels"][1]["parts"][0]["extent"] = serde_json::json!({ "Const": 1000 }),
+            "are not those its code was compiled with",
+        ),
+        (
+            "a kernel's signature edited to allow computing in place",
+            |v| v["kernels"][3]["args"][1]["in_place"] = serde_json::json!([0]),
+            "are not those its code was compiled with",
+        ),
+        (
+            "a copy from the input to a result",
+            |v| v["executable"]["steps"][2] = serde_json::json!({ "Copy": { "src": 0, "dst": 6 } }),
+            "it copies f32[2,4] into f32[2,3]",
+        ),
+        (
+            "prepare arguments swapped",
+            |v| v["executable"]["prepare"][0]["Kernel"]["args"] = serde_json::json!([3, 1]),
+            "argument 0 of kernel 0 is f32[3,4]",
+        ),
+        ("nothing prepared", |v| v["executable"]["prepare"] = serde_json::json!([]), "never written by `prepare`"),
+        (
+            "an epilogue launching another kernel",
+            |v| v["executable"]["steps"][1]["Library"]["epilogue"]["Kernel"]["kernel"] = 3.into(),
+            "kernel 3 takes 2 buffer(s), the step passes 3",
+        ),
+        (
+            "a library call writing its operand",
+            |v| v["executable"]["steps"][1]["Library"]["inputs"] = serde_json::json!([0, 3, 5]),
+            "does not verify",
+        ),
+        (
+            "a step writing the caller's input",
+            |v| v["executable"]["buffers"][4]["home"] = serde_json::json!({ "Input": 0 }),
+            "which it may not write",
+        ),
+        (
+            "two buffers at one arena offset, one not computed in place over the other",
+            |v| v["executable"]["buffers"][6]["home"] = serde_json::json!({ "Arena": 64 }),
+            "which it does not compute in place",
+        ),
+        (
+            "a result overwritten by a later step",
+            |v| v["executable"]["buffers"][4]["home"] = serde_json::json!({ "Arena": 64 }),
+            "`z` (buffer 4) does not hold its value at the end",
+        ),
+        (
+            "a dtype changed",
+            |v| v["executable"]["buffers"][6]["ty"]["dtype"] = "i32".into(),
+            "argument 1 of kernel 3 is f32[2,3], the step passes buffer 6 of i32[2,3]",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let dir = root.path().join(what.replace(' ', "_"));
+        write_artifact(&model, &dir);
+        edit_manifest(&dir, edit);
+        let e = load_error(&dir);
+        assert!(e.contains(want), "{what}: `{e}` should say `{want}`");
+        assert_eq!(e.lines().count(), 1, "{what}: {e}");
+    }
+}
+
 #[test]
 fn damaged_artifacts_are_errors_not_panics() {
     if !have_cc() {
@@ -232,7 +368,7 @@ fn damaged_artifacts_are_errors_not_panics() {
     let (_root, dir) = small_artifact();
     edit_manifest(&dir, |v| v["executable"]["outputs"][0][1] = 9999.into());
     let e = load_error(&dir);
-    assert!(e.contains("inconsistent") && e.contains("9999"), "{e}");
+    assert!(e.contains("does not verify") && e.contains("9999"), "{e}");
 
     // A kernel symbol the library lacks.
     let (_root, dir) = small_artifact();
@@ -379,5 +515,12 @@ fn cli_compile_for_cuda_writes_ptx_weights_and_manifest_and_runs_it_only_on_a_gp
     v["plan"]["steps"] = serde_json::json!([{ "Copy": { "src": 0, "dst": 9999 } }]);
     std::fs::write(&path, v.to_string()).unwrap();
     let e = Artifact::load_cuda(&root.path().join("gpu"), 0).expect_err("refused").to_string();
-    assert!(e.contains("device plan is inconsistent") && e.contains("buffer 9999"), "{e}");
+    assert!(e.contains("device plan does not verify") && e.contains("buffer 9999"), "{e}");
+    // A plan whose steps run in reverse, re-sealed: the device plan goes through the same verifier.
+    let dir = root.path().join("gpu2");
+    std::fs::write(root.path().join("crafted.kir"), CRAFTED).unwrap();
+    ok(&kiln(&["compile", &p("crafted.kir"), "--random-weights", "1", "--target", "cuda", "-o", &p("gpu2")]));
+    edit_manifest(&dir, |v| v["plan"]["steps"].as_array_mut().unwrap().reverse());
+    let e = Artifact::load_cuda(&dir, 0).expect_err("refused").to_string();
+    assert!(e.contains("device plan does not verify") && e.contains("before it holds a value"), "{e}");
 }

@@ -43,7 +43,16 @@ pub fn build_plan(exe: &Executable) -> Result<DevicePlan, LowerError> {
             reason: format!("malformed builtin (a kiln bug): {reason}"),
         })?;
     }
-    Ok(DevicePlan { prepare, steps, kernels: b.kernels, fallbacks: exe.fallbacks.clone() })
+    let plan = DevicePlan { prepare, steps, kernels: b.kernels, fallbacks: exe.fallbacks.clone() };
+    // The same verifier an artifact's plan goes through when it is loaded.
+    let sigs = kiln_plan::verify::signatures(&plan.kernels);
+    kiln_plan::verify::verify_device_plan(exe, &plan, &kiln_plan::verify::borrowed(&sigs)).map_err(|reason| {
+        LowerError::NotLowerable {
+            node: exe.name.clone(),
+            reason: format!("the device plan does not verify (a kiln bug): {reason}"),
+        }
+    })?;
+    Ok(plan)
 }
 
 /// The im2col matrix `[N, Cin·∏window, ∏out spatial]` of a conv of `x` by `w` into `out`.

@@ -117,6 +117,11 @@ impl<'g> Builder<'g> {
             };
             self.exe.outputs.push((name.clone(), b));
         }
+        // The same verifier an artifact's program goes through when it is loaded.
+        let sigs = kiln_plan::verify::signatures(&self.exe.kernels);
+        if let Err(e) = kiln_plan::verify::verify_executable(&self.exe, &kiln_plan::verify::borrowed(&sigs)) {
+            self.bugs.push(format!("the program does not verify: {e}"));
+        }
         if !self.bugs.is_empty() {
             return Err(BuildError::Graph {
                 graph: g.name().to_string(),

@@ -16,10 +16,11 @@ use std::path::{Component, Path, PathBuf};
 use crate::cpu::{CpuTarget, KernelInfo};
 use crate::device::{DevicePlan, PtxArch, PtxKernelInfo};
 use crate::exec::Executable;
+use crate::verify::{LaunchArg, verify_device_plan, verify_executable};
 use crate::weights::WeightProvenance;
 
 /// The manifest format this kiln writes and reads; bumped on any incompatible change.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The manifest's file name inside an artifact directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -191,20 +192,21 @@ impl ArtifactManifest {
         }
     }
 
-    /// Checks that the program is consistent: every reference in range (buffers, kernels, inputs, prepared
-    /// weights), kernel launch facts for every kernel, the declared inputs and outputs those of the program.
+    /// Checks the program as the compiler checks its own output ([`crate::verify`]: references, arities and
+    /// types against every kernel's recorded launch signature, who writes what, definition before use, aliasing),
+    /// and that the declared inputs and outputs are the program's.
     pub fn check_program(&self) -> Result<(), String> {
         let common = self.common();
         let exe = &common.executable;
-        let kernels = match self {
-            ArtifactManifest::Cpu(m) => m.kernels.len(),
-            ArtifactManifest::Cuda(m) => m.kernels.len(),
-        };
-        exe.check_references(kernels).map_err(|e| format!("the executable is inconsistent: {e}"))?;
-        if let ArtifactManifest::Cuda(m) = self {
-            m.plan
-                .check_references(exe.buffers.len(), kernels)
-                .map_err(|e| format!("the device plan is inconsistent: {e}"))?;
+        match self {
+            ArtifactManifest::Cpu(m) => {
+                let sigs: Vec<&[LaunchArg]> = m.kernels.iter().map(|k| k.args.as_slice()).collect();
+                verify_executable(exe, &sigs).map_err(|e| format!("the program does not verify: {e}"))?;
+            }
+            ArtifactManifest::Cuda(m) => {
+                let sigs: Vec<&[LaunchArg]> = m.kernels.iter().map(|k| k.args.as_slice()).collect();
+                verify_device_plan(exe, &m.plan, &sigs).map_err(|e| format!("the device plan does not verify: {e}"))?;
+            }
         }
         let names = |ports: &[PortInfo]| ports.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
         let exe_names = |v: &[(String, crate::exec::BufferId)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();

@@ -232,6 +232,9 @@ pub struct PtxKernelInfo {
     pub kernel: String,
     /// The parameters, in order.
     pub params: Vec<PtxParam>,
+    /// The launch signature: the type and role of each buffer parameter ([`crate::verify::LaunchArg`]; the
+    /// program verifier checks every launch against it).
+    pub args: Vec<crate::verify::LaunchArg>,
     /// Threads per block (the x dimension; y and z are 1).
     pub block_size: u32,
     /// Threads each part wants (the flattened trip count of a parallel part — times 32 for one that runs a

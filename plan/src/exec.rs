@@ -219,12 +219,15 @@ impl Executable {
         Ok(dims)
     }
 
-    /// A one-line description of `step` for profiles: its kind, kernel or op, and result shape.
+    /// A one-line description of `step` for profiles: its kind, kernel (by name, or by index when the kernels
+    /// are not at hand, as in an artifact's program) or op, and result shape. Its buffers must be in range
+    /// ([`Executable::check_references`]).
     pub fn describe(&self, step: &Step) -> String {
         let ty = |b: &BufferId| self.buffers[b.0 as usize].ty.to_string();
         match step {
             Step::Kernel { kernel, args } => {
-                format!("kernel {} -> {}", self.kernels[*kernel].name, args.last().map(ty).unwrap_or_default())
+                let name = self.kernels.get(*kernel).map_or_else(|| kernel.to_string(), |k| k.name.clone());
+                format!("kernel {name} -> {}", args.last().map(ty).unwrap_or_default())
             }
             Step::Library { op, output, epilogue, .. } => {
                 let name = match op {

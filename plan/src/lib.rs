@@ -9,6 +9,7 @@
 //!   calls;
 //! - [`device`]: device plans and PTX launch facts;
 //! - [`weights`]: weight fingerprints and provenance;
+//! - [`verify`]: the program verifier (compiler output and artifacts alike);
 //! - [`artifact`]: the ahead-of-time artifact manifest, its reader and its checks.
 
 pub mod artifact;
@@ -16,6 +17,7 @@ pub mod cpu;
 pub mod device;
 pub mod exec;
 pub mod kernel;
+pub mod verify;
 pub mod weights;
 
 pub use kiln_ir as ir;

@@ -20,7 +20,9 @@ use crate::RunError;
 use crate::cpu::{CpuProgram, KernelCode};
 
 /// Opens the kernel library at `path`, fills its runtime table and resolves every kernel of `infos` by its
-/// symbol. The library stays loaded as long as the returned code lives.
+/// symbol, checking that the launch facts the library records beside each kernel
+/// ([`KernelInfo::facts_digest`]) are the manifest's. The library stays loaded as long as the returned code
+/// lives.
 ///
 /// # Safety
 /// `path` must be a library produced by linking `kiln_codegen::cpu::emit_object`'s object for exactly these
@@ -51,6 +53,18 @@ pub unsafe fn load_kernel_library(path: &Path, infos: &[KernelInfo]) -> Result<K
         // SAFETY: every kernel symbol of a kernel library is a function of type `KernelFn`.
         let f = unsafe { library.get::<KernelFn>(info.symbol.as_bytes()) }
             .map_err(|e| fail(format!("kernel `{}`: no symbol `{}`: {e}", info.name, info.symbol)))?;
+        let facts = format!("{}{}", info.symbol, KernelInfo::FACTS_SUFFIX);
+        // SAFETY: every kernel of a kernel library has a 32-byte facts digest beside it (see `emit_object`).
+        let recorded = unsafe { library.get::<*const [u8; 32]>(facts.as_bytes()) }
+            .map_err(|e| fail(format!("kernel `{}`: no `{facts}`: {e}", info.name)))?;
+        // SAFETY: the symbol's address is that of the library's 32 bytes, alive while `library` is.
+        if unsafe { (*recorded).read_unaligned() } != info.facts_digest() {
+            return Err(fail(format!(
+                "kernel `{}`: the manifest's launch facts (symbol `{}`, parts, signature) are not those its code \
+                 was compiled with (a crafted or mixed-up artifact): recompile the model",
+                info.name, info.symbol
+            )));
+        }
         entries.push((*f, info.clone()));
     }
     Ok(KernelCode::Native { entries, owner: Box::new(library) })

@@ -220,7 +220,8 @@ impl Drop for JitModule {
     }
 }
 
-/// Object code (ELF, PIC) exporting one function per kernel named by [`KernelInfo::symbol`], constants in
+/// Object code (ELF, PIC) exporting one function per kernel named by [`KernelInfo::symbol`] and beside it the
+/// digest of its launch facts ([`KernelInfo::facts_digest`], symbol `<symbol>__kiln_facts`), constants in
 /// read-only data, and the runtime table ([`runtime::RUNTIME_TABLE_SYMBOL`], zeroed, to be filled by the loader
 /// with [`runtime::install_runtime_table`]) with its length ([`runtime::RUNTIME_TABLE_LEN_SYMBOL`]).
 pub fn emit_object(kernels: &[Kernel], options: &CpuOptions) -> Result<(Vec<u8>, Vec<KernelInfo>), CpuError> {
@@ -232,7 +233,15 @@ pub fn emit_object(kernels: &[Kernel], options: &CpuOptions) -> Result<(Vec<u8>,
     let table = declare_table(&mut module, false)?;
     let mut infos = Vec::with_capacity(kernels.len());
     for (i, k) in kernels.iter().enumerate() {
-        infos.push(define_kernel(&mut module, k, i, target, table, false)?.1);
+        let info = define_kernel(&mut module, k, i, target, table, false)?.1;
+        // The launch facts the code was compiled with, beside it (the loader checks the manifest's against them).
+        let merr = |e: cranelift_module::ModuleError| CpuError::Module(format!("kernel `{}`: {e}", k.name));
+        let facts = format!("{}{}", info.symbol, KernelInfo::FACTS_SUFFIX);
+        let id = module.declare_data(&facts, Linkage::Export, false, false).map_err(merr)?;
+        let mut desc = DataDescription::new();
+        desc.define(info.facts_digest().to_vec().into_boxed_slice());
+        module.define_data(id, &desc).map_err(merr)?;
+        infos.push(info);
     }
     let bytes = module.finish().emit().map_err(|e| CpuError::Module(e.to_string()))?;
     Ok((bytes, infos))
@@ -414,6 +423,7 @@ fn define_kernel<M: Module>(
         symbol,
         symbols: kernel.symbols.clone(),
         parts: parts.iter().map(parts::info).collect(),
+        args: kernel.signature(),
     };
     Ok((func_id, info, listing))
 }

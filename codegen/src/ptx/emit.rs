@@ -100,6 +100,7 @@ pub(crate) fn build_module<'ctx>(
             entry,
             kernel: k.name.clone(),
             params: super::params(k),
+            args: k.signature(),
             block_size,
             work,
             cooperative,

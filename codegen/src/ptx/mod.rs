@@ -199,6 +199,7 @@ mod tests {
             entry: "k".into(),
             kernel: "k".into(),
             params: Vec::new(),
+            args: Vec::new(),
             block_size,
             work,
             cooperative: false,

@@ -22,6 +22,25 @@ pub struct KernelInfo {
     pub symbols: Vec<String>,
     /// The parts, in the order their indices are passed as `part`.
     pub parts: Vec<PartInfo>,
+    /// The launch signature: the type and role of each buffer passed in `args`
+    /// ([`crate::verify::LaunchArg`]; the program verifier checks every launch against it).
+    pub args: Vec<crate::verify::LaunchArg>,
+}
+
+impl KernelInfo {
+    /// The suffix of the data symbol a kernel library exports beside each kernel's function: `<symbol>` then
+    /// this, holding [`KernelInfo::facts_digest`] of the facts the code was compiled with.
+    pub const FACTS_SUFFIX: &'static str = "__kiln_facts";
+
+    /// BLAKE3 of these launch facts (everything but the symbol itself: name, symbols, parts, launch signature),
+    /// as the kernel library records them beside the code. A loader compares it with the manifest's, so launch
+    /// facts edited in a manifest (a swapped symbol, a part's extent, a signature) are refused even when the
+    /// manifest was re-sealed: the code carries what it was compiled for.
+    pub fn facts_digest(&self) -> [u8; 32] {
+        let blank = KernelInfo { symbol: String::new(), ..self.clone() };
+        let text = serde_json::to_string(&blank).expect("kernel facts serialize");
+        *blake3::hash(text.as_bytes()).as_bytes()
+    }
 }
 
 /// One top-level part of a kernel.
