@@ -491,7 +491,12 @@ impl Model {
             _ if path.is_dir() => {
                 return Err(Error::Format {
                     path: shown,
-                    message: "a directory is not a model; load a compiled artifact with `Artifact::load`".into(),
+                    message: if path.join(kiln_plan::artifact::MANIFEST_FILE).exists() {
+                        "a directory whose manifest.json is not a file: not an artifact of `kiln compile`".into()
+                    } else {
+                        "a directory is not a model (nor an artifact: no manifest.json, which `kiln compile` writes)"
+                            .into()
+                    },
                 });
             }
             _ => {

@@ -299,7 +299,21 @@ impl<'m> Ctx<'m> {
     }
 }
 
-fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType, String> {
+/// Why a graph input has no type: kiln does not support its declaration, or the shape the user gave contradicts
+/// it (bad input, not a missing feature).
+enum InputTypeError {
+    Unsupported(String),
+    Contradicted(String),
+}
+
+fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType, InputTypeError> {
+    input_type_declared(vi, options).map_err(InputTypeError::Unsupported).and_then(|(dtype, dims)| {
+        given_shape(vi, dims, options).map(|shape| TensorType::new(dtype, shape)).map_err(InputTypeError::Contradicted)
+    })
+}
+
+/// The declared dtype and dims of graph input `vi` (a missing shape taken from `--shape`).
+fn input_type_declared(vi: &ValueInfoProto, options: &ImportOptions) -> Result<(DType, Vec<Dim>), String> {
     use onnx_protobuf::tensor_shape_proto::dimension::Value as Dv;
     use onnx_protobuf::type_proto::Value as Tv;
     let Some(Tv::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else {
@@ -326,6 +340,11 @@ fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType
             })
             .collect(),
     };
+    Ok((dtype, dims))
+}
+
+/// The shape of graph input `vi` declared `dims`, with the shape the user gave for it (which must fit).
+fn given_shape(vi: &ValueInfoProto, dims: Vec<Dim>, options: &ImportOptions) -> Result<Shape, String> {
     let shape = match options.shapes.get(&vi.name) {
         Some(given) => {
             if given.len() != dims.len() {
@@ -349,7 +368,7 @@ fn input_type(vi: &ValueInfoProto, options: &ImportOptions) -> Result<TensorType
         }
         None => Shape(dims),
     };
-    Ok(TensorType::new(dtype, shape))
+    Ok(shape)
 }
 
 fn is_ident(s: &str) -> bool {
@@ -467,7 +486,10 @@ pub fn import_model(
                 let val = cx.wrap(v, known);
                 cx.define(&vi.name, Some(val));
             }
-            Err(message) => {
+            Err(InputTypeError::Contradicted(message)) => {
+                return Err(ImportError::Invalid(format!("graph input `{}` {message}", vi.name)));
+            }
+            Err(InputTypeError::Unsupported(message)) => {
                 cx.problems.push(Unsupported { node: vi.name.clone(), op_type: "graph input".into(), message });
                 cx.define(&vi.name, None);
             }
@@ -497,6 +519,10 @@ pub fn import_model(
     }
     let graph = cx.b.finish();
     kiln_ir::verify(&graph).map_err(|errs| {
+        // Sizes come from the model's data (a shape tensor, a declared dim): too large is the model's problem.
+        if let Some(e) = errs.iter().find(|e| e.kind == kiln_ir::verify::VerifyErrorKind::TooLarge) {
+            return ImportError::Invalid(format!("a tensor of the model is too large: {e}"));
+        }
         ImportError::Invalid(format!(
             "the imported graph does not verify (a kiln bug):\n{}",
             errs.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n")

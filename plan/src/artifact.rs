@@ -219,6 +219,54 @@ impl ArtifactManifest {
         Ok(())
     }
 
+    /// What `inspect` prints about the artifact in `dir`: kind, target and writer; inputs and outputs; step
+    /// counts and arena; placed backends. One line per item, each ending in a newline.
+    pub fn summary(&self, dir: &Path) -> String {
+        use std::fmt::Write;
+        let c = self.common();
+        let target = match self {
+            ArtifactManifest::Cpu(m) => format!("{} ({})", m.target.triple, m.target.cpu_features.join(",")),
+            ArtifactManifest::Cuda(m) => {
+                format!("{} ({}, PTX ISA {})", m.target.triple, m.target.arch.name(), m.target.ptx_isa)
+            }
+        };
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "artifact {}: {} for {target}, written by kiln {}",
+            dir.display(),
+            self.kind(),
+            c.kiln_version
+        );
+        for (what, ports) in [("inputs", &c.inputs), ("outputs", &c.outputs)] {
+            let _ = writeln!(out, "{what}:");
+            for p in ports {
+                let _ = writeln!(out, "  {}: {}{}", p.name, p.dtype, p.shape);
+            }
+        }
+        let n = c.executable.step_counts();
+        let _ = writeln!(
+            out,
+            "steps: {} library, {} kernel, {} interpreter, {} copy, {} on other backends; arena {} KiB",
+            n[0],
+            n[1],
+            n[2],
+            n[3],
+            n[4],
+            c.executable.arena_bytes / 1024
+        );
+        for p in &c.placement {
+            let _ = writeln!(
+                out,
+                "placed: backend `{}` (priority {}) runs {} node(s)",
+                p.backend,
+                p.priority,
+                p.nodes.len()
+            );
+        }
+        out
+    }
+
     /// Reads file `digest.file` of the artifact in `dir` and checks its BLAKE3 digest: a tampered file, or one
     /// from another artifact, is refused. Returns the bytes.
     pub fn check_file(dir: &Path, digest: &FileDigest) -> Result<Vec<u8>, ArtifactError> {

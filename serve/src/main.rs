@@ -235,32 +235,6 @@ fn bench(a: BenchArgs) -> Result<()> {
 
 fn inspect(a: InspectArgs) -> Result<()> {
     let m = kiln_plan::artifact::read_manifest(&a.artifact)?;
-    let c = m.common();
-    let target = match &m {
-        ArtifactManifest::Cpu(m) => format!("{} ({})", m.target.triple, m.target.cpu_features.join(",")),
-        ArtifactManifest::Cuda(m) => {
-            format!("{} ({}, PTX ISA {})", m.target.triple, m.target.arch.name(), m.target.ptx_isa)
-        }
-    };
-    println!("artifact {}: {} for {target}, written by kiln {}", a.artifact.display(), m.kind(), c.kiln_version);
-    for (what, ports) in [("inputs", &c.inputs), ("outputs", &c.outputs)] {
-        println!("{what}:");
-        for p in ports {
-            println!("  {}: {}{}", p.name, p.dtype, p.shape);
-        }
-    }
-    let n = c.executable.step_counts();
-    println!(
-        "steps: {} library, {} kernel, {} interpreter, {} copy, {} on other backends; arena {} KiB",
-        n[0],
-        n[1],
-        n[2],
-        n[3],
-        n[4],
-        c.executable.arena_bytes / 1024
-    );
-    for p in &c.placement {
-        println!("placed: backend `{}` (priority {}) runs {} node(s)", p.backend, p.priority, p.nodes.len());
-    }
+    print!("{}", m.summary(&a.artifact));
     Ok(())
 }

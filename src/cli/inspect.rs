@@ -1,4 +1,5 @@
-//! `kiln inspect`: inputs, outputs, op histogram, parameter count and bytes.
+//! `kiln inspect`: inputs, outputs, op histogram, parameter count and bytes of a model; what a compiled
+//! artifact's manifest says; with `--placement`, where each compiled step runs.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +25,16 @@ pub struct InspectArgs {
 pub fn run(a: InspectArgs) -> Result<()> {
     if a.placement {
         return placement(&a);
+    }
+    if kiln::Artifact::is_artifact(&a.model.model) {
+        // A compiled artifact: what its manifest says (as `kiln-serve inspect` prints it), checked.
+        let artifact = kiln::Artifact::open(&a.model.model)?;
+        if a.json {
+            println!("{}", serde_json::to_string(artifact.manifest())?);
+        } else {
+            print!("{}", artifact.manifest().summary(&a.model.model));
+        }
+        return Ok(());
     }
     let model = a.model.load()?;
     let g = model.graph();
