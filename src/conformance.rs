@@ -104,6 +104,12 @@ fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
             }
             (Err(e), _) | (_, Err(e)) => return Outcome::Unsupported(format!("test data: {e}")),
         };
+        // Test data names its tensors, or (older cases) leaves the names empty: those bind by position, as ONNX's
+        // backend runner binds them.
+        let inputs = match bind_by_position(&dir.join("model.onnx"), inputs) {
+            Ok(i) => i,
+            Err(e) => return Outcome::Failed(format!("test data: {e}")),
+        };
         let shapes: BTreeMap<String, Vec<usize>> =
             inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect();
         let mut options = LoadOptions { shapes, ..LoadOptions::default() };
@@ -141,6 +147,18 @@ fn run_case_inner(dir: &Path, name: &str, backend: Backend) -> Outcome {
         }
     }
     Outcome::Passed
+}
+
+/// Names the unnamed tensors of `inputs` after the model's graph inputs at their positions.
+fn bind_by_position(model: &Path, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, String> {
+    if inputs.iter().all(|(n, _)| !n.is_empty()) {
+        return Ok(inputs);
+    }
+    let (names, _) = kiln_onnx::port_names(model).map_err(|e| e.to_string())?;
+    if inputs.len() > names.len() {
+        return Err(format!("{} input tensors, but the model has {} graph input(s)", inputs.len(), names.len()));
+    }
+    Ok(inputs.into_iter().zip(names).map(|((n, t), name)| (if n.is_empty() { name } else { n }, t)).collect())
 }
 
 /// Compares a result with the expected tensor: same dtype and shape; floats within tolerance, NaN matching NaN;

@@ -264,7 +264,8 @@ fn reference_models_match_onnx_runtime_on_the_interpreter() {
 }
 
 /// Conformance never hides a broken case: corrupt or unreadable test data fails its case (not "unsupported"), a
-/// case whose `model.onnx` is a directory fails saying so, and the run exits 1; good data still passes.
+/// case whose `model.onnx` is a directory fails saying so, and the run exits 1; good data still passes, named or
+/// (old-style, empty names) bound by position.
 #[test]
 fn conformance_reports_broken_cases_as_failures() {
     let root = tempfile::tempdir().unwrap();
@@ -286,12 +287,16 @@ fn conformance_reports_broken_cases_as_failures() {
     case("test_good", Some(&mlp_model()), &input, &output);
     case("test_corrupt_input", Some(&mlp_model()), b"\xff\xff\xff garbage", &output);
     case("test_model_is_a_directory", None, &input, &output);
+    // Old-style test data with empty tensor names binds by position, as ONNX's backend runner does.
+    let unnamed = pb::f32_tensor("", &[2, 4], &x).finish();
+    case("test_unnamed_data", Some(&mlp_model()), &unnamed, &pb::f32_tensor("", &[2, 3], &y).finish());
     let o = kiln(&["conformance", root.path().to_str().unwrap()]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
     assert_no_panic(&o);
     assert!(out.lines().any(|l| l.starts_with("passed") && l.ends_with("test_good")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("passed") && l.ends_with("test_unnamed_data")), "{out}");
     assert!(out.lines().any(|l| l.contains("test_corrupt_input") && l.starts_with("FAILED")), "{out}");
     assert!(out.lines().any(|l| l.contains("test_model_is_a_directory") && l.contains("not a file")), "{out}");
-    assert!(out.trim_end().ends_with("1 passed, 2 failed, 0 unsupported"), "{out}");
+    assert!(out.trim_end().ends_with("2 passed, 2 failed, 0 unsupported"), "{out}");
 }

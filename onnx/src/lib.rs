@@ -90,6 +90,19 @@ pub fn import_bytes(
     import_model(&model, base_dir, options)
 }
 
+/// The names of the graph inputs a caller feeds (initializers excluded) and of the graph outputs, in order, read
+/// from an ONNX file without importing it: what positional test data and positional feeds bind to.
+pub fn port_names(path: &Path) -> Result<(Vec<String>, Vec<String>), ImportError> {
+    use protobuf::Message;
+    let bytes = kiln_ir::io::read_file(path)
+        .map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    let model = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).map_err(|e| ImportError::Decode(e.to_string()))?;
+    let g = model.graph.as_ref().ok_or_else(|| ImportError::Invalid("the model has no graph".into()))?;
+    let init: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let inputs = g.input.iter().filter(|i| !init.contains(i.name.as_str())).map(|i| i.name.clone()).collect();
+    Ok((inputs, g.output.iter().map(|o| o.name.clone()).collect()))
+}
+
 /// Every unsupported feature of a model (empty when it imports), or an error for unreadable/invalid models.
 pub fn check(path: &Path, options: &ImportOptions) -> Result<Vec<Unsupported>, ImportError> {
     match import(path, options) {
