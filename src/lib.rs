@@ -33,6 +33,7 @@ pub mod generate;
 pub mod parameters;
 
 pub use artifact::Artifact;
+pub use kiln_plan::exec::Fallback;
 pub use kiln_runtime::cpu::CpuExecutor;
 pub use kiln_runtime::cpu::WeightFingerprint;
 pub use kiln_runtime::cpu::WeightLoadReport;
@@ -115,6 +116,13 @@ pub enum Error {
     /// A runtime operation failed: token decoding, a state that could not be imported.
     #[error(transparent)]
     Run(#[from] kiln_runtime::RunError),
+    /// Nodes would run on the reference interpreter, and the policy is [`FallbackPolicy::Deny`].
+    #[error(
+        "{} node(s) would run on the reference interpreter (fallback policy `deny`): {}",
+        .0.len(),
+        fallback_kinds(.0).iter().map(|(op, n, why)| format!("{n} `{op}` ({why})")).collect::<Vec<_>>().join("; ")
+    )]
+    Fallback(Vec<Fallback>),
 }
 
 impl From<kiln_runtime::weights::WeightsError> for Error {
@@ -228,6 +236,54 @@ pub struct RunOptions {
     pub threads: usize,
     /// The backend registry that places the nodes of the compiled model (see [`CompileOptions::backends`]).
     pub backends: BackendRegistry,
+    /// What to do about nodes the compiled backends run on the reference interpreter (see
+    /// [`CompileOptions::fallback`]).
+    pub fallback: FallbackPolicy,
+}
+
+/// What compiling does about nodes that are not compiled and run on the reference interpreter instead (a
+/// feature not supported yet: they are correct, and slow). Compiler bugs are errors whatever the policy.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum FallbackPolicy {
+    /// Fall back quietly (the report still lists them: [`Compiled::fallbacks`]).
+    Allow,
+    /// Fall back, and log each op kind at `warn` level (the CLI prints them as `fallback:` lines).
+    #[default]
+    Warn,
+    /// Refuse to compile ([`Error::Fallback`]): every node must be compiled.
+    Deny,
+}
+
+impl FallbackPolicy {
+    /// `allow`, `warn` or `deny`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackPolicy::Allow => "allow",
+            FallbackPolicy::Warn => "warn",
+            FallbackPolicy::Deny => "deny",
+        }
+    }
+}
+
+impl std::str::FromStr for FallbackPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FallbackPolicy, String> {
+        match s {
+            "allow" => Ok(FallbackPolicy::Allow),
+            "warn" => Ok(FallbackPolicy::Warn),
+            "deny" => Ok(FallbackPolicy::Deny),
+            _ => Err(format!("`{s}` is not a fallback policy (allow, warn or deny)")),
+        }
+    }
+}
+
+/// The nodes of `fallbacks` grouped by op kind, in op order: `(op, how many, why the first was not compiled)`.
+pub fn fallback_kinds(fallbacks: &[Fallback]) -> Vec<(&str, usize, &str)> {
+    let mut kinds: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for f in fallbacks {
+        kinds.entry(f.op.as_str()).or_insert((0, f.why.as_str())).0 += 1;
+    }
+    kinds.into_iter().map(|(op, (n, why))| (op, n, why)).collect()
 }
 
 /// How to compile a model ([`Model::compile`]).
@@ -245,6 +301,8 @@ pub struct CompileOptions {
     /// default registry is empty: everything is compiled. The CLI uses [`BackendRegistry::from_env`] (the
     /// built-in backends and `KILN_BACKEND_PLUGINS`).
     pub backends: BackendRegistry,
+    /// What to do about nodes that would run on the reference interpreter ([`FallbackPolicy`]; default: warn).
+    pub fallback: FallbackPolicy,
 }
 
 impl Default for CompileOptions {
@@ -254,6 +312,7 @@ impl Default for CompileOptions {
             pipeline: "cpu-default".into(),
             threads: 0,
             backends: BackendRegistry::new(),
+            fallback: FallbackPolicy::default(),
         }
     }
 }
@@ -274,7 +333,7 @@ pub struct CompileReport {
     /// the registry (plugins).
     pub steps: [usize; 5],
     /// Nodes run by the interpreter fallback, with why.
-    pub fallbacks: Vec<String>,
+    pub fallbacks: Vec<Fallback>,
     /// Bytes of the per-run arena.
     pub arena_bytes: u64,
     /// Wall time of loading a compiled artifact ([`Artifact::load`]); zero when compiled in this process.
@@ -402,6 +461,12 @@ impl Compiled {
     /// What compiling did.
     pub fn report(&self) -> &CompileReport {
         &self.report
+    }
+
+    /// The nodes this program runs on the reference interpreter, with why each is not compiled (empty when
+    /// everything is compiled). [`fallback_kinds`] groups them by op.
+    pub fn fallbacks(&self) -> &[Fallback] {
+        &self.report.fallbacks
     }
 
     /// Input names and declared types, in order.
@@ -587,12 +652,13 @@ impl Model {
             .map_err(|errs| Error::MissingWeights(errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?;
         match options.backend {
             Backend::Interp => Ok(kiln_ir::interp::run(&self.graph, inputs)?),
-            Backend::CudaEmulated => self.run_cuda_emulated(inputs, &options.backends),
+            Backend::CudaEmulated => self.run_cuda_emulated(inputs, options),
             backend @ (Backend::Cpu | Backend::Cuda) => self
                 .compile(&CompileOptions {
                     backend,
                     threads: options.threads,
                     backends: options.backends.clone(),
+                    fallback: options.fallback,
                     ..CompileOptions::default()
                 })?
                 .run(inputs),
@@ -659,7 +725,17 @@ impl Model {
             tracing::info!(backend = %p.backend, priority = p.priority, nodes = p.nodes.len(), "placement");
         }
         if !executable.fallbacks.is_empty() {
-            tracing::info!(steps = executable.fallbacks.len(), "interpreter fallbacks in the compiled model");
+            match options.fallback {
+                FallbackPolicy::Deny => return Err(Error::Fallback(executable.fallbacks.clone())),
+                FallbackPolicy::Warn => {
+                    for (op, n, why) in fallback_kinds(&executable.fallbacks) {
+                        tracing::warn!(op, nodes = n, why, "interpreter fallback");
+                    }
+                }
+                FallbackPolicy::Allow => {
+                    tracing::info!(steps = executable.fallbacks.len(), "interpreter fallbacks in the compiled model");
+                }
+            }
         }
         Ok(Lowered {
             graph,
@@ -681,7 +757,7 @@ impl Model {
             Backend::Cuda => {
                 let pipeline =
                     (options.pipeline != CompileOptions::default().pipeline).then_some(options.pipeline.as_str());
-                self.compile_cuda(0, pipeline, &options.backends)
+                self.compile_cuda(0, pipeline, options)
             }
             b @ (Backend::Interp | Backend::CudaEmulated) => Err(Error::Backend {
                 backend: b.name(),

@@ -475,6 +475,38 @@ fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
     assert_eq!(both.status.code(), Some(2), "usage error: {}", stderr(&both));
 }
 
+/// `--fallback`: `warn` (the default) runs interpreter fallbacks and says so, `allow` runs them quietly, `deny`
+/// refuses the model naming each op kind — when compiling it, and when loading an artifact compiled with them.
+#[test]
+fn fallback_policy_warns_allows_or_denies() {
+    let root = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conv_pool.kir");
+    let f = fixture.to_str().unwrap();
+    let out = root.path().join("out");
+    let o = |args: &[&str]| kiln(&[args, &["-o", out.to_str().unwrap()]].concat());
+    let stdout = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = "fallback: 1 `conv_transpose` node(s) run on the reference interpreter: kiln does not compile \
+                `conv_transpose` yet";
+    let warn = o(&["run", f, "--random-weights", "0"]);
+    assert!(warn.status.success() && stdout(&warn).contains(line), "{}", stdout(&warn));
+    let allow = o(&["run", f, "--random-weights", "0", "--fallback", "allow"]);
+    assert!(allow.status.success() && !stdout(&allow).contains("fallback:"), "{}", stdout(&allow));
+    let want = "1 node(s) would run on the reference interpreter (fallback policy `deny`): 1 `conv_transpose`";
+    for backend in ["cpu", "cuda-emulated"] {
+        assert_clean_failure(&o(&["run", f, "--random-weights", "0", "--fallback", "deny", "--backend", backend]), want);
+    }
+    assert_clean_failure(&kiln(&["bench", f, "--random-weights", "0", "--fallback", "deny", "--runs", "1"]), want);
+    let art = root.path().join("art");
+    let a = art.to_str().unwrap();
+    assert_clean_failure(&kiln(&["compile", f, "--random-weights", "0", "--fallback", "deny", "-o", a]), want);
+    assert!(!art.exists(), "nothing is written for a refused model");
+    let compiled = kiln(&["compile", f, "--random-weights", "0", "-o", a]);
+    assert!(compiled.status.success() && stdout(&compiled).contains(line), "{}", stdout(&compiled));
+    assert_clean_failure(&o(&["run", a, "--fallback", "deny"]), want);
+    let bad = kiln(&["run", f, "--fallback", "sometimes"]);
+    assert!(bad.status.code() == Some(2) && stderr(&bad).contains("allow, warn or deny"), "{}", stderr(&bad));
+}
+
 /// Sizes and files a hostile user gives: devices, lying `.npy` headers, absurd thread and run counts — each one
 /// line and exit 1, never an abort, a hang or a crash.
 #[test]

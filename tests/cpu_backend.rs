@@ -119,3 +119,32 @@ fn one_compiled_model_runs_from_several_threads() {
     assert_eq!(results.len(), 4);
     assert!(results[0][0].1.dtype() == DType::F32);
 }
+
+/// The library's fallback report and policy: `Compiled::fallbacks` lists every node the interpreter runs, with
+/// why; `FallbackPolicy::Deny` refuses the model with `Error::Fallback` naming them; a model with none compiles
+/// under `Deny`.
+#[test]
+fn fallbacks_are_reported_and_deny_refuses_them() {
+    let (_, mut g) = common::fixtures().into_iter().find(|(n, _)| n == "conv_pool").expect("conv_pool fixture");
+    common::bind_weights(&mut g);
+    let model = Model::from_graph(g).unwrap();
+    let compiled = model.compile(&CompileOptions::default()).unwrap();
+    let f = compiled.fallbacks();
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].op, "conv_transpose");
+    assert!(f[0].why.contains("does not compile `conv_transpose` yet"), "{}", f[0].why);
+    assert_eq!(kiln::fallback_kinds(f), vec![("conv_transpose", 1, f[0].why.as_str())]);
+    let deny = CompileOptions { fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+    match model.compile(&deny) {
+        Err(kiln::Error::Fallback(list)) => assert_eq!(list, f),
+        other => panic!("expected a fallback error, got {other:?}"),
+    }
+    let inputs = common::fixture_inputs(&model);
+    let run = kiln::RunOptions { backend: Backend::Cpu, fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+    assert!(matches!(model.run(&inputs, &run), Err(kiln::Error::Fallback(_))));
+
+    let (_, mut g) = common::fixtures().into_iter().find(|(n, _)| n == "mlp_params").expect("mlp_params fixture");
+    common::bind_weights(&mut g);
+    let compiled = Model::from_graph(g).unwrap().compile(&deny).expect("nothing falls back");
+    assert!(compiled.fallbacks().is_empty());
+}

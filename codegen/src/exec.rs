@@ -25,6 +25,24 @@ use kiln_ir::{DType, Graph, NodeId, Op, TensorType, Value};
 pub use kiln_plan::exec::*;
 
 use crate::kernel::{self, ArgRole, Kernel, LowerError, LowerOptions, SpacePolicy};
+/// Why a node is not compiled.
+enum NotCompiled {
+    /// A feature not supported yet: the node runs on the interpreter (a reported fallback).
+    Unsupported(String),
+    /// A broken invariant of the compiler: the build fails, naming it as a kiln bug.
+    Bug(String),
+}
+
+impl From<LowerError> for NotCompiled {
+    fn from(e: LowerError) -> NotCompiled {
+        match e {
+            LowerError::InvalidGroup(_) => NotCompiled::Bug(e.to_string()),
+            LowerError::Unsupported { op, .. } => NotCompiled::Unsupported(format!("kiln does not compile `{op}` yet")),
+            LowerError::NotLowerable { .. } => NotCompiled::Unsupported(e.to_string()),
+        }
+    }
+}
+
 /// Why a graph could not become an executable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BuildError {
@@ -235,7 +253,7 @@ impl<'g> Builder<'g> {
                     values.iter().filter_map(|v| self.buffer_of.get(v).map(|&b| (*v, b))).collect();
                 self.kernel_step(k, &values, &|v| known.get(&v).copied())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(NotCompiled::from(e)),
         }
         .unwrap_or_else(|why| self.fallback(id, inputs, outputs, why))
     }
@@ -246,10 +264,20 @@ impl<'g> Builder<'g> {
         LowerOptions { spaces: SpacePolicy::Separate }
     }
 
-    fn fallback(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId], why: String) -> Step {
+    /// The interpreter step of node `id`, which is not compiled because of `why`: a feature not supported yet is
+    /// a fallback (reported in [`Executable::fallbacks`]); a compiler bug fails the build instead.
+    fn fallback(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId], why: NotCompiled) -> Step {
         let node = self.g.describe(id);
-        tracing::info!(node = %node, why = %why, "interpreter fallback");
-        self.exe.fallbacks.push(format!("{node}: {why}"));
+        match why {
+            NotCompiled::Unsupported(why) => {
+                // Lowering errors name the node; the fallback names it already.
+                let why = why.strip_prefix(&format!("{node}: ")).map_or(why.clone(), str::to_string);
+                tracing::info!(node = %node, why = %why, "interpreter fallback");
+                let op = self.g.node(id).op.mnemonic().to_string();
+                self.exe.fallbacks.push(Fallback { op, node: node.clone(), why });
+            }
+            NotCompiled::Bug(why) => self.bugs.push(format!("{node}: {why}")),
+        }
         Step::Interp { op: self.g.node(id).op.clone(), inputs: inputs.to_vec(), outputs: outputs.to_vec(), node }
     }
 
@@ -260,21 +288,23 @@ impl<'g> Builder<'g> {
         k: Kernel,
         values: &[Value],
         buffer: &dyn Fn(Value) -> Option<BufferId>,
-    ) -> Result<Step, String> {
+    ) -> Result<Step, NotCompiled> {
         // Verified once, here, after lowering: a violation is a bug in the lowering, reported as an error of
         // the build (never an interpreter fallback).
         if let Err(why) = kernel::verify_message(&k) {
             self.bugs.push(format!("kernel `{}` (lowered from this graph) is malformed: {why}", k.name));
         }
         if let Some(why) = integer_division_hazard(&k) {
-            return Err(why);
+            return Err(NotCompiled::Unsupported(why));
         }
         let mut args = Vec::new();
         for ((_, a), &v) in k.args.iter().enumerate().zip(values) {
             if matches!(a.role, ArgRole::Constant(_)) {
                 continue;
             }
-            args.push(buffer(v).ok_or_else(|| format!("kernel argument `{}` has no buffer", a.name))?);
+            args.push(
+                buffer(v).ok_or_else(|| NotCompiled::Bug(format!("kernel argument `{}` has no buffer", a.name)))?,
+            );
         }
         // Kernels are keyed by their text with the name blanked, so identical bodies share code.
         let key = kernel::print(&Kernel { name: String::new(), ..k.clone() });
@@ -297,12 +327,13 @@ impl<'g> Builder<'g> {
     }
 
     /// The step of a fusion node; `Err` (why) when it falls back to the interpreter.
-    fn fusion(&mut self, f: &Fusion, inputs: &[BufferId], outputs: &[BufferId]) -> Result<Step, String> {
+    fn fusion(&mut self, f: &Fusion, inputs: &[BufferId], outputs: &[BufferId]) -> Result<Step, NotCompiled> {
+        use NotCompiled::{Bug, Unsupported};
         let body: &Graph = &f.body.0;
         // Body value → executable buffer: body inputs are the operands; body outputs the results.
         let mut map: HashMap<Value, BufferId> = HashMap::new();
         for (i, &bid) in body.inputs().iter().enumerate() {
-            map.insert(Value::new(bid, 0), *inputs.get(i).ok_or("operand count mismatch")?);
+            map.insert(Value::new(bid, 0), *inputs.get(i).ok_or(Bug("operand count mismatch".into()))?);
         }
         let mut copies = Vec::new();
         for (i, (_, v)) in body.outputs().iter().enumerate() {
@@ -316,26 +347,32 @@ impl<'g> Builder<'g> {
             }
         }
         if !copies.is_empty() {
-            return Err("a result aliases an operand or another result".into());
+            return Err(Unsupported("a result of the fused group is one of its operands or another result".into()));
         }
         let members: Vec<NodeId> =
             body.node_ids().filter(|&b| !matches!(body.node(b).op, Op::Input(_) | Op::Parameter(_))).collect();
         let name = format!("k{}_{}", self.exe.kernels.len(), f.kind.name());
         match f.kind {
             FusionKind::Loop => {
-                let (k, values) = kernel::lower_mapped(body, &members, &name, &Self::lower_options())
-                    .map_err(|e: LowerError| e.to_string())?;
+                let (k, values) =
+                    kernel::lower_mapped(body, &members, &name, &Self::lower_options()).map_err(NotCompiled::from)?;
                 self.kernel_step(k, &values, &|v| map.get(&v).copied())
             }
             FusionKind::Library => {
                 let roots: Vec<NodeId> =
                     members.iter().copied().filter(|&b| matches!(body.node(b).op, Op::MatMul | Op::Conv(_))).collect();
-                let [root] = roots[..] else { return Err("a library group needs exactly one matmul/conv".into()) };
+                let [root] = roots[..] else {
+                    return Err(Bug("a library group needs exactly one matmul/conv".into()));
+                };
                 let rnode = body.node(root);
                 let f32_only = rnode.outputs[0].dtype == DType::F32
                     && rnode.inputs.iter().all(|&v| body.value_type(v).is_some_and(|t| t.dtype == DType::F32));
                 if !f32_only {
-                    return Err(format!("the library has no {} {}", rnode.outputs[0].dtype, rnode.op.mnemonic()));
+                    return Err(Unsupported(format!(
+                        "the library has no {} {}",
+                        rnode.outputs[0].dtype,
+                        rnode.op.mnemonic()
+                    )));
                 }
                 let op = match &rnode.op {
                     Op::Conv(c) => LibraryOp::Conv(c.clone()),
@@ -347,22 +384,25 @@ impl<'g> Builder<'g> {
                         (Some(&b), _) => b,
                         // A small constant (a bias) cloned into the body.
                         (None, Op::Constant(c)) => {
-                            self.add_buffer(rnode_input_type(body, *v)?, Home::Constant(Arc::new(c.value.clone())))
+                            let ty = rnode_input_type(body, *v).map_err(Bug)?;
+                            self.add_buffer(ty, Home::Constant(Arc::new(c.value.clone())))
                         }
-                        (None, _) => return Err(format!("{} is not an operand of the group", body.describe(v.node))),
+                        (None, _) => {
+                            return Err(Bug(format!("{} is not an operand of the group", body.describe(v.node))));
+                        }
                     };
                     lib_inputs.push(b);
                 }
                 let root_value = Value::new(root, 0);
                 let epi = epilogue_nodes(body, root, &members);
                 if epi.is_empty() {
-                    let output = *map.get(&root_value).ok_or("the root is not a result")?;
+                    let output = *map.get(&root_value).ok_or(Bug("the root is not a result".into()))?;
                     return Ok(Step::Library { op, inputs: lib_inputs, output, epilogue: None });
                 }
                 // The epilogue reads the root's result; it runs in place over the group's result when the
                 // shapes agree, else the root gets a buffer of its own.
                 let root_ty = rnode.outputs[0].clone();
-                let final_ty = body.value_type(body.outputs()[0].1).cloned().ok_or("untyped result")?;
+                let final_ty = body.value_type(body.outputs()[0].1).cloned().ok_or(Bug("untyped result".into()))?;
                 let scratch = if body.outputs().len() == 1 && root_ty == final_ty && !map.contains_key(&root_value) {
                     outputs[0]
                 } else {
@@ -372,8 +412,8 @@ impl<'g> Builder<'g> {
                     }
                 };
                 map.insert(root_value, scratch);
-                let (k, values) = kernel::lower_mapped(body, &epi, &name, &Self::lower_options())
-                    .map_err(|e: LowerError| e.to_string())?;
+                let (k, values) =
+                    kernel::lower_mapped(body, &epi, &name, &Self::lower_options()).map_err(NotCompiled::from)?;
                 let epilogue = self.kernel_step(k, &values, &|v| map.get(&v).copied())?;
                 Ok(Step::Library { op, inputs: lib_inputs, output: scratch, epilogue: Some(Box::new(epilogue)) })
             }

@@ -88,7 +88,7 @@ pub struct DevicePlan {
     #[serde(skip)]
     pub kernels: Vec<Kernel>,
     /// Host fallbacks, as the executable names them.
-    pub fallbacks: Vec<String>,
+    pub fallbacks: Vec<crate::exec::Fallback>,
 }
 
 impl DevicePlan {

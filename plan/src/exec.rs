@@ -116,6 +116,23 @@ pub enum Step {
     },
 }
 
+/// A node the compiled program runs on the reference interpreter, and why (see [`Executable::fallbacks`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fallback {
+    /// The op's mnemonic (`resize`, `top_k`, …).
+    pub op: String,
+    /// The node, as `Graph::describe` names it (`<op> <name or id>`).
+    pub node: String,
+    /// Why it is not compiled: a feature not supported yet (never a compiler bug, which fails the build).
+    pub why: String,
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.node, self.why)
+    }
+}
+
 /// Where the backend registry puts each kind of op, for the compiler: the op kinds (mnemonics) that a backend
 /// other than the compiled code takes, with that backend's name and priority. Everything else is compiled.
 /// (`kiln_runtime::placement::for_ops` computes it from a registry.)
@@ -171,7 +188,7 @@ pub struct Executable {
     #[serde(skip)]
     pub weights: Weights,
     /// Nodes run by the interpreter fallback, with why they were not compiled.
-    pub fallbacks: Vec<String>,
+    pub fallbacks: Vec<Fallback>,
 }
 
 impl Executable {

@@ -169,8 +169,7 @@ pub fn explain(exe: &kiln_plan::exec::Executable, registry: &BackendRegistry, co
                 )
             }
             Step::Interp { node, .. } => {
-                let reason =
-                    exe.fallbacks.iter().find_map(|f| f.strip_prefix(&format!("{node}: "))).unwrap_or("not compiled");
+                let reason = exe.fallbacks.iter().find(|f| f.node == *node).map_or("not compiled", |f| f.why.as_str());
                 (compiled_as.to_string(), format!("interpreter fallback inside the compiled code: {reason}"))
             }
             Step::Kernel { .. } | Step::Library { .. } | Step::Copy { .. } => {

@@ -22,6 +22,8 @@ use super::{ModelArgs, split_assignment};
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    fallback: super::FallbackArgs,
     /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
     #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
@@ -170,6 +172,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     pipeline: a.pipeline.clone(),
                     threads,
                     backends: backends.clone(),
+                    fallback: a.fallback.library(),
                 })?;
                 let report = compiled.report().clone();
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -180,7 +183,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     };
     let r = report.unwrap_or_default();
-    for line in super::placement_lines(&r) {
+    a.fallback.check(&r)?;
+    for line in a.fallback.lines(&r) {
         println!("{line}");
     }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;

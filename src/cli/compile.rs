@@ -17,6 +17,8 @@ use super::opt::PipelineArgs;
 pub struct CompileArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    fallback: super::FallbackArgs,
     /// The target: cpu (a shared library for this host) or cuda (PTX for `--arch`).
     #[arg(long, default_value = "cpu", value_parser = super::run::parse_backend)]
     target: Backend,
@@ -58,7 +60,13 @@ pub fn run(a: CompileArgs) -> Result<()> {
     // `cuda-default`).
     let default = info.pipeline.expect("compile targets have a pipeline");
     let pipeline = if a.passes.is_default() { default.to_string() } else { a.passes.pipeline_text()? };
-    let options = CompileOptions { backend: a.target, pipeline, threads: 0, backends: super::registry()? };
+    let options = CompileOptions {
+        backend: a.target,
+        pipeline,
+        threads: 0,
+        backends: super::registry()?,
+        fallback: a.fallback.library(),
+    };
     let lowered = model.lower_instrumented(&options, &mut a.passes.instrumentation())?;
     let dir = &a.output;
     let summary = if a.target == Backend::Cuda {
@@ -95,7 +103,7 @@ pub fn run(a: CompileArgs) -> Result<()> {
             }
         }
     }
-    for line in super::placement_lines(&lowered.report) {
+    for line in a.fallback.lines(&lowered.report) {
         println!("{line}");
     }
     println!(

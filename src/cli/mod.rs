@@ -139,21 +139,50 @@ pub fn registry() -> Result<kiln::BackendRegistry> {
         .with_context(|| format!("loading the plugins in {}", kiln_runtime::registry::PLUGINS_ENV_VAR))
 }
 
+/// `--fallback`: what `run`, `bench` and `compile` do about nodes the compiled code cannot run.
+#[derive(Args, Debug, Clone)]
+pub struct FallbackArgs {
+    /// Nodes the compiled backend cannot run yet run on the reference interpreter (correct, slow): `warn` runs
+    /// them and prints one `fallback:` line per op kind, `allow` runs them without the lines, `deny` refuses the
+    /// model (exit 1, naming them). Also applies to a compiled artifact.
+    #[arg(long = "fallback", value_name = "POLICY", default_value = "warn")]
+    pub policy: kiln::FallbackPolicy,
+}
+
+impl FallbackArgs {
+    /// The policy the library gets: `warn`'s lines are printed by the CLI ([`placement_lines`]), not logged.
+    pub fn library(&self) -> kiln::FallbackPolicy {
+        match self.policy {
+            kiln::FallbackPolicy::Warn => kiln::FallbackPolicy::Allow,
+            p => p,
+        }
+    }
+
+    /// `deny` on a program compiled before (an artifact): refused when it runs nodes on the interpreter.
+    pub fn check(&self, report: &kiln::CompileReport) -> Result<()> {
+        if self.policy == kiln::FallbackPolicy::Deny && !report.fallbacks.is_empty() {
+            return Err(kiln::Error::Fallback(report.fallbacks.clone()).into());
+        }
+        Ok(())
+    }
+
+    /// [`placement_lines`] under this policy (`allow` leaves the fallback lines out).
+    pub fn lines(&self, report: &kiln::CompileReport) -> Vec<String> {
+        let mut lines = placement_lines(report);
+        if self.policy == kiln::FallbackPolicy::Allow {
+            lines.retain(|l| !l.starts_with("fallback:"));
+        }
+        lines
+    }
+}
+
 /// What a compiled model does not run as compiled code, for `run`, `bench` and `compile`: one line per registry
 /// backend that takes nodes from the compiled code, and one per op kind that runs on the reference interpreter
 /// (how many nodes, and why) — nothing when everything is compiled. Never a silent slow path.
 pub fn placement_lines(report: &kiln::CompileReport) -> Vec<String> {
-    let mut fallbacks: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
-    for f in &report.fallbacks {
-        // `<op> <name or id>: why`, where the why may name the node again.
-        let (node, why) = f.split_once(": ").unwrap_or((f.as_str(), ""));
-        let why = why.strip_prefix(&format!("{node}: ")).unwrap_or(why);
-        let op = node.split_whitespace().next().unwrap_or(node);
-        fallbacks.entry(op).or_insert((0, why)).0 += 1;
-    }
-    let fallback_lines = fallbacks
+    let fallback_lines = kiln::fallback_kinds(&report.fallbacks)
         .into_iter()
-        .map(|(op, (n, why))| format!("fallback: {n} `{op}` node(s) run on the reference interpreter: {why}"));
+        .map(|(op, n, why)| format!("fallback: {n} `{op}` node(s) run on the reference interpreter: {why}"));
     report
         .placement
         .iter()

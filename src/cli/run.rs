@@ -16,6 +16,8 @@ use super::{ModelArgs, split_assignment};
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    fallback: super::FallbackArgs,
     /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
     #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
@@ -60,8 +62,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     let inputs = model.complete_inputs(given, &a.model.shapes()?, a.seed)?;
     if backend == Backend::Cpu {
         // Compiled here (rather than inside `Model::run`) so the placement can be reported.
-        let compiled = model.compile(&kiln::CompileOptions { threads: a.threads, backends, ..Default::default() })?;
-        for line in super::placement_lines(compiled.report()) {
+        let options =
+            kiln::CompileOptions { threads: a.threads, backends, fallback: a.fallback.library(), ..Default::default() };
+        let compiled = model.compile(&options)?;
+        for line in a.fallback.lines(compiled.report()) {
             println!("{line}");
         }
         return run_and_report(
@@ -77,7 +81,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     run_and_report(
         &a.output_dir,
-        || Ok(model.run(&inputs, &RunOptions { backend, threads: a.threads, backends })?),
+        || {
+            Ok(model
+                .run(&inputs, &RunOptions { backend, threads: a.threads, backends, fallback: a.fallback.library() })?)
+        },
         |run_ms| {
             format!(
                 "model {} ({} backend): loaded in {load_ms:.1} ms, ran in {run_ms:.1} ms",
@@ -129,7 +136,8 @@ fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &kiln::B
     check_artifact_backend(a.backend)?;
     let t0 = Instant::now();
     let compiled = kiln::Artifact::load_with(&a.model.model, a.threads, backends)?;
-    for line in super::placement_lines(compiled.report()) {
+    a.fallback.check(compiled.report())?;
+    for line in a.fallback.lines(compiled.report()) {
         println!("{line}");
     }
     if let Some(weights) = &a.model.weights {
@@ -167,6 +175,10 @@ fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &ki
     }
     let t0 = Instant::now();
     let compiled = kiln::Artifact::load_cuda_with(&a.model.model, 0, backends)?;
+    a.fallback.check(compiled.report())?;
+    for line in a.fallback.lines(compiled.report()) {
+        println!("{line}");
+    }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
     run_and_report(

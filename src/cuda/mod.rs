@@ -98,7 +98,7 @@ impl crate::Model {
     pub fn run_cuda_emulated(
         &self,
         inputs: &BTreeMap<String, Tensor>,
-        backends: &crate::BackendRegistry,
+        run: &crate::RunOptions,
     ) -> Result<Vec<(String, Tensor)>, Error> {
         #[cfg(feature = "ptx")]
         {
@@ -106,26 +106,29 @@ impl crate::Model {
                 backend: crate::Backend::Cuda,
                 pipeline: "cuda-default".into(),
                 threads: 1,
-                backends: backends.clone(),
+                backends: run.backends.clone(),
+                fallback: run.fallback,
             };
             run_emulated(&self.lower(&options)?, inputs, kiln_codegen::ptx::DEFAULT_BLOCK_SIZE)
         }
         #[cfg(not(feature = "ptx"))]
         {
-            let _ = (inputs, backends);
+            let _ = (inputs, run);
             Err(cuda_error("this kiln was built without the PTX emitter (feature `ptx`), which the emulation needs"))
         }
     }
 
-    /// Compiles the model for CUDA device `ordinal` and binds it there (see the module docs). Without a device,
-    /// the device's clear error, before any compilation.
+    /// Compiles the model for CUDA device `ordinal` and binds it there (see the module docs), with `pipeline`
+    /// (default `cuda-default`) and the registry and fallback policy of `options`. Without a device, the
+    /// device's clear error, before any compilation.
     pub fn compile_cuda(
         &self,
         ordinal: usize,
         pipeline: Option<&str>,
-        backends: &crate::BackendRegistry,
+        options: &crate::CompileOptions,
     ) -> Result<crate::Compiled, Error> {
         let device = CudaDevice::open(ordinal).map_err(crate::cuda_run_error)?;
+        let backends = &options.backends;
         #[cfg(feature = "ptx")]
         {
             let options = crate::CompileOptions {
@@ -133,6 +136,7 @@ impl crate::Model {
                 pipeline: pipeline.unwrap_or("cuda-default").to_string(),
                 threads: 1,
                 backends: backends.clone(),
+                fallback: options.fallback,
             };
             let crate::Lowered { executable: exe, mut report, .. } = self.lower(&options)?;
             let t = std::time::Instant::now();
@@ -144,7 +148,7 @@ impl crate::Model {
         }
         #[cfg(not(feature = "ptx"))]
         {
-            let _ = (device, pipeline, backends);
+            let _ = (device, pipeline, backends, options);
             Err(cuda_error(
                 "this kiln was built without the PTX emitter (feature `ptx`); compile a CUDA artifact with \
                  `kiln compile --target cuda` on a full build and run that",
