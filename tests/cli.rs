@@ -493,7 +493,10 @@ fn fallback_policy_warns_allows_or_denies() {
     assert!(allow.status.success() && !stdout(&allow).contains("fallback:"), "{}", stdout(&allow));
     let want = "1 node(s) would run on the reference interpreter (fallback policy `deny`): 1 `conv_transpose`";
     for backend in ["cpu", "cuda-emulated"] {
-        assert_clean_failure(&o(&["run", f, "--random-weights", "0", "--fallback", "deny", "--backend", backend]), want);
+        assert_clean_failure(
+            &o(&["run", f, "--random-weights", "0", "--fallback", "deny", "--backend", backend]),
+            want,
+        );
     }
     assert_clean_failure(&kiln(&["bench", f, "--random-weights", "0", "--fallback", "deny", "--runs", "1"]), want);
     let art = root.path().join("art");

@@ -58,10 +58,9 @@ pub fn build_plan(exe: &Executable) -> Result<DevicePlan, LowerError> {
 /// The im2col matrix `[N, Cin·∏window, ∏out spatial]` of a conv of `x` by `w` into `out`.
 fn im2col_type(x: &TensorType, w: &TensorType, out: &TensorType) -> Result<TensorType, LowerError> {
     let product = |dims: &[kiln_ir::Dim]| -> Result<kiln_ir::Dim, LowerError> {
-        let sizes: Option<Vec<u64>> = dims.iter().map(kiln_ir::Dim::as_static).collect();
-        sizes.map(|s| kiln_ir::Dim::Static(s.iter().product())).ok_or_else(|| LowerError::NotLowerable {
+        builtin::dim_product(dims).ok_or_else(|| LowerError::NotLowerable {
             node: "conv".into(),
-            reason: format!("the CUDA backend needs static channels and spatial dims, got {x} by {w}"),
+            reason: format!("the im2col matrix of {x} by {w} does not fit"),
         })
     };
     let (rows, cols) = (product(&w.shape.0[1..])?, product(out.shape.0.get(2..).unwrap_or_default())?);

@@ -52,6 +52,7 @@ fn lowerable_fixtures_match_the_interpreter() {
         [
             "conv3x3_layers",
             "conv_pool",
+            "conv_symbolic",
             "fusion",
             "lstm_gru",
             "mlp_params",

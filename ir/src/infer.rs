@@ -5,6 +5,7 @@
 //! output extents need arithmetic on a symbolic dim (conv, pool, slice, pad on that dim) require it to be static
 //! and say so. Source ops (`input`, `param`) have no rule: their type is declared.
 
+use crate::dim::DimExpr;
 use crate::op::*;
 use crate::types::{DType, Dim, Shape, TensorType, normalize_axis};
 
@@ -137,7 +138,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             }
             let axis = normalize_axis(c.axis, rank)?;
             let mut total = 0u64;
-            let mut sym = None;
+            let mut sym: Option<DimExpr> = None;
             for (i, t) in ins.iter().enumerate() {
                 if t.dtype != ins[0].dtype || t.shape.rank() != rank {
                     return Err(format!("operand {i} is {t}, but operand 0 is {}", ins[0]));
@@ -149,17 +150,21 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 }
                 match &t.shape.0[axis] {
                     Dim::Static(n) => total = total.checked_add(*n).ok_or("the concatenated extent overflows")?,
-                    Dim::Sym(s) => sym = Some(s.clone()),
+                    d @ Dim::Sym(_) => {
+                        let e = dim_expr(d)?;
+                        sym = Some(sym.map_or(e.clone(), |s| s.add(&e)));
+                    }
                 }
-            }
-            if let Some(s) = sym {
-                if ins.len() > 1 {
-                    return Err(format!("concatenating along symbolic dim `{s}` needs static extents"));
-                }
-                return one(ins[0].clone());
             }
             let mut shape = ins[0].shape.clone();
-            shape.0[axis] = Dim::Static(total);
+            shape.0[axis] = match sym {
+                // The sum of the symbolic extents and the static ones: a derived dim.
+                Some(s) => {
+                    let total = i64::try_from(total).map_err(|_| "the concatenated extent overflows")?;
+                    expr_dim(&s.add_constant(total))?
+                }
+                None => Dim::Static(total),
+            };
             one(TensorType::new(ins[0].dtype, shape))
         }
         Op::Split(s) => {
@@ -190,6 +195,18 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             for d in 0..r {
                 let (b, e) = (p.pads[d], p.pads[d + r]);
                 if b == 0 && e == 0 {
+                    continue;
+                }
+                if let Dim::Sym(_) = &t.shape.0[d] {
+                    if p.mode != PadMode::Constant && (b > 0 || e > 0) {
+                        return Err(format!(
+                            "{} padding of symbolic dim `{}` needs a static extent",
+                            p.mode.name(),
+                            t.shape.0[d]
+                        ));
+                    }
+                    let grow = b.checked_add(e).ok_or("the padding overflows")?;
+                    shape.0[d] = expr_dim(&dim_expr(&t.shape.0[d])?.add_constant(grow))?;
                     continue;
                 }
                 let n = static_dim(&t.shape, d, "pad")? as i128 + b as i128 + e as i128;
@@ -417,8 +434,22 @@ pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
     Ok(TensorType::new(a.dtype, Shape(dims)))
 }
 
-fn spatial_static(x: &TensorType, what: &str) -> Result<Vec<i128>, String> {
-    (2..x.shape.rank()).map(|d| static_dim(&x.shape, d, what).map(i128::from)).collect()
+/// The expression of symbolic dim `d` ([`crate::dim`]).
+fn dim_expr(d: &Dim) -> Result<DimExpr, String> {
+    DimExpr::of(d).ok_or_else(|| format!("dim `{d}` is not a symbol or a dim expression"))
+}
+
+/// The dim of expression `e` (a derived dim when symbolic); `Err` when it is a negative constant.
+fn expr_dim(e: &DimExpr) -> Result<Dim, String> {
+    e.to_dim().ok_or_else(|| format!("computed extent {e} is negative"))
+}
+
+/// The output extent of a sliding window over symbolic input extent `x`: `floor((x + pads - eff) / stride) + 1`
+/// (conv, and pooling without ceil mode). Whether the padded input covers the window is checked when the
+/// symbols are bound (a negative extent is an error then).
+fn window_dim(x: &Dim, pads: i128, eff: i128, stride: i64) -> Result<Dim, String> {
+    let shift = i64::try_from(pads - eff).map_err(|_| "the window arithmetic overflows".to_string())?;
+    expr_dim(&dim_expr(x)?.add_constant(shift).floor_div(stride).add_constant(1))
 }
 
 /// A computed extent as a static dim. Shape arithmetic runs in i128, wide enough for any i64 attributes and u64
@@ -457,15 +488,18 @@ fn conv(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
         return Err(format!("channels {ch}, weights {w} and groups {} disagree", c.groups));
     }
     check_bias(ins.get(2), wd[0], x.dtype)?;
-    let sp = spatial_static(x, "conv")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(wd[0] as u64)];
     for i in 0..n {
         let eff = (wd[2 + i] as i128 - 1) * c.dilations[i] as i128 + 1;
-        let span = sp[i] + c.pads[i] as i128 + c.pads[i + n] as i128 - eff;
+        let Some(sp) = x.shape.0[2 + i].as_static().map(i128::from) else {
+            dims.push(window_dim(&x.shape.0[2 + i], c.pads[i] as i128 + c.pads[i + n] as i128, eff, c.strides[i])?);
+            continue;
+        };
+        let span = sp + c.pads[i] as i128 + c.pads[i + n] as i128 - eff;
         if span < 0 {
             return Err(format!(
                 "kernel extent {eff} exceeds padded input {} on spatial dim {i}",
-                sp[i] + c.pads[i] as i128 + c.pads[i + n] as i128
+                sp + c.pads[i] as i128 + c.pads[i + n] as i128
             ));
         }
         dims.push(extent(span / c.strides[i] as i128 + 1)?);
@@ -500,10 +534,19 @@ fn conv_transpose(c: &ConvTranspose, ins: &[TensorType]) -> Result<TensorType, S
     }
     let m = wd[1].checked_mul(c.groups as usize).ok_or("the output channel count overflows")?;
     check_bias(ins.get(2), m, x.dtype)?;
-    let sp = spatial_static(x, "conv_transpose")?;
     let mut dims = vec![x.shape.0[0].clone(), Dim::Static(m as u64)];
     for i in 0..n {
-        let out = c.strides[i] as i128 * (sp[i] - 1)
+        let grow = c.output_padding[i] as i128 + (wd[2 + i] as i128 - 1) * c.dilations[i] as i128 + 1
+            - c.pads[i] as i128
+            - c.pads[i + n] as i128
+            - c.strides[i] as i128;
+        let Some(sp) = x.shape.0[2 + i].as_static().map(i128::from) else {
+            // stride·(x − 1) + output_padding + eff − pads.
+            let grow = i64::try_from(grow).map_err(|_| "the window arithmetic overflows".to_string())?;
+            dims.push(expr_dim(&dim_expr(&x.shape.0[2 + i])?.scale(c.strides[i]).add_constant(grow))?);
+            continue;
+        };
+        let out = c.strides[i] as i128 * (sp - 1)
             + c.output_padding[i] as i128
             + (wd[2 + i] as i128 - 1) * c.dilations[i] as i128
             + 1
@@ -556,17 +599,26 @@ fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
     check_window("strides", &p.strides, n, true)?;
     check_window("dilations", &p.dilations, n, true)?;
     check_window("pads", &p.pads, 2 * n, false)?;
-    let sp = spatial_static(x, "pool")?;
     let mut dims = x.shape.0[..2].to_vec();
     for i in 0..n {
         let eff = (p.kernel[i] as i128 - 1) * p.dilations[i] as i128 + 1;
-        if sp[i] + p.pads[i] as i128 + (p.pads[i + n] as i128) < eff {
+        let Some(sp) = x.shape.0[2 + i].as_static().map(i128::from) else {
+            if p.pads[i] as i128 >= eff || p.pads[i + n] as i128 >= eff {
+                return Err(format!("pads {:?} must be smaller than the window extent {eff}", p.pads));
+            }
+            if p.ceil_mode {
+                return Err(format!("ceil_mode on symbolic dim `{}` needs a static extent", x.shape.0[2 + i]));
+            }
+            dims.push(window_dim(&x.shape.0[2 + i], p.pads[i] as i128 + p.pads[i + n] as i128, eff, p.strides[i])?);
+            continue;
+        };
+        if sp + p.pads[i] as i128 + (p.pads[i + n] as i128) < eff {
             return Err(format!("window extent {eff} exceeds padded input on spatial dim {i}"));
         }
         if p.pads[i] as i128 >= eff || p.pads[i + n] as i128 >= eff {
             return Err(format!("pads {:?} must be smaller than the window extent {eff}", p.pads));
         }
-        let input = i64::try_from(sp[i]).map_err(|_| format!("spatial extent {} is out of range", sp[i]))?;
+        let input = i64::try_from(sp).map_err(|_| format!("spatial extent {sp} is out of range"))?;
         dims.push(extent(i128::from(pool_extent(
             input,
             p.kernel[i],

@@ -8,6 +8,7 @@
 
 pub mod attr;
 pub mod builder;
+pub mod dim;
 pub mod fusion;
 pub mod graph;
 pub mod infer;

@@ -434,9 +434,37 @@ impl Parser<'_> {
         Ok(TensorType::new(dtype, Shape(dims)))
     }
 
-    /// A static extent (a non-negative integer) or a symbol.
+    /// A static extent (a non-negative integer), a symbol, or a derived dim: an expression over symbols
+    /// (`(H+1)/2`, `S+T`; see [`crate::dim`]), kept in canonical form.
     fn dim(&mut self) -> Result<Dim, Fail> {
         let at = self.pos;
+        let op = |k: &Kind| matches!(k, Kind::Punct('+' | '-' | '*' | '/'));
+        let expression = self.is_punct('(')
+            || (matches!(self.peek().kind, Kind::Ident | Kind::Number)
+                && (op(&self.peek_at(1).kind)
+                    || (self.peek_at(1).kind == Kind::Number && self.text(self.pos + 1).starts_with('-'))));
+        if expression {
+            // Up to the `,` or `]` that ends the dim, outside parentheses.
+            let mut depth = 0usize;
+            let mut end = self.pos;
+            loop {
+                match self.toks[end].kind {
+                    Kind::Punct('(') => depth += 1,
+                    Kind::Punct(')') if depth > 0 => depth -= 1,
+                    Kind::Punct(',' | ']') if depth == 0 => break,
+                    Kind::Eof | Kind::Error(_) => break,
+                    _ => {}
+                }
+                end += 1;
+            }
+            let text: String = self.src[self.toks[at].start..self.toks[end - 1].end].split_whitespace().collect();
+            let e = crate::dim::DimExpr::parse(&text).ok_or_else(|| {
+                (at, format!("`{text}` is not a dim expression (symbols, integers, + - * and / by a constant)"))
+            })?;
+            let d = e.to_dim().ok_or_else(|| (at, format!("dimension `{text}` is negative")))?;
+            self.pos = end;
+            return Ok(d);
+        }
         match self.peek().kind {
             Kind::Ident => {
                 self.bump();

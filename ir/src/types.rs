@@ -113,6 +113,28 @@ impl Dim {
     pub fn sym(name: impl Into<String>) -> Dim {
         Dim::Sym(name.into())
     }
+
+    /// This dim with the symbols `bindings` binds replaced by their values: a bound symbol becomes static, a
+    /// derived dim ([`crate::dim`]) is re-evaluated (static once every symbol it reads is bound).
+    pub fn substitute(&self, bindings: &std::collections::BTreeMap<String, u64>) -> Dim {
+        match self {
+            Dim::Static(_) => self.clone(),
+            Dim::Sym(s) => match bindings.get(s) {
+                Some(&n) => Dim::Static(n),
+                None if crate::dim::is_identifier(s) => self.clone(),
+                None => crate::dim::DimExpr::parse(s)
+                    .map(|e| e.substitute(&|name| bindings.get(name).and_then(|&n| i64::try_from(n).ok())))
+                    .and_then(|e| e.to_dim())
+                    .unwrap_or_else(|| self.clone()),
+            },
+        }
+    }
+
+    /// Whether this is a derived dim: an expression over symbols ([`crate::dim`]), not a static extent or a
+    /// plain symbol.
+    pub fn is_derived(&self) -> bool {
+        matches!(self, Dim::Sym(s) if !crate::dim::is_identifier(s))
+    }
 }
 
 impl From<u64> for Dim {
@@ -183,17 +205,10 @@ impl Shape {
         self.0.iter().try_fold(1u64, |acc, d| d.as_static().and_then(|n| acc.checked_mul(n)))
     }
 
-    /// Replaces each symbol bound in `bindings` by its value.
+    /// Replaces each symbol bound in `bindings` by its value, and evaluates what that makes of derived dims
+    /// ([`crate::dim`]).
     pub fn substitute(&self, bindings: &std::collections::BTreeMap<String, u64>) -> Shape {
-        Shape(
-            self.0
-                .iter()
-                .map(|d| match d {
-                    Dim::Sym(s) => bindings.get(s).map_or_else(|| d.clone(), |&n| Dim::Static(n)),
-                    Dim::Static(_) => d.clone(),
-                })
-                .collect(),
-        )
+        Shape(self.0.iter().map(|d| d.substitute(bindings)).collect())
     }
 
     /// The numpy broadcast of two shapes, or a message saying which dims disagree.

@@ -305,15 +305,17 @@ impl<'g> Verifier<'g> {
         let mut bad: Vec<&str> = Vec::new();
         for d in shapes.iter().flat_map(|s| s.dims()) {
             if let Dim::Sym(name) = d
-                && !is_valid_symbol(name)
+                && !crate::dim::is_valid_dim_name(name)
                 && !bad.contains(&name.as_str())
             {
                 bad.push(name);
             }
         }
         for name in bad {
-            let msg =
-                format!("symbolic dim {name:?} is not a valid identifier (a letter or `_`, then letters, digits, `_`)");
+            let msg = format!(
+                "symbolic dim {name:?} is not a valid identifier (a letter or `_`, then letters, digits, `_`) \
+                 nor a derived dim's canonical expression"
+            );
             self.report(i, VerifyErrorKind::BadSymbol, msg);
         }
         // Sizes are computed from static dims everywhere downstream (buffers, kernels' index arithmetic, memory

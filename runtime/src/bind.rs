@@ -29,22 +29,32 @@ pub fn check_inputs<'a>(exe: &Executable, inputs: &'a BTreeMap<String, Tensor>) 
     Ok(out)
 }
 
-/// Symbolic dims bound from the inputs' shapes; static dims checked.
+/// Symbolic dims bound from the inputs' shapes, static dims checked; then the value of every derived dim
+/// (`kiln_ir::dim`: an expression over symbols, such as a convolution's output extent) the program's buffers
+/// use, evaluated from them. A derived dim that comes out negative (inputs too small for a window) is an error.
 pub fn bind_symbols(exe: &Executable, given: &[&Tensor]) -> Result<HashMap<String, u64>, RunError> {
     let mut symbols: HashMap<String, u64> = HashMap::new();
-    for ((name, b), t) in exe.inputs.iter().zip(given) {
+    // Plain symbols first: a derived dim of an input is checked once they are all bound.
+    let mut order: Vec<(&(String, kiln_plan::exec::BufferId), &&Tensor)> = exe.inputs.iter().zip(given).collect();
+    order.sort_by_key(|((_, b), _)| exe.buffers[b.0 as usize].ty.shape.0.iter().any(Dim::is_derived));
+    for ((name, b), t) in order {
         let ty = &exe.buffers[b.0 as usize].ty;
         for (axis, (d, &n)) in ty.shape.0.iter().zip(t.shape()).enumerate() {
-            let ok = match d {
-                Dim::Static(s) => *s == n as u64,
-                Dim::Sym(s) => *symbols.entry(s.clone()).or_insert(n as u64) == n as u64,
+            // The extent this dim must have, when known.
+            let want = match d {
+                Dim::Static(s) => Some(*s),
+                Dim::Sym(s) if d.is_derived() => match derived_value(s, &symbols)? {
+                    Some(v) => Some(v),
+                    None => Some(*symbols.entry(s.clone()).or_insert(n as u64)),
+                },
+                Dim::Sym(s) => Some(*symbols.entry(s.clone()).or_insert(n as u64)),
             };
-            if !ok {
+            if let Some(want) = want.filter(|&w| w != n as u64) {
                 return Err(RunError::Input(format!(
                     "input `{name}` should have shape {} (dim {axis} is {d}{}), got {:?}",
                     ty.shape,
                     match d {
-                        Dim::Sym(s) => format!(" = {}", symbols[s]),
+                        Dim::Sym(_) => format!(" = {want}"),
                         Dim::Static(_) => String::new(),
                     },
                     t.shape()
@@ -52,7 +62,46 @@ pub fn bind_symbols(exe: &Executable, given: &[&Tensor]) -> Result<HashMap<Strin
             }
         }
     }
+    for d in exe.buffers.iter().flat_map(|b| &b.ty.shape.0) {
+        if let Dim::Sym(s) = d
+            && d.is_derived()
+            && !symbols.contains_key(s)
+            && let Some(v) = derived_value(s, &symbols)?
+        {
+            symbols.insert(s.clone(), v);
+        }
+    }
     Ok(symbols)
+}
+
+/// The value of symbol `name` for a kernel launch: bound, or a derived dim evaluated from the bound symbols
+/// (one a kernel reads that no buffer of the program has, such as an im2col matrix's extent). An unbound
+/// symbol, or a derived dim that cannot be evaluated, is an error: no kernel runs with a guessed extent.
+pub fn symbol_value(name: &str, symbols: &HashMap<String, u64>) -> Result<i64, RunError> {
+    if let Some(&v) = symbols.get(name) {
+        return i64::try_from(v).map_err(|_| RunError::Input(format!("symbol `{name}` = {v} is out of range")));
+    }
+    match derived_value(name, symbols)? {
+        Some(v) => i64::try_from(v).map_err(|_| RunError::Input(format!("extent `{name}` = {v} is out of range"))),
+        None => Err(RunError::Backend(format!("symbol `{name}` is not bound by the inputs"))),
+    }
+}
+
+/// The value of derived dim `name` with `symbols` bound: `None` while a symbol it reads is unbound; an error
+/// when it is negative.
+fn derived_value(name: &str, symbols: &HashMap<String, u64>) -> Result<Option<u64>, RunError> {
+    let Some(e) = kiln_ir::dim::DimExpr::parse(name) else { return Ok(None) };
+    match e.eval(&|s| symbols.get(s).and_then(|&n| i64::try_from(n).ok())) {
+        Ok(v) => u64::try_from(v).map(Some).map_err(|_| {
+            let bound: Vec<String> =
+                e.symbols().iter().filter_map(|s| symbols.get(s).map(|v| format!("{s} = {v}"))).collect();
+            RunError::Input(format!(
+                "with {}, the model's extent `{name}` would be {v}: the inputs are too small for it",
+                bound.join(", ")
+            ))
+        }),
+        Err(_) => Ok(None),
+    }
 }
 
 /// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).

@@ -50,10 +50,7 @@ pub fn im2col(name: &str, x: &TensorType, w: &TensorType, conv: &Conv, out: &Ten
     let mut expanded = vec![x.shape.0[0].clone(), x.shape.0[1].clone()];
     expanded.extend_from_slice(&w.shape.0[2..]);
     expanded.extend_from_slice(&y.shape.0[2..]);
-    let product = |dims: &[Dim]| -> Result<Dim, LowerError> {
-        let sizes: Option<Vec<u64>> = dims.iter().map(Dim::as_static).collect();
-        sizes.map(|s| Dim::Static(s.iter().product())).ok_or_else(|| b.err("needs static channels and spatial dims"))
-    };
+    let product = |dims: &[Dim]| dim_product(dims).ok_or_else(|| b.err("its matrix extents do not fit"));
     let rows = product(&expanded[1..2 + window.len()])?;
     let cols = product(&expanded[2 + window.len()..])?;
     let want = TensorType::new(x.dtype, Shape(vec![expanded[0].clone(), rows, cols]));
@@ -71,6 +68,16 @@ pub fn im2col(name: &str, x: &TensorType, w: &TensorType, conv: &Conv, out: &Ten
     let value = masked(inside, load, Expr::Const(Scalar::from_f64(x.dtype, 0.0)));
     let store = Stmt::Store { arg: oa, index: b.flat(&idx, &ed), value };
     Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
+}
+
+/// The product of `dims`: static, or a derived dim (`kiln_ir::dim`) when one is symbolic. `None` when it does
+/// not fit (or a dim is not an expression).
+pub fn dim_product(dims: &[Dim]) -> Option<Dim> {
+    let mut acc = kiln_ir::dim::DimExpr::constant(1);
+    for d in dims {
+        acc = acc.mul(&kiln_ir::dim::DimExpr::of(d)?);
+    }
+    acc.to_dim()
 }
 
 /// `out[n, c, …] = bias[c]`: the output of a conv pre-filled with its bias, before a GEMM accumulates into it.

@@ -177,8 +177,9 @@ impl Symbols {
                     ));
                 }
                 Dim::Static(_) => {}
-                Dim::Sym(s) => match bound.get(s) {
-                    Some(&n) if n != got => {
+                // A derived dim is evaluated once the symbols it reads are bound (`crate::dim`).
+                Dim::Sym(s) => match bound.get(s).copied().or_else(|| want.substitute(&bound).as_static()) {
+                    Some(n) if n != got => {
                         return Err(format!(
                             "{what} has {got} for symbolic dim `{s}` (dim {d}), but `{s}` is already bound to {n}"
                         ));

@@ -115,7 +115,7 @@ impl Lexer<'_> {
                 '-' if self.peek2().is_some_and(|c| c.is_ascii_digit()) => self.number(start),
                 c if c.is_ascii_digit() => self.number(start),
                 '"' => self.string(start),
-                '{' | '}' | '[' | ']' | '(' | ')' | ',' | '=' | ':' | '@' | '-' => {
+                '{' | '}' | '[' | ']' | '(' | ')' | ',' | '=' | ':' | '@' | '-' | '+' | '*' | '/' => {
                     self.bump();
                     Ok(Kind::Punct(c))
                 }

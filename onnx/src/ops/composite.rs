@@ -279,7 +279,8 @@ pub(crate) fn lp_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
     }
     let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
     let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
-    let pads = super::nn::auto_pads(n, &d[2..], &kernel, &strides, &dilations)?;
+    let sp: Vec<Option<usize>> = d[2..].iter().map(|&v| Some(v)).collect();
+    let pads = super::nn::auto_pads(n, &sp, &kernel, &strides, &dilations)?;
     let ceil_mode = n.int("ceil_mode", 0) != 0;
     if ceil_mode {
         return Err("ceil_mode=1 is not supported".into());

@@ -10,10 +10,16 @@ use super::{bin, const_ints, dim_product, reshape, scalar_like, static_shape, tr
 use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
-/// Explicit begin/end pads for `auto_pad`, given input extents, kernel, strides and dilations.
+/// The static extent of spatial dim `i` of `sp`, or an error saying that `what` needs one.
+fn known(sp: &[Option<usize>], i: usize, what: &str) -> Result<i64, String> {
+    sp[i].map(|v| v as i64).ok_or_else(|| format!("{what} on a symbolic spatial dim needs a static extent"))
+}
+
+/// Explicit begin/end pads for `auto_pad`, given input extents (`None`: symbolic), kernel, strides and
+/// dilations.
 pub(crate) fn auto_pads(
     n: &OnnxNode<'_>,
-    input: &[usize],
+    input: &[Option<usize>],
     kernel: &[i64],
     strides: &[i64],
     dilations: &[i64],
@@ -33,9 +39,15 @@ pub(crate) fn auto_pads(
         mode @ ("SAME_UPPER" | "SAME_LOWER") => {
             let mut p = vec![0; 2 * k];
             for i in 0..k {
-                let out = (input[i] as i64 + strides[i] - 1) / strides[i];
                 let eff = (kernel[i] - 1) * dilations[i] + 1;
-                let total = ((out - 1) * strides[i] + eff - input[i] as i64).max(0);
+                // With stride 1 the total padding is eff − 1 whatever the extent; otherwise it depends on it.
+                let total = if strides[i] == 1 {
+                    eff - 1
+                } else {
+                    let x = known(input, i, &format!("auto_pad {mode} with stride {}", strides[i]))?;
+                    let out = (x + strides[i] - 1) / strides[i];
+                    ((out - 1) * strides[i] + eff - x).max(0)
+                };
                 let (small, big) = (total / 2, total - total / 2);
                 (p[i], p[i + k]) = if mode == "SAME_UPPER" { (small, big) } else { (big, small) };
             }
@@ -67,12 +79,14 @@ fn conv_weights(w: &Val, k: usize, what: &str) -> Result<Vec<usize>, String> {
     Ok(wd)
 }
 
-fn spatial(x: &Val, what: &str) -> Result<Vec<usize>, String> {
-    let d = static_shape(x, what)?;
+/// The spatial extents of `x` (`[N, C, spatial…]`), `None` where symbolic: a window op's output extent on a
+/// symbolic dim is a derived dim (`kiln_ir::dim`).
+fn spatial(x: &Val, what: &str) -> Result<Vec<Option<usize>>, String> {
+    let d = x.ty.shape.dims();
     if d.len() < 3 {
-        return Err(format!("needs an input of rank ≥ 3, got {}", x.ty.shape));
+        return Err(format!("{what} needs an input of rank ≥ 3, got {}", x.ty.shape));
     }
-    Ok(d[2..].to_vec())
+    Ok(d[2..].iter().map(|d| d.as_static().map(|v| v as usize)).collect())
 }
 
 pub(crate) fn conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
@@ -116,7 +130,8 @@ pub(crate) fn conv_transpose(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
         }
         let mut p = vec![0; 2 * k];
         for i in 0..k {
-            let full = strides[i] * (sp[i] as i64 - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1;
+            let x = known(&sp, i, "ConvTranspose output_shape")?;
+            let full = strides[i] * (x - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1;
             let total = full - out_shape[i];
             if total < 0 {
                 // A larger output than the full extent is reached with output padding.
@@ -134,8 +149,8 @@ pub(crate) fn conv_transpose(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
             "SAME_UPPER" | "SAME_LOWER" => {
                 let mut p = vec![0; 2 * k];
                 for i in 0..k {
-                    let full = strides[i] * (sp[i] as i64 - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1;
-                    let total = (full - sp[i] as i64 * strides[i]).max(0);
+                    // stride·(x − 1) + output_padding + eff − stride·x: independent of the extent x.
+                    let total = (output_padding[i] + (kernel[i] - 1) * dilations[i] + 1 - strides[i]).max(0);
                     let (small, big) = (total / 2, total - total / 2);
                     (p[i], p[i + k]) = if auto == "SAME_UPPER" { (small, big) } else { (big, small) };
                 }

@@ -509,8 +509,10 @@ impl CpuProgram {
     /// Symbol values for each kernel, by kernel index, in the kernel's symbol order.
     ///
     /// Native code carries its kernels' symbol lists itself (a loaded artifact's executable has no kernel IR).
-    fn symbol_values(&self, symbols: &HashMap<String, u64>) -> Vec<Vec<i64>> {
-        let values = |names: &[String]| names.iter().map(|s| symbols.get(s).map_or(0, |&n| n as i64)).collect();
+    /// A kernel whose symbols the bindings do not determine gets an error, reported if it is launched (the
+    /// kernels of `prepare` run before any input binds a symbol, and read none).
+    fn symbol_values(&self, symbols: &HashMap<String, u64>) -> Vec<Result<Vec<i64>, RunError>> {
+        let values = |names: &[String]| names.iter().map(|s| crate::bind::symbol_value(s, symbols)).collect();
         match &self.code {
             KernelCode::Native { entries, .. } => entries.iter().map(|(_, info)| values(&info.symbols)).collect(),
             KernelCode::Reference(kernels) => kernels.iter().map(|k| values(&k.symbols)).collect(),
@@ -602,7 +604,7 @@ impl CpuProgram {
         step: &Step,
         ptrs: Ptrs<'_>,
         symbols: &HashMap<String, u64>,
-        sym_values: &[Vec<i64>],
+        sym_values: &[Result<Vec<i64>, RunError>],
     ) -> Result<(), RunError> {
         match step {
             Step::Kernel { kernel, args } => self.launch(*kernel, args, ptrs, symbols, sym_values),
@@ -777,10 +779,10 @@ impl CpuProgram {
         args: &[BufferId],
         ptrs: Ptrs<'_>,
         symbols: &HashMap<String, u64>,
-        sym_values: &[Vec<i64>],
+        sym_values: &[Result<Vec<i64>, RunError>],
     ) -> Result<(), RunError> {
         let launch: Vec<*mut u8> = args.iter().map(|b| ptrs.0[b.0 as usize]).collect();
-        let syms = &sym_values[kernel];
+        let syms = sym_values[kernel].as_ref().map_err(Clone::clone)?;
         match &self.code {
             KernelCode::Native { entries, owner: _ } => {
                 let (entry, info) = &entries[kernel];

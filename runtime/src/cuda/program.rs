@@ -323,12 +323,14 @@ impl<G: Gpu> GpuProgram<G> {
         Tensor::from_bytes(dtype, dims, &bytes).ok_or_else(|| backend("a buffer has the wrong size"))
     }
 
-    fn symbol_values(&self, kernel: usize, symbols: &HashMap<String, u64>) -> Vec<i64> {
+    /// The kernel's symbol values: bound, or derived dims evaluated from the bound symbols; an unbound symbol
+    /// is an error, never a guessed extent.
+    fn symbol_values(&self, kernel: usize, symbols: &HashMap<String, u64>) -> Result<Vec<i64>, RunError> {
         self.infos[kernel]
             .params
             .iter()
             .filter_map(|p| match p {
-                PtxParam::Symbol { name, .. } => Some(symbols.get(name).map_or(0, |&n| n as i64)),
+                PtxParam::Symbol { name, .. } => Some(crate::bind::symbol_value(name, symbols)),
                 PtxParam::Buffer { .. } => None,
             })
             .collect()
@@ -352,7 +354,7 @@ impl<G: Gpu> GpuProgram<G> {
                 args.len()
             )));
         }
-        let values = self.symbol_values(kernel, symbols);
+        let values = self.symbol_values(kernel, symbols)?;
         let (blocks, threads) = info.launch_geometry(&values).map_err(|e| backend(format!("{}: {e}", info.kernel)))?;
         // SAFETY: the buffers are the executable's, sized for this run's symbols, as the kernel's args expect.
         unsafe { gpu.launch(kernel, blocks, threads, &buffers, &values) }
@@ -394,7 +396,7 @@ impl<G: Gpu> GpuProgram<G> {
                             let col = gpu.alloc(n * g.k * g.p * 4)?;
                             scratch.push(col);
                             let buffers = [at(*x), col];
-                            let values = self.symbol_values(*k, symbols);
+                            let values = self.symbol_values(*k, symbols)?;
                             let (blocks, threads) = self.infos[*k].launch_geometry(&values).map_err(backend)?;
                             // SAFETY: the scratch holds the [N, K, P] matrix the im2col kernel writes.
                             unsafe { gpu.launch(*k, blocks, threads, &buffers, &values)? };
