@@ -148,3 +148,26 @@ fn fallbacks_are_reported_and_deny_refuses_them() {
     let compiled = Model::from_graph(g).unwrap().compile(&deny).expect("nothing falls back");
     assert!(compiled.fallbacks().is_empty());
 }
+
+/// One weight shared by a 3×3 stride-1 conv (Winograd computes it) and a 3×3 stride-2 conv (it does not) — as
+/// deduplicated constant weights are in real models: each conv runs with its own algorithm and matches the
+/// interpreter (the stride-2 conv once failed, handed the Winograd-transformed weights).
+#[test]
+fn a_weight_shared_by_winograd_and_direct_convs_serves_both() {
+    let text = r#"graph "shared_weight" {
+  %0 = input {name="x"} : f32[1,4,20,20]
+  %1 = param {name="w"} : f32[4,4,3,3]
+  %2 = conv %0, %1 {strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], groups=1} : f32[1,4,20,20]
+  %3 = conv %0, %1 {strides=[2, 2], pads=[1, 1, 1, 1], dilations=[1, 1], groups=1} : f32[1,4,10,10]
+  output "same" = %2
+  output "strided" = %3
+}
+"#;
+    let mut g = kiln_ir::parse(text).unwrap();
+    common::bind_weights(&mut g);
+    let model = Model::from_graph(g).unwrap();
+    let inputs = common::fixture_inputs(&model);
+    let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, ..Default::default() }).unwrap();
+    let got = model.compile(&CompileOptions::default()).unwrap().run(&inputs).unwrap();
+    assert_close("shared_weight", &got, &want);
+}

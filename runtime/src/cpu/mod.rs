@@ -744,7 +744,9 @@ impl CpuProgram {
                     Some(&b) => Some(f32s(b, &dims(b)?)),
                     None => None,
                 };
-                if let Some(wt) = set.winograd.get(&inputs[1]) {
+                // The transformed weights serve every conv of this weight that Winograd computes; another conv
+                // of the same weight (a stride-2 one, say: deduplicated constants are shared) runs directly.
+                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| library::winograd_applies(&wd, attrs)) {
                     return library::conv_winograd_f32(f32s(inputs[0], &xd), &xd, wt, bias, attrs, out, &out_dims, par)
                         .map_err(|e| RunError::Op(e.to_string()));
                 }
