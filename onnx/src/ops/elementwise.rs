@@ -5,7 +5,7 @@ use kiln_ir::op::{BinaryOp as B, Cast, Gelu, GeluApprox, UnaryOp as U};
 use kiln_ir::{DType, Op};
 
 use super::{bin, onnx_dtype, scalar_like, un};
-use crate::import::{Ctx, Val};
+use crate::import::{Ctx, DimArg, Val};
 use crate::node::OnnxNode;
 
 pub(crate) fn unary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
@@ -83,11 +83,68 @@ pub(crate) fn binary(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     } else {
         b.clone()
     };
+    if kind == B::Eq
+        && let Some(known) = dim_equality(a, &b)
+    {
+        // Comparing tracked extents with known values (`shape == -1` in exported expand/reshape arithmetic) is
+        // decided here: an extent is never negative, and equal expressions are equal.
+        return Ok(vec![cx.constant(known)?]);
+    }
     let mut out = bin(cx, kind, a, &b)?;
     if kind == B::Mul || kind == B::Add || kind == B::Sub {
-        out.dims = None;
+        // Shape arithmetic on tracked extents (a past length plus a new-token count) stays tracked, as derived
+        // dims (`kiln_ir::dim`).
+        out.dims = dim_arithmetic(kind, a, &b);
     }
     Ok(vec![out])
+}
+
+/// `a == b` element by element when both hold tracked extents (rank ≤ 1) and every comparison is decided: two
+/// known integers, two equal expressions, or an extent against a negative integer (never equal).
+fn dim_equality(a: &Val, b: &Val) -> Option<kiln_ir::Tensor> {
+    let (x, y) = (a.dim_args()?, b.dim_args()?);
+    let n = x.len().max(y.len());
+    if (x.len() != n && x.len() != 1) || (y.len() != n && y.len() != 1) || a.rank() > 1 || b.rank() > 1 {
+        return None;
+    }
+    let decide = |p: &DimArg, q: &DimArg| match (p, q) {
+        (DimArg::Int(i), DimArg::Int(j)) => Some(i == j),
+        (DimArg::Sym(s), DimArg::Sym(t)) if s == t => Some(true),
+        (DimArg::Sym(_), DimArg::Int(i)) | (DimArg::Int(i), DimArg::Sym(_)) if *i < 0 => Some(false),
+        _ => None,
+    };
+    let values: Option<Vec<bool>> = (0..n).map(|i| decide(&x[i.min(x.len() - 1)], &y[i.min(y.len() - 1)])).collect();
+    let shape = if a.rank().max(b.rank()) == 0 { vec![] } else { vec![n] };
+    kiln_ir::Tensor::from_vec(shape, values?).ok()
+}
+
+/// `kind` applied element by element to the extents `a` and `b` hold (one of them may be a single extent), when
+/// both are tracked.
+fn dim_arithmetic(kind: B, a: &Val, b: &Val) -> Option<Vec<DimArg>> {
+    use kiln_ir::dim::DimExpr;
+    let (x, y) = (a.dim_args()?, b.dim_args()?);
+    let n = x.len().max(y.len());
+    if (x.len() != n && x.len() != 1) || (y.len() != n && y.len() != 1) || a.rank() > 1 || b.rank() > 1 {
+        return None;
+    }
+    let expr = |d: &DimArg| match d {
+        DimArg::Int(v) => Some(DimExpr::constant(*v)),
+        DimArg::Sym(s) => DimExpr::parse(s),
+    };
+    (0..n)
+        .map(|i| {
+            let (p, q) = (expr(&x[i.min(x.len() - 1)])?, expr(&y[i.min(y.len() - 1)])?);
+            let r = match kind {
+                B::Add => p.add(&q),
+                B::Sub => p.add(&q.scale(-1)),
+                _ => p.mul(&q),
+            };
+            Some(match r.as_constant() {
+                Some(v) => DimArg::Int(v),
+                None => DimArg::Sym(r.to_string()),
+            })
+        })
+        .collect()
 }
 
 pub(crate) fn modulo(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
@@ -161,7 +218,23 @@ pub(crate) fn cast_like(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, 
 
 pub(crate) fn where_(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (c, a, b) = (n.input(0)?, n.input(1)?, n.input(2)?);
-    Ok(vec![cx.op(Op::Select, &[c, a, b])?])
+    let mut out = cx.op(Op::Select, &[c, a, b])?;
+    // A known condition choosing between tracked extents keeps them tracked.
+    if out.rank() <= 1
+        && out.dims.is_none()
+        && let (Some(cond), Some(x), Some(y)) = (c.konst.as_ref(), a.dim_args(), b.dim_args())
+    {
+        let pick = |v: &[DimArg], i: usize| v.get(i.min(v.len().saturating_sub(1))).cloned();
+        let len = out.ty.shape.as_static().map_or(0, |s| s.iter().product::<usize>());
+        let picked: Option<Vec<DimArg>> = (0..len)
+            .map(|i| {
+                let c = cond.data().get_i64(i.min(cond.len().saturating_sub(1))) != 0;
+                if c { pick(&x, i) } else { pick(&y, i) }
+            })
+            .collect();
+        out.dims = picked;
+    }
+    Ok(vec![out])
 }
 
 pub(crate) fn variadic(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

@@ -456,13 +456,45 @@ pub(crate) fn range(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Stri
     let s = n.input(0)?;
     let known = |i: usize| n.input(i).ok().and_then(|v| v.floats()).and_then(|v| v.first().copied());
     let (Some(start), Some(limit), Some(delta)) = (known(0), known(1), known(2)) else {
-        return Err("start, limit and delta must be known at import time".into());
+        return symbolic_range(cx, n);
     };
     if delta == 0.0 {
         return Err("delta must be nonzero".into());
     }
     let count = ((limit - start) / delta).ceil().max(0.0) as u64;
     Ok(vec![cx.op(Op::Iota(Iota { dtype: s.dtype(), shape: Shape::of(&[count]), axis: 0, start, step: delta }), &[])?])
+}
+
+/// `Range` over tracked extents with a known integer step (positions `past .. past + new`): its length is a
+/// derived dim, its values an iota plus the start, computed at run time.
+fn symbolic_range(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    use kiln_ir::dim::DimExpr;
+    let refuse = || "start, limit and delta must be known at import time, or be extents with a known step".to_string();
+    let (start, limit, delta) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let one = |v: &Val| match v.dim_args()?.as_slice() {
+        [DimArg::Int(i)] => Some(DimExpr::constant(*i)),
+        [DimArg::Sym(s)] => DimExpr::parse(s),
+        _ => None,
+    };
+    let (Some(a), Some(b), Some(step)) = (one(start), one(limit), delta.ints().and_then(|v| v.first().copied())) else {
+        return Err(refuse());
+    };
+    if step == 0 {
+        return Err("delta must be nonzero".into());
+    }
+    if step < 0 || !start.dtype().is_int() {
+        return Err(refuse());
+    }
+    let count = b.add(&a.scale(-1)).ceil_div(step);
+    let dim = count.to_dim().ok_or_else(|| format!("the range's length {count} is negative"))?;
+    let iota = cx.op(
+        Op::Iota(Iota { dtype: start.dtype(), shape: Shape(vec![dim]), axis: 0, start: 0.0, step: step as f64 }),
+        &[],
+    )?;
+    let start0 = super::reshape(cx, start, vec![])?;
+    let mut out = bin(cx, kiln_ir::op::BinaryOp::Add, &iota, &start0)?;
+    out.dims = None;
+    Ok(vec![out])
 }
 
 pub(crate) fn one_hot(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Writes kiln's public model corpus into a folder (default .cache/corpus): real architectures kiln was not tuned
+on, each with input sets and ONNX Runtime's outputs for them.
+
+- light_*: the `onnx` wheel's "light" model-zoo architectures (onnx/backend/test/data/light: alexnet, densenet121,
+  inception v1/v2, resnet50, shufflenet, squeezenet, vgg19, zfnet512; weights from ConstantOfShape), one input set
+  at their declared shape.
+- sym_*: copies of the shared reference models (../shared/models, when present) whose batch and image/sequence
+  input dims are made symbolic (the graph inputs' dims edited, stale value_info dropped, ONNX shape inference run
+  again), each with input sets at two different shapes.
+
+Layout, per model: NAME/model.onnx and NAME/sets/K/{inputs,expected}/ (.npy files and a manifest.json listing
+name, file, dtype and shape in model order, as ../shared/models does). tests/corpus.rs runs every model and set.
+Deterministic: the same folder for the same onnx/onnxruntime versions. Usage: gen_corpus.py [OUT] [--shared DIR]
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import shape_inference
+
+VERSION = "corpus 1"
+
+# Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
+# (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
+# reshapes, so ONNX Runtime itself refuses any other shape; gpt2_small_step is symbolic as exported.)
+SYMBOLIC = {
+    "mlp": ({"input": ["batch", None]}, [{"batch": 1}, {"batch": 5}]),
+    "resnet18": (
+        {"input": ["batch", None, "height", "width"]},
+        [{"batch": 1, "height": 224, "width": 224}, {"batch": 2, "height": 96, "width": 160}],
+    ),
+    # Symbolic as exported (new tokens, past and total length): two steps, a prefill and a decode with a past.
+    "gpt2_small_step": (
+        {},
+        [
+            {"sequence_length": 7, "past_sequence_length": 0, "total_sequence_length": 7},
+            {"sequence_length": 3, "past_sequence_length": 11, "total_sequence_length": 14},
+        ],
+    ),
+}
+
+
+def np_dtype(elem_type):
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def graph_inputs(model):
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def random_input(rng, vi, shape, vocab=None, past=0):
+    dtype = np_dtype(vi.type.tensor_type.elem_type)
+    if np.issubdtype(dtype, np.integer):
+        if vi.name == "attention_mask":
+            return np.ones(shape, dtype=dtype)
+        if vi.name == "position_ids":
+            return np.broadcast_to(np.arange(past, past + shape[-1], dtype=dtype), shape).copy()
+        return rng.integers(0, vocab or 10, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def write_set(folder, names_values):
+    os.makedirs(folder, exist_ok=True)
+    manifest = []
+    for name, value in names_values:
+        file = name.replace("/", "_") + ".npy"
+        np.save(os.path.join(folder, file), value)
+        manifest.append({"name": name, "file": file, "dtype": str(value.dtype), "shape": list(value.shape)})
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def write_case(out, name, model_path, sets):
+    """sets: list of {input name: array}; runs ONNX Runtime on each and writes the case."""
+    case = os.path.join(out, name)
+    os.makedirs(case, exist_ok=True)
+    shutil.copyfile(model_path, os.path.join(case, "model.onnx"))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    model = onnx.load(model_path)
+    order = [i.name for i in graph_inputs(model)]
+    for k, feeds in enumerate(sets):
+        outputs = session.run(None, feeds)
+        names = [o.name for o in session.get_outputs()]
+        write_set(os.path.join(case, "sets", str(k), "inputs"), [(n, feeds[n]) for n in order])
+        write_set(os.path.join(case, "sets", str(k), "expected"), list(zip(names, outputs)))
+    print(f"{name}: {len(sets)} set(s)")
+
+
+def light_models(out, rng):
+    light = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+    for path in sorted(glob.glob(os.path.join(light, "light_*.onnx"))):
+        model = onnx.load(path)
+        feeds = {}
+        for vi in graph_inputs(model):
+            shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+            feeds[vi.name] = random_input(rng, vi, shape)
+        write_case(out, os.path.splitext(os.path.basename(path))[0], path, [feeds])
+
+
+def symbolic_copies(out, shared, rng, scratch):
+    for name, (dims, shapes) in SYMBOLIC.items():
+        src = os.path.join(shared, name, "model.onnx")
+        if not os.path.exists(src):
+            print(f"sym_{name}: skipped ({src} is absent)")
+            continue
+        model = onnx.load(src)
+        for vi in graph_inputs(model):
+            for d, sym in zip(vi.type.tensor_type.shape.dim, dims.get(vi.name, [])):
+                if sym is not None:
+                    d.ClearField("dim_value")
+                    d.dim_param = sym
+        for o in model.graph.output:
+            for d in o.type.tensor_type.shape.dim:
+                d.ClearField("dim_value")
+                d.ClearField("dim_param")
+        del model.graph.value_info[:]
+        model = shape_inference.infer_shapes(model)
+        path = os.path.join(scratch, f"sym_{name}.onnx")
+        onnx.save(model, path)
+        vocab = 4096 if "gpt2" in name else 8192
+        sets = []
+        for binding in shapes:
+            feeds = {}
+            for vi in graph_inputs(model):
+                shape = [
+                    binding[d.dim_param] if d.dim_param else d.dim_value for d in vi.type.tensor_type.shape.dim
+                ]
+                feeds[vi.name] = random_input(rng, vi, shape, vocab, binding.get("past_sequence_length", 0))
+            sets.append(feeds)
+        write_case(out, f"sym_{name}", path, sets)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default=os.path.join(here, "..", ".cache", "corpus"))
+    shared = os.environ.get("KILN_MODELS_DIR") or os.path.join(here, "..", "..", "shared", "models")
+    parser.add_argument("--shared", default=shared)
+    a = parser.parse_args()
+    stamp = f"{VERSION}, onnx {onnx.__version__}, onnxruntime {ort.__version__}, shared {os.path.isdir(a.shared)}"
+    version_file = os.path.join(a.out, "VERSION")
+    if os.path.exists(version_file) and open(version_file).read().strip() == stamp:
+        print(f"{a.out}: up to date ({stamp})")
+        return
+    shutil.rmtree(a.out, ignore_errors=True)
+    scratch = os.path.join(a.out, ".scratch")
+    os.makedirs(scratch)
+    rng = np.random.default_rng(0)
+    light_models(a.out, rng)
+    if os.path.isdir(a.shared):
+        symbolic_copies(a.out, a.shared, rng, scratch)
+    else:
+        print(f"sym_*: skipped ({a.shared} is absent)")
+    shutil.rmtree(scratch)
+    with open(version_file, "w") as f:
+        f.write(stamp + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+//! The public model corpus (`scripts/gen_corpus.py` writes it into `.cache/corpus`; `scripts/test.sh` runs the
+//! generator first): real architectures kiln was not tuned on — the `onnx` wheel's light model zoo, and the shared
+//! reference models with their batch and image/sequence dims made symbolic — each with input sets and ONNX
+//! Runtime's outputs.
+//!
+//! Every model is loaded as declared (symbolic dims stay symbolic: no shapes given), compiled once for the CPU
+//! with `FallbackPolicy::Deny` (no interpreter step), and that one program runs every input set — two different
+//! shapes for the symbolic models — matching ONNX Runtime; the same through an ahead-of-time artifact. Without
+//! the corpus (no `.cache/corpus`, or `KILN_CORPUS_DIR` pointing nowhere) the test prints `SKIPPED:` and why.
+//! The known gaps are listed in `tests/corpus-fallbacks.txt` and must fall back exactly as listed (a ratchet).
+
+use std::path::{Path, PathBuf};
+
+use kiln::{Artifact, CompileOptions, FallbackPolicy, Model};
+
+mod common;
+
+fn corpus_dir() -> PathBuf {
+    std::env::var_os("KILN_CORPUS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/corpus"))
+}
+
+/// One input set of a corpus model: its name, the inputs, and ONNX Runtime's outputs.
+struct InputSet {
+    name: String,
+    inputs: std::collections::BTreeMap<String, kiln_ir::Tensor>,
+    expected: Vec<(String, kiln_ir::Tensor)>,
+}
+
+/// The input sets of a corpus model, in set order.
+fn sets(case: &Path) -> Vec<InputSet> {
+    let mut dirs: Vec<PathBuf> =
+        std::fs::read_dir(case.join("sets")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    dirs.iter()
+        .map(|d| InputSet {
+            name: d.file_name().unwrap().to_string_lossy().into_owned(),
+            inputs: common::read_manifest(&d.join("inputs")).into_iter().collect(),
+            expected: common::read_manifest(&d.join("expected")),
+        })
+        .collect()
+}
+
+#[test]
+fn every_corpus_model_matches_onnx_runtime_compiled_with_no_interpreter_step() {
+    let root = corpus_dir();
+    if !root.join("VERSION").is_file() {
+        println!(
+            "SKIPPED: no model corpus at {} (scripts/gen_corpus.py writes it; scripts/test.sh runs it)",
+            root.display()
+        );
+        return;
+    }
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 9, "the corpus should hold the light model zoo at least: {cases:?}");
+    let known = known_fallbacks();
+    let out = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+        let t0 = std::time::Instant::now();
+        let result = (|| -> Result<usize, String> {
+            let model = Model::load(&case.join("model.onnx"), &Default::default()).map_err(|e| format!("load: {e}"))?;
+            let gaps: Vec<&(String, String, usize, String)> = known.iter().filter(|g| g.0 == name).collect();
+            let fallback = if gaps.is_empty() { FallbackPolicy::Deny } else { FallbackPolicy::Allow };
+            let options = CompileOptions { threads: 2, fallback, ..Default::default() };
+            let compiled = model.compile(&options).map_err(|e| format!("compile: {e}"))?;
+            let got: Vec<(String, usize, String)> = kiln::fallback_kinds(compiled.fallbacks())
+                .into_iter()
+                .map(|(op, n, why)| (op.to_string(), n, why.to_string()))
+                .collect();
+            let want: Vec<(String, usize, String)> = gaps.iter().map(|g| (g.1.clone(), g.2, g.3.clone())).collect();
+            if got != want || compiled.report().steps[2] != want.iter().map(|w| w.1).sum::<usize>() {
+                return Err(format!(
+                    "interpreter steps {got:?}, but tests/corpus-fallbacks.txt lists {want:?} (a new fallback, or a \
+                     fixed one whose line should go)"
+                ));
+            }
+            for (op, n, why) in &want {
+                println!("KNOWN GAP: {name}: {n} `{op}` node(s) run on the interpreter: {why}");
+            }
+            let lowered = model.lower(&options).map_err(|e| format!("lower: {e}"))?;
+            let dir = out.path().join(&name);
+            Artifact::write(&lowered, &dir).map_err(|e| format!("artifact: {e}"))?;
+            let loaded = Artifact::load(&dir, 2).map_err(|e| format!("artifact load: {e}"))?;
+            let sets = sets(case);
+            for set in &sets {
+                for (how, program) in [("JIT", &compiled), ("AOT", &loaded)] {
+                    let got = program.run(&set.inputs).map_err(|e| format!("set {} ({how}): run: {e}", set.name))?;
+                    common::compare_outputs(got, &set.expected)
+                        .map_err(|e| format!("set {} ({how}): {e}", set.name))?;
+                }
+            }
+            Ok(sets.len())
+        })();
+        match result {
+            Ok(n) => eprintln!("{name}: ok, {n} input set(s), in {:.1} s", t0.elapsed().as_secs_f64()),
+            Err(e) => {
+                eprintln!("{name}: FAILED: {e}");
+                failures.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} corpus models failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+/// `tests/corpus-fallbacks.txt`: `(model, op, count, why)` per line.
+fn known_fallbacks() -> Vec<(String, String, usize, String)> {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus-fallbacks.txt")).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(4, " | ").collect();
+            let [model, op, n, why] = f[..] else {
+                panic!("corpus-fallbacks.txt: `{l}`: expected `model | op | count | why`")
+            };
+            (model.to_string(), op.to_string(), n.parse().expect("a count"), why.to_string())
+        })
+        .collect()
+}
