@@ -181,6 +181,12 @@ pub struct CpuProgram {
 /// too makes resnet18 1.5–2 ms faster than stopping at 28×28 (A/B runs alternated on a quiet machine).
 const WINOGRAD_MIN_OUTPUT: u64 = 14 * 14;
 
+/// What an empty buffer points at (see `CpuProgram::pointers`): room for one element of any dtype, never written
+/// (a kernel stores to an empty output in no iteration).
+#[repr(align(64))]
+struct EmptyBuffer([u8; 64]);
+static EMPTY_BUFFER: EmptyBuffer = EmptyBuffer([0; 64]);
+
 /// Raw buffer pointers of one run, shareable with the pool's threads (the steps' buffer discipline — a step
 /// writes only its results, which no concurrent chunk writes at the same element — makes this sound).
 #[derive(Clone, Copy)]
@@ -593,7 +599,13 @@ impl CpuProgram {
                     }
                 }
             };
-            out.push(p);
+            // An empty buffer points at a zeroed block: kernels read operands at clamped indices, and the clamped
+            // read of an empty operand (a concat's empty past, never selected) must still be a valid address.
+            let empty = match info.ty.shape.num_elements() {
+                Some(n) => n == 0,
+                None => self.exe.dims(BufferId(i as u32), symbols).is_ok_and(|d| d.contains(&0)),
+            };
+            out.push(if empty && !p.is_null() { EMPTY_BUFFER.0.as_ptr().cast_mut() } else { p });
         }
         Ok(out)
     }

@@ -246,7 +246,7 @@ impl Gpu for CudaGpu {
     fn alloc(&self, bytes: usize) -> Result<DevPtr, RunError> {
         self.bind()?;
         // SAFETY: a plain allocation in the bound context.
-        let p = unsafe { result::malloc_sync(bytes.max(1)) }
+        let p = unsafe { result::malloc_sync(bytes.max(crate::cuda::MIN_ALLOCATION)) }
             .map_err(|e| RunError::Memory(format!("cuda: cannot allocate {bytes} bytes on the device: {e}")))?;
         Ok(DevPtr(p))
     }

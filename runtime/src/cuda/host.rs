@@ -120,7 +120,7 @@ impl<K: HostKernels> Gpu for HostGpu<K> {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr, RunError> {
-        let layout = Layout::from_size_align(bytes.max(1), ALIGN)
+        let layout = Layout::from_size_align(bytes.max(crate::cuda::MIN_ALLOCATION), ALIGN)
             .map_err(|e| RunError::Memory(format!("cannot allocate {bytes} bytes: {e}")))?;
         // SAFETY: the layout has a non-zero size. Zeroed, so a kernel bug reads zeros, not stale host memory.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };

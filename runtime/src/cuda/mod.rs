@@ -22,6 +22,10 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
+/// The smallest device allocation, in bytes: an empty buffer still holds one element of any dtype, so a kernel's
+/// clamped read of an empty operand (one a select never picks: a concat's empty past) stays inside it.
+pub const MIN_ALLOCATION: usize = 16;
+
 pub use driver::CudaGpu;
 pub use gpu::{DevPtr, DeviceBuffer, Gemm, Gpu};
 pub use host::{HostGpu, HostKernels, NoKernels};

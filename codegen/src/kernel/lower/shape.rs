@@ -100,8 +100,26 @@ impl Ctx<'_> {
                 own.push(idx[d].clone());
                 continue;
             }
-            let n = self.static_extent(id, &shape, d, "pad")?;
             let i = self.simp(IExpr::minus(idx[d].clone(), IExpr::Const(b)));
+            if p.mode == PadMode::Constant && shape.0[d].as_static().is_none() {
+                // A symbolic extent (maybe 0 at run time: the clamped read then lands on the one element every
+                // buffer has, and the select picks the fill).
+                let n = self.dim(&shape.0[d].clone());
+                let last = self.simp(IExpr::minus(n.clone(), IExpr::Const(1)));
+                let mut conds = vec![Expr::cond(CmpOp::Lt, i.clone(), n)];
+                if b > 0 {
+                    conds.push(Expr::cond(CmpOp::Le, IExpr::Const(0), i.clone()));
+                }
+                for c in conds {
+                    inside = Some(match inside {
+                        None => c,
+                        Some(prev) => Expr::binary(BinaryOp::And, prev, c),
+                    });
+                }
+                own.push(IExpr::max(IExpr::min(i, last), IExpr::Const(0)));
+                continue;
+            }
+            let n = self.static_extent(id, &shape, d, "pad")?;
             let src = match p.mode {
                 PadMode::Constant if n == 0 => return Ok(fill),
                 PadMode::Constant => {
@@ -154,26 +172,33 @@ impl Ctx<'_> {
         if ins.len() == 1 {
             return self.value_at(ins[0], idx);
         }
-        // (start, extent, operand) of each non-empty operand.
+        // (start, extent, operand) of each operand not known to be empty; extents may be symbolic (a cache's
+        // past length), in which case an operand may be empty at run time: its clamped read then lands on the
+        // one element the runtime guarantees every buffer (an empty one included) and is never selected.
         let mut parts = Vec::new();
-        let mut start = 0;
+        let mut start = IExpr::Const(0);
         for &x in ins {
-            let n = self.static_extent(id, &self.shape(x)?, axis, "concat")?;
-            if n > 0 {
-                parts.push((start, n, x));
+            let d = self.shape(x)?.0[axis].clone();
+            let n = self.dim(&d);
+            if d.as_static() != Some(0) {
+                parts.push((start.clone(), n.clone(), x));
             }
-            start += n;
+            start = self.simp(IExpr::plus(start, n));
         }
         let mut result: Option<Expr> = None;
         // Built from the last part backwards: select(i < end_k, part_k, rest).
-        for &(start, n, x) in parts.iter().rev() {
+        for (start, n, x) in parts.iter().rev() {
             let mut own = idx.to_vec();
-            let local = IExpr::minus(idx[axis].clone(), IExpr::Const(start));
-            own[axis] = IExpr::max(IExpr::min(local, IExpr::Const(n - 1)), IExpr::Const(0));
-            let v = self.value_at(x, &own)?;
+            let local = self.simp(IExpr::minus(idx[axis].clone(), start.clone()));
+            let last = self.simp(IExpr::minus(n.clone(), IExpr::Const(1)));
+            own[axis] = IExpr::max(IExpr::min(local, last), IExpr::Const(0));
+            let v = self.value_at(*x, &own)?;
             result = Some(match result {
                 None => v,
-                Some(rest) => Expr::select(Expr::cond(CmpOp::Lt, idx[axis].clone(), IExpr::Const(start + n)), v, rest),
+                Some(rest) => {
+                    let end = self.simp(IExpr::plus(start.clone(), n.clone()));
+                    Expr::select(Expr::cond(CmpOp::Lt, idx[axis].clone(), end), v, rest)
+                }
             });
         }
         result.ok_or_else(|| self.node_err(id, "concat of only empty operands is never read"))
