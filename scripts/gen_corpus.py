@@ -5,6 +5,8 @@ on, each with input sets and ONNX Runtime's outputs for them.
 - light_*: the `onnx` wheel's "light" model-zoo architectures (onnx/backend/test/data/light: alexnet, densenet121,
   inception v1/v2, resnet50, shufflenet, squeezenet, vgg19, zfnet512; weights from ConstantOfShape), one input set
   at their declared shape.
+- stress_*: small models built with onnx.helper that stress what kiln lacked (symbolic image dims through
+  strided convs, resize, slices, SAME padding, concat and transposed convs), two shapes each.
 - sym_*: copies of the shared reference models (../shared/models, when present) whose batch and image/sequence
   input dims are made symbolic (the graph inputs' dims edited, stale value_info dropped, ONNX shape inference run
   again), each with input sets at two different shapes.
@@ -26,7 +28,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 1"
+VERSION = "corpus 2"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -141,6 +143,45 @@ def symbolic_copies(out, shared, rng, scratch):
         write_case(out, f"sym_{name}", path, sets)
 
 
+def stress_models(out, rng, scratch):
+    """Small models built with onnx.helper that stress what real exporters write and kiln once refused: a vision
+    graph on symbolic image dims (strided conv, nearest resize by 2, slices to the end and from the back, SAME
+    pooling and convolution, concat, transposed conv, global pooling)."""
+    from onnx import TensorProto, helper as h, numpy_helper as nh
+
+    def w(name, shape):
+        return nh.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    inits = [
+        w("w1", (8, 3, 3, 3)),
+        w("b1", (8,)),
+        w("w2", (8, 8, 3, 3)),
+        w("wt", (8, 4, 2, 2)),
+        nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        nh.from_array(np.array([1, 0], np.int64), "starts"),
+        nh.from_array(np.array([2**31 - 1, -1], np.int64), "ends"),
+        nh.from_array(np.array([2, 3], np.int64), "axes"),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Resize", ["r1", "", "scales"], ["up"], mode="nearest"),
+        h.make_node("Slice", ["up", "starts", "ends", "axes"], ["sl"]),
+        h.make_node("MaxPool", ["sl"], ["mp"], kernel_shape=[3, 3], auto_pad="SAME_UPPER"),
+        h.make_node("Conv", ["mp", "w2"], ["c2"], auto_pad="SAME_LOWER"),
+        h.make_node("Concat", ["mp", "c2"], ["features"], axis=1),
+        h.make_node("ConvTranspose", ["c2", "wt"], ["upsampled"], strides=[2, 2]),
+        h.make_node("GlobalAveragePool", ["features"], ["pooled"]),
+    ]
+    outputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["features", "upsampled", "pooled"]]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])
+    model = h.make_model(h.make_graph(nodes, "stress_vision", [x], outputs, inits), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "stress_vision.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 3, 17, 23), (2, 3, 32, 12)]]
+    write_case(out, "stress_symbolic_vision", path, sets)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -158,6 +199,7 @@ def main():
     os.makedirs(scratch)
     rng = np.random.default_rng(0)
     light_models(a.out, rng)
+    stress_models(a.out, rng, scratch)
     if os.path.isdir(a.shared):
         symbolic_copies(a.out, a.shared, rng, scratch)
     else:

@@ -663,12 +663,45 @@ fn slice(s: &Slice, x: &TensorType) -> Result<TensorType, String> {
         if s.steps[i] == 0 {
             return Err("slice steps must be nonzero".into());
         }
+        if let Some(d) = symbolic_slice(&x.shape.0[axis], s.starts[i], s.ends[i], s.steps[i]) {
+            shape.0[axis] = d?;
+            continue;
+        }
         let n = static_dim(&x.shape, axis, "slice")?;
         let n = i64::try_from(n).map_err(|_| format!("slice of an axis of extent {n} is out of range"))?;
         let (_, _, count) = slice_range(s.starts[i], s.ends[i], s.steps[i], n);
         shape.0[axis] = Dim::Static(count as u64);
     }
     Ok(TensorType::new(x.dtype, shape))
+}
+
+/// The end of a slice that means "to the end" (ONNX exporters write `INT_MAX` or `INT64_MAX`).
+pub const SLICE_TO_END: i64 = i32::MAX as i64;
+
+/// The extent of a slice of symbolic dim `d`, for the slices whose bounds need no clamping against it: a step
+/// ≥ 1 from a start ≥ 0 to the end (`x[1:]`) or to an end counted from the back (`x[:-1]`). The extent is a
+/// derived dim; a run whose extent makes it negative is an input error, so the start is always in bounds.
+/// `None` for a static dim; an error for other slices of a symbolic one (their clamping depends on the extent).
+pub fn symbolic_slice(d: &Dim, start: i64, end: i64, step: i64) -> Option<Result<Dim, String>> {
+    if d.as_static().is_some() {
+        return None;
+    }
+    let refuse = || Err(format!("slice [{start}:{end}:{step}] of symbolic dim `{d}` needs a static extent"));
+    if step < 1 || start < 0 {
+        return Some(refuse());
+    }
+    let x = match dim_expr(d) {
+        Ok(x) => x,
+        Err(e) => return Some(Err(e)),
+    };
+    let span = if end >= SLICE_TO_END {
+        x.add_constant(-start)
+    } else if end < 0 {
+        x.add_constant(end.saturating_sub(start))
+    } else {
+        return Some(refuse());
+    };
+    Some(expr_dim(&span.ceil_div(step)))
 }
 
 fn recurrent(

@@ -90,6 +90,10 @@ impl PlacedBackends {
         operands: &[Tensor],
         expected: &[(DType, Vec<usize>)],
     ) -> Result<Vec<Tensor>, RunError> {
+        // An op whose shape attribute is symbolic (a resize to `2*((H+1)/2)`) gets this run's extents: its result
+        // shape, which is what the attribute says.
+        let specialized = with_result_shape(op, expected);
+        let op = specialized.as_ref();
         let (who, results) = match backend {
             None => {
                 let refs: Vec<&Tensor> = operands.iter().collect();
@@ -179,4 +183,20 @@ pub fn explain(exe: &kiln_plan::exec::Executable, registry: &BackendRegistry, co
         out.push(StepPlacement { step, backend, what: exe.describe(s), why });
     }
     out
+}
+
+/// `op` with a symbolic shape attribute (reshape, broadcast, iota, resize: the attribute is the result's shape)
+/// replaced by the run's result extents `expected[0]`.
+fn with_result_shape<'o>(op: &'o Op, expected: &[(DType, Vec<usize>)]) -> std::borrow::Cow<'o, Op> {
+    use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
+    use std::borrow::Cow;
+    let Some((_, dims)) = expected.first() else { return Cow::Borrowed(op) };
+    let shape = || kiln_ir::Shape::of(&dims.iter().map(|&d| d as u64).collect::<Vec<_>>());
+    match op {
+        Op::Reshape(r) if !r.shape.is_static() => Cow::Owned(Op::Reshape(Reshape { shape: shape() })),
+        Op::Broadcast(b) if !b.shape.is_static() => Cow::Owned(Op::Broadcast(Broadcast { shape: shape() })),
+        Op::Iota(i) if !i.shape.is_static() => Cow::Owned(Op::Iota(Iota { shape: shape(), ..i.clone() })),
+        Op::Resize(r) if !r.shape.is_static() => Cow::Owned(Op::Resize(Resize { shape: shape(), ..r.clone() })),
+        _ => Cow::Borrowed(op),
+    }
 }

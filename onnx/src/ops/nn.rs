@@ -348,9 +348,24 @@ pub(crate) fn softmax(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
     Ok(vec![reshape(cx, &y, x.ty.shape.0.clone())?])
 }
 
+/// `floor(extent · scale)` for a dim that may be symbolic: exact for a scale that is a fraction with a small
+/// denominator (×2, ×0.5, ×1.5 — what upsampling layers use); any other scale needs a static extent.
+fn scaled_dim(d: &Dim, scale: f64) -> Result<Dim, String> {
+    use kiln_ir::dim::DimExpr;
+    if let Some(v) = d.as_static() {
+        return Ok(Dim::Static((v as f64 * scale).floor() as u64));
+    }
+    let q = (1..=16i64).find(|q| (scale * *q as f64 - (scale * *q as f64).round()).abs() < 1e-9 && scale > 0.0);
+    let (Some(q), Some(e)) = (q, DimExpr::of(d)) else {
+        return Err(format!("scale {scale} on symbolic dim `{d}` needs a static extent"));
+    };
+    let p = (scale * q as f64).round() as i64;
+    e.scale(p).floor_div(q).to_dim().ok_or_else(|| format!("scale {scale} gives a negative extent"))
+}
+
 pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
-    let d = static_shape(x, "Resize")?;
+    let d: Vec<Dim> = x.ty.shape.0.clone();
     let rank = d.len();
     let mode = match n.string("mode").as_deref().unwrap_or("nearest") {
         "nearest" => ResizeMode::Nearest,
@@ -401,30 +416,33 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         (scales, const_ints(n, 3, "sizes")?)
     };
     let mut scales = vec![1.0f64; rank];
-    let mut out: Vec<u64> = d.iter().map(|&v| v as u64).collect();
+    let mut out: Vec<Dim> = d.clone();
     match (scales_in, sizes_in) {
         (Some(s), None) if s.len() == axes.len() => {
             for (i, &a) in axes.iter().enumerate() {
                 scales[a] = s[i];
-                out[a] = (d[a] as f64 * s[i]).floor() as u64;
+                out[a] = scaled_dim(&d[a], s[i])?;
             }
         }
         (None, Some(z)) if z.len() == axes.len() => {
             for (i, &a) in axes.iter().enumerate() {
-                out[a] = z[i].max(0) as u64;
-                scales[a] = out[a] as f64 / d[a] as f64;
+                let extent = d[a].as_static().ok_or_else(|| {
+                    format!("`sizes` for symbolic dim `{}` needs a static extent (the scale would vary)", d[a])
+                })?;
+                out[a] = Dim::Static(z[i].max(0) as u64);
+                scales[a] = z[i].max(0) as f64 / extent as f64;
             }
         }
         _ => return Err("exactly one of scales and sizes must be given, one value per resized axis".into()),
     }
-    let attrs = Resize { mode, coord, nearest, shape: Shape::of(&out), scales };
+    let attrs = Resize { mode, coord, nearest, shape: Shape(out), scales };
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
 }
 
 /// Upsample (opsets 7–9): nearest-neighbour scaling, `out[i] = in[floor(i / scale)]`.
 pub(crate) fn upsample(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
-    let d = static_shape(x, "Upsample")?;
+    let d: Vec<Dim> = x.ty.shape.0.clone();
     let mode = n.string("mode").unwrap_or_else(|| "nearest".into());
     if mode != "nearest" {
         return Err(format!("mode `{mode}` is not supported (nearest only)"));
@@ -436,12 +454,12 @@ pub(crate) fn upsample(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, S
     if scales.len() != d.len() || scales.iter().any(|&s| s < 1.0) {
         return Err(format!("scales {scales:?} must give one value ≥ 1 per dim"));
     }
-    let out: Vec<u64> = d.iter().zip(&scales).map(|(&v, &s)| (v as f64 * s).floor() as u64).collect();
+    let out: Vec<Dim> = d.iter().zip(&scales).map(|(v, &s)| scaled_dim(v, s)).collect::<Result<_, _>>()?;
     let attrs = Resize {
         mode: ResizeMode::Nearest,
         coord: CoordMode::Asymmetric,
         nearest: NearestMode::Floor,
-        shape: Shape::of(&out),
+        shape: Shape(out),
         scales,
     };
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])

@@ -71,6 +71,16 @@ impl Ctx<'_> {
         let mut own = idx.to_vec();
         for i in 0..s.axes.len() {
             let axis = normalize_axis(s.axes[i], shape.rank()).map_err(|m| self.node_err(id, m))?;
+            if shape.0[axis].as_static().is_none() {
+                // A slice of a symbolic extent starts at a non-negative start, in bounds (`infer::symbolic_slice`).
+                if let Some(Err(m)) = kiln_ir::infer::symbolic_slice(&shape.0[axis], s.starts[i], s.ends[i], s.steps[i])
+                {
+                    return Err(self.node_err(id, m));
+                }
+                let at = IExpr::times(idx[axis].clone(), IExpr::Const(s.steps[i]));
+                own[axis] = IExpr::plus(IExpr::Const(s.starts[i]), at);
+                continue;
+            }
             let n = self.static_extent(id, &shape, axis, "slice")?;
             let (start, step, _) = kiln_ir::infer::slice_range(s.starts[i], s.ends[i], s.steps[i], n);
             own[axis] = IExpr::plus(IExpr::Const(start), IExpr::times(idx[axis].clone(), IExpr::Const(step)));
