@@ -204,3 +204,53 @@ fn concat_and_pad_on_symbolic_extents_handle_empty_operands() {
         assert_close(&format!("P={p} S={s} (cuda-emulated)"), &model.run(&inputs, &emulated).unwrap(), &want);
     }
 }
+
+/// Nearest resize is compiled for integer scales and their inverses, in every nearest mode with the asymmetric
+/// and half-pixel coordinate modes, and matches the interpreter exactly (on the CPU and the emulated device);
+/// other scales still run on the interpreter, reported.
+#[test]
+fn nearest_resize_is_compiled_and_exact() {
+    let mut cases = 0;
+    for (coord, nearest) in [
+        ("asymmetric", "floor"),
+        ("asymmetric", "ceil"),
+        ("asymmetric", "round_prefer_floor"),
+        ("half_pixel", "round_prefer_floor"),
+        ("half_pixel", "round_prefer_ceil"),
+        ("half_pixel", "floor"),
+        ("half_pixel", "ceil"),
+    ] {
+        for (scale, out) in [(2.0, 10), (3.0, 15), (0.5, 2)] {
+            let text = format!(
+                "graph \"r\" {{\n  %0 = input {{name=\"x\"}} : f32[1,2,5,5]\n  %1 = resize %0 {{mode=nearest, coord={coord}, \
+                 nearest={nearest}, shape=[1,2,{out},{out}], scales=[1.0, 1.0, {scale:?}, {scale:?}]}} : f32[1,2,{out},{out}]\n  \
+                 output \"y\" = %1\n}}\n"
+            );
+            let model = Model::from_graph(kiln_ir::parse(&text).unwrap()).unwrap();
+            let inputs = common::fixture_inputs(&model);
+            let want =
+                model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, ..Default::default() }).unwrap();
+            let deny = CompileOptions { fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+            let got = model
+                .compile(&deny)
+                .unwrap_or_else(|e| panic!("{coord}/{nearest} ×{scale}: {e}"))
+                .run(&inputs)
+                .unwrap();
+            let what = format!("{coord}/{nearest} ×{scale}");
+            common::assert_outputs(&what, &got, &want, 0.0, 0.0);
+            let emulated = kiln::RunOptions {
+                backend: Backend::CudaEmulated,
+                fallback: kiln::FallbackPolicy::Deny,
+                ..Default::default()
+            };
+            common::assert_outputs(&what, &model.run(&inputs, &emulated).unwrap(), &want, 0.0, 0.0);
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 21);
+    // A scale of 1.5 is not compiled yet: it runs on the interpreter, and says so.
+    let (_, mut g) = common::fixtures().into_iter().find(|(n, _)| n == "resize").unwrap();
+    common::bind_weights(&mut g);
+    let compiled = Model::from_graph(g).unwrap().compile(&CompileOptions::default()).unwrap();
+    assert_eq!(kiln::fallback_kinds(compiled.fallbacks()).len(), 1, "{:?}", compiled.fallbacks());
+}

@@ -603,6 +603,9 @@ impl<'g> Ctx<'g> {
             Op::Transpose(t) => self.transpose(ins[0], &t.perm, idx),
             Op::Slice(s) => self.slice(v.node, ins[0], s, idx),
             Op::Pad(p) => self.pad(v.node, ins[0], p, idx),
+            Op::Resize(r) if r.mode == kiln_ir::op::ResizeMode::Nearest => {
+                self.resize_nearest(v.node, ins[0], r, &out_shape, idx)
+            }
             Op::Concat(c) => self.concat(v.node, ins, c.axis, idx),
             Op::Split(s) => self.split(v.node, ins[0], s, v.index as usize, idx),
             Op::ShapeOf => self.shape_of(ins[0], idx),

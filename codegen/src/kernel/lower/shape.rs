@@ -7,7 +7,7 @@
 //! really regroups are linearized and split again; the simplifier then removes what ranges make redundant.
 
 use kiln_ir::interp::scalar::Scalar;
-use kiln_ir::op::{BinaryOp, Pad, PadMode, Slice, Split};
+use kiln_ir::op::{BinaryOp, CoordMode, NearestMode, Pad, PadMode, Resize, Slice, Split};
 use kiln_ir::types::normalize_axis;
 use kiln_ir::{Dim, NodeId, Shape, Value};
 
@@ -84,6 +84,74 @@ impl Ctx<'_> {
             let n = self.static_extent(id, &shape, axis, "slice")?;
             let (start, step, _) = kiln_ir::infer::slice_range(s.starts[i], s.ends[i], s.steps[i], n);
             own[axis] = IExpr::plus(IExpr::Const(start), IExpr::times(idx[axis].clone(), IExpr::Const(step)));
+        }
+        self.value_at(x, &own)
+    }
+
+    /// Nearest resize: each output index maps to the input index ONNX's coordinate and nearest modes pick,
+    /// computed in exact integer arithmetic. Compiled for resized dims whose scale or its inverse is an integer
+    /// (upsampling by 2, downsampling by 2: the coordinates are then exact in floating point too, so the
+    /// interpreter agrees) with the asymmetric or half-pixel coordinate modes; anything else is refused (and
+    /// falls back).
+    pub(super) fn resize_nearest(
+        &mut self,
+        id: NodeId,
+        x: Value,
+        r: &Resize,
+        out_shape: &Shape,
+        idx: &[IExpr],
+    ) -> Result<Expr, LowerError> {
+        let shape = self.shape(x)?;
+        let refuse = |this: &Self, why: String| Err(this.node_err(id, why));
+        let mut own = Vec::with_capacity(idx.len());
+        for d in 0..idx.len() {
+            let scale = r.scales[d];
+            if shape.0[d] == out_shape.0[d] && scale == 1.0 {
+                own.push(idx[d].clone());
+                continue;
+            }
+            let whole = |v: f64| (v >= 1.0 && (v - v.round()).abs() < 1e-9).then(|| v.round() as i64);
+            // The coordinate as a fraction a/b (b > 0) of the output index o.
+            let (p, q) = match (whole(scale), whole(1.0 / scale)) {
+                (Some(k), _) => (k, 1),
+                (None, Some(k)) => (1, k),
+                _ => {
+                    return refuse(
+                        self,
+                        format!("resize by scale {scale} is not compiled (only integer scales or their inverses)"),
+                    );
+                }
+            };
+            let o = idx[d].clone();
+            let (a, b) = match r.coord {
+                // o / (p/q) = o·q / p
+                CoordMode::Asymmetric => (IExpr::times(o, IExpr::Const(q)), p),
+                // (o + 1/2)·q/p − 1/2 = ((2o + 1)·q − p) / 2p
+                CoordMode::HalfPixel => (
+                    IExpr::minus(
+                        IExpr::times(IExpr::plus(IExpr::times(o, IExpr::Const(2)), IExpr::Const(1)), IExpr::Const(q)),
+                        IExpr::Const(p),
+                    ),
+                    2 * p,
+                ),
+                mode => return refuse(self, format!("nearest resize with coordinate mode {mode:?} is not compiled")),
+            };
+            let i = match r.nearest {
+                NearestMode::Floor => IExpr::floor_div(a, IExpr::Const(b)),
+                NearestMode::Ceil => IExpr::floor_div(IExpr::plus(a, IExpr::Const(b - 1)), IExpr::Const(b)),
+                // ceil(x − 1/2) = floor((2a + b − 1) / 2b); floor(x + 1/2) = floor((2a + b) / 2b)
+                NearestMode::RoundPreferFloor => IExpr::floor_div(
+                    IExpr::plus(IExpr::times(a, IExpr::Const(2)), IExpr::Const(b - 1)),
+                    IExpr::Const(2 * b),
+                ),
+                NearestMode::RoundPreferCeil => IExpr::floor_div(
+                    IExpr::plus(IExpr::times(a, IExpr::Const(2)), IExpr::Const(b)),
+                    IExpr::Const(2 * b),
+                ),
+            };
+            let n = self.dim(&shape.0[d].clone());
+            let last = self.simp(IExpr::minus(n, IExpr::Const(1)));
+            own.push(self.simp(IExpr::max(IExpr::min(i, last), IExpr::Const(0))));
         }
         self.value_at(x, &own)
     }
