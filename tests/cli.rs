@@ -448,7 +448,7 @@ fn opt_runs_pipelines_with_instrumentation() {
 #[test]
 fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
     let root = tempfile::tempdir().unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conv_pool.kir");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/resize.kir");
     let f = fixture.to_str().unwrap();
     let out = root.path().join("out");
     let run = |extra: &[&str], log: Option<&str>| {
@@ -460,14 +460,14 @@ fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
         };
         cmd.output().unwrap()
     };
-    // conv_pool holds a conv_transpose, which runs on the interpreter: said at -v, silent by default.
+    // The fixture holds a linear resize, which runs on the interpreter: logged at -v, silent by default.
     let quiet = run(&[], None);
     assert!(quiet.status.success() && stderr(&quiet).is_empty(), "{}", stderr(&quiet));
     // The fallback itself is always said, once per op kind, with how many and why.
     let said = String::from_utf8_lossy(&quiet.stdout);
-    assert!(said.contains("fallback: 1 `conv_transpose` node(s) run on the reference interpreter: "), "{said}");
+    assert!(said.contains("fallback: 1 `resize` node(s) run on the reference interpreter: "), "{said}");
     let verbose = run(&["-v"], None);
-    assert!(stderr(&verbose).contains("interpreter fallback") && stderr(&verbose).contains("conv_transpose"));
+    assert!(stderr(&verbose).contains("interpreter fallback") && stderr(&verbose).contains("resize"));
     let filtered = run(&[], Some("kiln_codegen=info"));
     assert!(stderr(&filtered).contains("interpreter fallback"), "{}", stderr(&filtered));
     assert_clean_failure(&run(&[], Some("[[[")), "KILN_LOG");
@@ -480,18 +480,17 @@ fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
 #[test]
 fn fallback_policy_warns_allows_or_denies() {
     let root = tempfile::tempdir().unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conv_pool.kir");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/resize.kir");
     let f = fixture.to_str().unwrap();
     let out = root.path().join("out");
     let o = |args: &[&str]| kiln(&[args, &["-o", out.to_str().unwrap()]].concat());
     let stdout = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
-    let line = "fallback: 1 `conv_transpose` node(s) run on the reference interpreter: kiln does not compile \
-                `conv_transpose` yet";
+    let line = "fallback: 1 `resize` node(s) run on the reference interpreter: kiln does not compile `resize` yet";
     let warn = o(&["run", f, "--random-weights", "0"]);
     assert!(warn.status.success() && stdout(&warn).contains(line), "{}", stdout(&warn));
     let allow = o(&["run", f, "--random-weights", "0", "--fallback", "allow"]);
     assert!(allow.status.success() && !stdout(&allow).contains("fallback:"), "{}", stdout(&allow));
-    let want = "1 node(s) would run on the reference interpreter (fallback policy `deny`): 1 `conv_transpose`";
+    let want = "1 node(s) would run on the reference interpreter (fallback policy `deny`): 1 `resize`";
     for backend in ["cpu", "cuda-emulated"] {
         assert_clean_failure(
             &o(&["run", f, "--random-weights", "0", "--fallback", "deny", "--backend", backend]),

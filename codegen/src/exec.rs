@@ -240,6 +240,24 @@ impl<'g> Builder<'g> {
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
             Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
             Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
+            Op::ConvTranspose(ct) => {
+                let name = format!("k{}_conv_transpose", self.exe.kernels.len());
+                let tys: Vec<TensorType> = node.inputs.iter().filter_map(|&v| g.value_type(v).cloned()).collect();
+                let built = match tys.as_slice() {
+                    [x, w, rest @ ..] => {
+                        kernel::builtin::conv_transpose(&name, x, w, rest.first(), ct, &node.outputs[0])
+                            .map_err(NotCompiled::from)
+                    }
+                    _ => Err(NotCompiled::Bug("conv_transpose without its operands".into())),
+                };
+                let mut values = node.inputs.clone();
+                values.push(Value::new(id, 0));
+                let known: HashMap<Value, BufferId> =
+                    values.iter().filter_map(|v| self.buffer_of.get(v).map(|&b| (*v, b))).collect();
+                return built
+                    .and_then(|k| self.kernel_step(k, &values, &|v| known.get(&v).copied()))
+                    .unwrap_or_else(|why| self.fallback(id, inputs, outputs, why));
+            }
             Op::Fusion(f) => match self.fusion(f, inputs, outputs) {
                 Ok(step) => return step,
                 Err(why) => return self.fallback(id, inputs, outputs, why),

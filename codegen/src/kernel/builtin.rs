@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 
 use kiln_ir::interp::scalar::Scalar;
-use kiln_ir::op::{BinaryOp, Conv, Gather, Op, Pool, PoolKind};
+use kiln_ir::op::{BinaryOp, Conv, ConvTranspose, Gather, Op, Pool, PoolKind};
 use kiln_ir::{Dim, Shape, TensorType};
 
 use super::ir::{AccOp, AccVar, ArgId, ArgRole, CmpOp, Expr, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
@@ -133,6 +133,88 @@ pub fn conv_direct(
     x_at.extend(pos);
     let mut w_at = vec![idx[1].clone()];
     w_at.extend_from_slice(&red);
+    let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &xd) }, dtype, c);
+    let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &wd) }, dtype, c);
+    let product = masked(inside, Expr::binary(BinaryOp::Mul, xv, wv), Expr::Const(Scalar::from_f64(c, 0.0)));
+    let mut body = vec![Stmt::Acc { var: acc, dtype: c, op: AccOp::Sum }];
+    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value: product, position: None }]));
+    let mut result = Expr::Acc(acc);
+    if let Some(ba) = ba {
+        let bv = Expr::cast(Expr::Load { arg: ba, index: idx[1].clone() }, dtype, c);
+        result = Expr::binary(BinaryOp::Add, result, bv);
+    }
+    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::cast(result, c, dtype) });
+    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+}
+
+/// A transposed convolution in gather form: each output element sums, over its group's input channels and the
+/// window, `x[n, ci, i…] · w[ci, co, k…]` for the taps with `o + pad − k·dilation = i·stride` inside the input —
+/// the interpreter's scatter, read from the output side so every output element is written once. Float dtypes
+/// (accumulating in f32 or wider); weights of static shape. Args `[x, w, bias?, out]`.
+pub fn conv_transpose(
+    name: &str,
+    x: &TensorType,
+    w: &TensorType,
+    bias: Option<&TensorType>,
+    ct: &ConvTranspose,
+    out: &TensorType,
+) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "conv_transpose");
+    if !x.dtype.is_float() {
+        return Err(b.err(format!("needs a float dtype, got {}", x.dtype)));
+    }
+    let mut ins = vec![x.clone(), w.clone()];
+    ins.extend(bias.cloned());
+    let y = b.infer(&Op::ConvTranspose(ct.clone()), &ins)?;
+    b.expect_out(out, &y)?;
+    if w.shape.as_static().is_none() {
+        return Err(b.err("needs static weights"));
+    }
+    let rank = x.shape.rank() - 2;
+    let (dtype, c) = (x.dtype, compute_type(x.dtype));
+    let xa = b.arg("x", x, ArgRole::Input);
+    let wa = b.arg("w", w, ArgRole::Input);
+    let ba = bias.map(|t| b.arg("bias", t, ArgRole::Input));
+    let oa = b.arg("out", out, ArgRole::Output);
+    let (xd, wd, od) = (b.dims(&x.shape), b.dims(&w.shape), b.dims(&out.shape));
+    let (loops, idx) = b.loops(&od);
+    // Output channel co is channel co mod (M/groups) of group co / (M/groups), which reads input channels
+    // group · Cin/groups onwards.
+    let per_group = wd[1].clone();
+    let group = IExpr::floor_div(idx[1].clone(), per_group.clone());
+    let co_local = IExpr::modulo(idx[1].clone(), per_group);
+    let cin_per_group = IExpr::floor_div(xd[1].clone(), IExpr::Const(ct.groups));
+    let acc = b.acc();
+    let mut red_extents = vec![cin_per_group.clone()];
+    red_extents.extend_from_slice(&wd[2..]);
+    let (red_loops, red) = b.loops(&red_extents);
+    let ci = IExpr::plus(IExpr::times(group, cin_per_group), red[0].clone());
+    let mut inside: Option<Expr> = None;
+    let mut and = |c: Expr| {
+        inside = Some(match inside.take() {
+            None => c,
+            Some(prev) => Expr::binary(BinaryOp::And, prev, c),
+        })
+    };
+    let mut x_at = vec![idx[0].clone(), ci.clone()];
+    for d in 0..rank {
+        let t = IExpr::minus(
+            IExpr::plus(idx[2 + d].clone(), IExpr::Const(ct.pads[d])),
+            IExpr::times(red[1 + d].clone(), IExpr::Const(ct.dilations[d])),
+        );
+        let stride = IExpr::Const(ct.strides[d]);
+        let i = IExpr::floor_div(t.clone(), stride.clone());
+        and(Expr::cond(CmpOp::Le, IExpr::Const(0), t.clone()));
+        if ct.strides[d] > 1 {
+            and(Expr::cond(CmpOp::Eq, IExpr::modulo(t, stride), IExpr::Const(0)));
+        }
+        and(Expr::cond(CmpOp::Lt, i.clone(), xd[2 + d].clone()));
+        // Clamped into the input, so the read is in bounds whether or not the tap is real.
+        let last = IExpr::minus(xd[2 + d].clone(), IExpr::Const(1));
+        x_at.push(IExpr::max(IExpr::min(i, last), IExpr::Const(0)));
+    }
+    let mut w_at = vec![ci, co_local];
+    w_at.extend_from_slice(&red[1..]);
     let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &xd) }, dtype, c);
     let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &wd) }, dtype, c);
     let product = masked(inside, Expr::binary(BinaryOp::Mul, xv, wv), Expr::Const(Scalar::from_f64(c, 0.0)));
