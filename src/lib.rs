@@ -550,7 +550,9 @@ impl Model {
                 },
             )
             .map_err(|e| match e {
-                e @ kiln_onnx::ImportError::Unsupported(_) => Error::Onnx(e),
+                // These name the file already (an I/O error names the file it could not read, which may be
+                // external data beside the model).
+                e @ (kiln_onnx::ImportError::Unsupported(_) | kiln_onnx::ImportError::Io { .. }) => Error::Onnx(e),
                 e => Error::OnnxAt(e, shown.clone()),
             })?,
             _ if path.is_dir() => {

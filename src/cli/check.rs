@@ -17,7 +17,11 @@ pub struct CheckArgs {
 
 pub fn run(a: CheckArgs) -> Result<()> {
     let options = kiln_onnx::ImportOptions { shapes: super::parse_shapes(&a.shapes)?, ..Default::default() };
-    let problems = kiln_onnx::check(&a.model, &options).map_err(|e| anyhow::anyhow!("{}: {e}", a.model.display()))?;
+    let problems = kiln_onnx::check(&a.model, &options).map_err(|e| match e {
+        // An I/O error names the file it could not read already.
+        e @ kiln_onnx::ImportError::Io { .. } => anyhow::anyhow!("{e}"),
+        e => anyhow::anyhow!("{}: {e}", a.model.display()),
+    })?;
     if problems.is_empty() {
         println!("{}: supported (every op, attribute and dtype imports)", a.model.display());
         return Ok(());
