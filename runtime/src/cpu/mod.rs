@@ -357,8 +357,9 @@ impl CpuProgram {
             if transformed.contains_key(&w) {
                 continue;
             }
+            // A symbolic output extent is decided per run (see `library`); a static one here.
             let spatial: Option<u64> = out.shape.0.iter().skip(2).map(|d| d.as_static()).product();
-            if out.dtype != kiln_ir::DType::F32 || spatial.is_none_or(|s| s < WINOGRAD_MIN_OUTPUT) {
+            if out.dtype != kiln_ir::DType::F32 || spatial.is_some_and(|s| s < WINOGRAD_MIN_OUTPUT) {
                 continue;
             }
             let Some(t) = self.weight_tensor(set, w) else { continue };
@@ -758,7 +759,8 @@ impl CpuProgram {
                 };
                 // The transformed weights serve every conv of this weight that Winograd computes; another conv
                 // of the same weight (a stride-2 one, say: deduplicated constants are shared) runs directly.
-                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| library::winograd_applies(&wd, attrs)) {
+                let big = out_dims.iter().skip(2).product::<usize>() as u64 >= WINOGRAD_MIN_OUTPUT;
+                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| big && library::winograd_applies(&wd, attrs)) {
                     return library::conv_winograd_f32(f32s(inputs[0], &xd), &xd, wt, bias, attrs, out, &out_dims, par)
                         .map_err(|e| RunError::Op(e.to_string()));
                 }
