@@ -6,6 +6,7 @@ optimizations, the same thread count, the model's saved inputs) in alternating r
 alike, and reports median latencies, their ratio, kiln's compile time and both peak RSS figures.
 
     .venv/bin/python scripts/bench_vs_ort.py [--models resnet18,bert_small,...] [--threads 1,2] [--rounds 3]
+    .venv/bin/python scripts/bench_vs_ort.py --models '' --corpus sym_resnet18,stress_symbolic_vision
 
 Needs `onnxruntime` and `numpy` in the venv (`scripts/test.sh` creates `.venv`; `pip install onnxruntime`), and a
 release build (`cargo build --release`). Prints a Markdown table (paste it into docs/performance.md).
@@ -22,12 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def kiln_bench(kiln, model_dir, threads, runs, warmup):
-    manifest = json.loads((model_dir / "inputs" / "manifest.json").read_text())
-    cmd = [str(kiln), "bench", str(model_dir / "model.onnx"), "--threads", str(threads), "--runs", str(runs),
+def kiln_bench(kiln, case, threads, runs, warmup):
+    model, inputs = case
+    manifest = json.loads((inputs / "manifest.json").read_text())
+    cmd = [str(kiln), "bench", str(model), "--threads", str(threads), "--runs", str(runs),
            "--warmup", str(warmup), "--json"]
     for entry in manifest:
-        cmd += ["--input", f"{entry['name']}={model_dir / 'inputs' / entry['file']}"]
+        cmd += ["--input", f"{entry['name']}={inputs / entry['file']}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -35,16 +37,17 @@ def kiln_bench(kiln, model_dir, threads, runs, warmup):
 ORT_CHILD = r"""
 import json, sys, time, numpy as np, onnxruntime as ort
 from pathlib import Path
-model_dir, threads, runs, warmup = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model, inputs = Path(sys.argv[1]), Path(sys.argv[2])
+threads, runs, warmup = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 opts = ort.SessionOptions()
 opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 opts.intra_op_num_threads = threads
 opts.inter_op_num_threads = 1
 t0 = time.perf_counter()
-sess = ort.InferenceSession(str(model_dir / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
 load_ms = (time.perf_counter() - t0) * 1e3
-manifest = json.loads((model_dir / "inputs" / "manifest.json").read_text())
-feeds = {e["name"]: np.load(model_dir / "inputs" / e["file"]) for e in manifest}
+manifest = json.loads((inputs / "manifest.json").read_text())
+feeds = {e["name"]: np.load(inputs / e["file"]) for e in manifest}
 for _ in range(warmup):
     sess.run(None, feeds)
 times = []
@@ -62,8 +65,9 @@ print(json.dumps({"load_ms": load_ms, "median_ms": times[len(times) // 2],
 """
 
 
-def ort_bench(python, model_dir, threads, runs, warmup):
-    out = subprocess.run([python, "-c", ORT_CHILD, str(model_dir), str(threads), str(runs), str(warmup)],
+def ort_bench(python, case, threads, runs, warmup):
+    model, inputs = case
+    out = subprocess.run([python, "-c", ORT_CHILD, str(model), str(inputs), str(threads), str(runs), str(warmup)],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -116,6 +120,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--models-dir", default=os.environ.get("KILN_MODELS_DIR", str(ROOT.parent / "shared" / "models")))
     ap.add_argument("--kiln", default=str(ROOT / "target" / "release" / "kiln"))
+    ap.add_argument("--corpus", default="",
+                    help="also time these models of the public corpus (.cache/corpus, scripts/gen_corpus.py), each "
+                         "input set a case: NAME[,NAME…] or `all`")
     ap.add_argument("--elementwise", action="store_true",
                     help="also time the fused elementwise graph y = gelu(x*a + b) + r over 16M f32")
     args = ap.parse_args()
@@ -124,13 +131,24 @@ def main():
     if not kiln.exists():
         sys.exit(f"{kiln} not found: run `cargo build --release` first")
     models_dir = Path(args.models_dir)
-    if not models_dir.is_dir():
-        sys.exit(f"reference models not found at {models_dir} (set KILN_MODELS_DIR)")
     python = sys.executable
     rows = []
-    cases = [(name, models_dir / name) for name in args.models.split(",")]
+    cases = []
+    if args.models:
+        if not models_dir.is_dir():
+            sys.exit(f"reference models not found at {models_dir} (set KILN_MODELS_DIR, or --models '')")
+        cases += [(name, (models_dir / name / "model.onnx", models_dir / name / "inputs")) for name in args.models.split(",")]
+    if args.corpus:
+        corpus = ROOT / ".cache" / "corpus"
+        names = sorted(p.name for p in corpus.iterdir() if (p / "model.onnx").is_file()) if args.corpus == "all" \
+            else args.corpus.split(",")
+        for name in names:
+            for s in sorted((corpus / name / "sets").iterdir()):
+                shape = json.loads((s / "inputs" / "manifest.json").read_text())[0]["shape"]
+                cases.append((f"{name} {'x'.join(map(str, shape))}", (corpus / name / "model.onnx", s / "inputs")))
     if args.elementwise:
-        cases.append(("fused_gelu_16M", fused_elementwise_model(ROOT / ".cache" / "bench" / "fused_gelu" / "model.onnx")))
+        d = fused_elementwise_model(ROOT / ".cache" / "bench" / "fused_gelu" / "model.onnx")
+        cases.append(("fused_gelu_16M", (d / "model.onnx", d / "inputs")))
     for name, model_dir in cases:
         for threads in [int(t) for t in args.threads.split(",")]:
             k_med, o_med, k_all = [], [], []
@@ -149,7 +167,7 @@ def main():
                 "kiln_rss_mib": max(x["peak_rss_bytes"] for x in k_all) / 2**20, "ort_rss_mib": o_rss / 2**20,
             })
             r = rows[-1]
-            print(f"{name:12} {threads}t  kiln {km:8.3f} ms  ort {om:8.3f} ms  ratio {r['ratio']:.2f}  "
+            print(f"{name:24} {threads}t  kiln {km:8.3f} ms  ort {om:8.3f} ms  ratio {r['ratio']:.2f}  "
                   f"compile {r['compile_ms']:.1f} ms  rss {r['kiln_rss_mib']:.0f}/{r['ort_rss_mib']:.0f} MiB",
                   flush=True)
     print()
