@@ -223,7 +223,8 @@ pub struct LoadOptions {
     pub weights: Option<PathBuf>,
     /// Static extents for inputs with symbolic dims (ONNX models are specialized to them at import).
     pub shapes: BTreeMap<String, Vec<usize>>,
-    /// Input values an ONNX model is specialized on (see `kiln_onnx::ImportOptions::known_inputs`).
+    /// Input values an ONNX model is specialized on: each becomes a constant of the model and is no longer one
+    /// of its inputs (see `kiln_onnx::ImportOptions::known_inputs`; the CLI's `--fix-input`).
     pub known_inputs: BTreeMap<String, Tensor>,
 }
 

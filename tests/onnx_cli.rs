@@ -300,3 +300,54 @@ fn conformance_reports_broken_cases_as_failures() {
     assert!(out.lines().any(|l| l.contains("test_model_is_a_directory") && l.contains("not a file")), "{out}");
     assert!(out.trim_end().ends_with("2 passed, 2 failed, 0 unsupported"), "{out}");
 }
+
+/// `--fix-input NAME=FILE.npy` specializes an ONNX model on an input's value: a Resize whose scales are a graph
+/// input is refused (saying how to fix it) until its scales are fixed, then compiles (no interpreter step) and
+/// computes the nearest upsampling; the fixed input is no longer one the run takes.
+#[test]
+fn fix_input_specializes_on_an_inputs_value() {
+    let root = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/onnx/resize_scales_input.onnx");
+    let m = model.to_str().unwrap();
+    let p = |name: &str| root.path().join(name).to_string_lossy().into_owned();
+    kiln::npy::write(
+        Path::new(&p("x.npy")),
+        &Tensor::from_vec(vec![1, 1, 2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap(),
+    )
+    .unwrap();
+    kiln::npy::write(Path::new(&p("scales.npy")), &Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 2.0, 2.0]).unwrap())
+        .unwrap();
+    let refused = kiln(&["run", m, "--input", &format!("x={}", p("x.npy")), "-o", &p("out")]);
+    assert!(!refused.status.success() && stderr(&refused).contains("--fix-input"), "{}", stderr(&refused));
+    let o = kiln(&[
+        "run",
+        m,
+        "--input",
+        &format!("x={}", p("x.npy")),
+        "--fix-input",
+        &format!("scales={}", p("scales.npy")),
+        "--fallback",
+        "deny",
+        "-o",
+        &p("out"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let y = kiln::npy::read(Path::new(&p("out/y.npy"))).unwrap();
+    let want: Vec<f32> = [1., 1., 2., 2., 3., 3.]
+        .iter()
+        .chain(&[1., 1., 2., 2., 3., 3.])
+        .chain(&[4., 4., 5., 5., 6., 6.])
+        .chain(&[4., 4., 5., 5., 6., 6.])
+        .copied()
+        .collect();
+    assert_eq!(y, Tensor::from_vec(vec![1, 1, 4, 6], want).unwrap());
+    let twice = kiln(&[
+        "run",
+        m,
+        "--input",
+        &format!("scales={}", p("scales.npy")),
+        "--fix-input",
+        &format!("scales={}", p("scales.npy")),
+    ]);
+    assert!(stderr(&twice).contains("cannot also be given"), "{}", stderr(&twice));
+}

@@ -87,6 +87,8 @@ pub(crate) struct Ctx<'m> {
     pub opset: i64,
     pub base_dir: Option<&'m Path>,
     node_name: Option<String>,
+    /// The graph inputs a caller feeds (for messages that say how to give a value import needs).
+    graph_inputs: std::collections::HashSet<String>,
 }
 
 impl<'m> Ctx<'m> {
@@ -225,7 +227,16 @@ impl<'m> Ctx<'m> {
         }
         let handler =
             if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
-        let problem = |message: String| Unsupported { node: label.clone(), op_type: op_type.clone(), message };
+        // A value an op needs at import time that a graph input feeds: say how to give it.
+        let fed_by_input = node.input.iter().any(|i| self.graph_inputs.contains(i.as_str()));
+        let problem = |message: String| {
+            let message = if fed_by_input && message.contains("known at import time") {
+                format!("{message} (it is fed by a graph input: fix its value with --fix-input NAME=FILE.npy)")
+            } else {
+                message
+            };
+            Unsupported { node: label.clone(), op_type: op_type.clone(), message }
+        };
         let Some(handler) = handler else {
             let message = if node.domain.is_empty() || node.domain == "ai.onnx" {
                 "op is not supported".to_string()
@@ -451,6 +462,10 @@ pub fn import_model(
         opset,
         base_dir,
         node_name: None,
+        graph_inputs: {
+            let inits: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+            g.input.iter().filter(|i| !inits.contains(i.name.as_str())).map(|i| i.name.clone()).collect()
+        },
     };
     if !OPSETS.contains(&opset) {
         cx.problems.push(Unsupported {
@@ -482,8 +497,17 @@ pub fn import_model(
                         k.tensor_type()
                     )));
                 }
-                let v = cx.b.input(&vi.name, ty.dtype, ty.shape).map_err(|e| ImportError::Invalid(e.to_string()))?;
-                let val = cx.wrap(v, known);
+                // An input whose value is given is that constant: the model is specialized on it, and it is no
+                // longer an input (a run cannot pass another value than the code was specialized on).
+                let val = match known {
+                    Some(k) => cx.constant((*k).clone()).map_err(ImportError::Invalid)?,
+                    None => {
+                        let v =
+                            cx.b.input(&vi.name, ty.dtype, ty.shape)
+                                .map_err(|e| ImportError::Invalid(e.to_string()))?;
+                        cx.wrap(v, None)
+                    }
+                };
                 cx.define(&vi.name, Some(val));
             }
             Err(InputTypeError::Contradicted(message)) => {

@@ -27,8 +27,8 @@ pub use import::import_model;
 pub struct ImportOptions {
     /// Static extents for graph inputs (name → dims), replacing symbolic or unknown dims.
     pub shapes: BTreeMap<String, Vec<usize>>,
-    /// Values to specialize graph inputs on: the input stays in the graph, but import treats its value as known
-    /// (so an `axes` or `pads` operand fed by it resolves). Valid only for runs with exactly these values.
+    /// Values to specialize graph inputs on: each such input becomes a constant of the imported graph (so an
+    /// `axes`, `pads` or `sizes` operand fed by it resolves) and is no longer an input.
     pub known_inputs: BTreeMap<String, kiln_ir::Tensor>,
 }
 

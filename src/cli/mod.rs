@@ -63,6 +63,11 @@ pub struct ModelArgs {
     /// Static extents for an input with symbolic dims: NAME=DxDxD (repeatable; `scalar` for rank 0).
     #[arg(long = "shape", value_name = "NAME=DxD")]
     pub shapes: Vec<String>,
+    /// Specialize an ONNX model on an input's value: NAME=FILE.npy (repeatable). The input becomes a constant of
+    /// the model — shape arguments fed as inputs (axes, pads, sizes, a sample rate) resolve at compile time —
+    /// and is no longer an input of it.
+    #[arg(long = "fix-input", value_name = "NAME=FILE.npy")]
+    pub fix_inputs: Vec<String>,
     /// Bind deterministic pseudo-random weights to every param that has none (the i-th param, in graph order,
     /// gets the values of seed SEED + i); its dims must be static.
     #[arg(long, value_name = "SEED")]
@@ -85,10 +90,25 @@ impl ModelArgs {
             }
             shapes.insert(name, dims);
         }
-        let model = kiln::Model::load(
-            &self.model,
-            &kiln::LoadOptions { weights: self.weights.clone(), shapes, ..Default::default() },
-        )?;
+        let mut known_inputs = BTreeMap::new();
+        for spec in &self.fix_inputs {
+            let (name, file) = split_assignment(spec, "--fix-input")?;
+            let t = kiln::npy::read(std::path::Path::new(file))?;
+            if known_inputs.insert(name.to_string(), t).is_some() {
+                bail!("--fix-input `{name}` is given twice");
+            }
+        }
+        if !known_inputs.is_empty() && self.model.extension().is_none_or(|e| e != "onnx") {
+            bail!("--fix-input specializes ONNX models; {} is not one", self.model.display());
+        }
+        if let Some(name) = known_inputs.keys().find(|n| shapes.contains_key(*n)) {
+            bail!("--fix-input `{name}` fixes that input: it cannot also be given (--input) or shaped (--shape)");
+        }
+        for (name, t) in &known_inputs {
+            shapes.insert(name.clone(), t.shape().to_vec());
+        }
+        let model =
+            kiln::Model::load(&self.model, &kiln::LoadOptions { weights: self.weights.clone(), shapes, known_inputs })?;
         match self.random_weights {
             Some(seed) => bind_random_weights(model, seed),
             None => Ok(model),

@@ -760,7 +760,8 @@ impl CpuProgram {
                 // The transformed weights serve every conv of this weight that Winograd computes; another conv
                 // of the same weight (a stride-2 one, say: deduplicated constants are shared) runs directly.
                 let big = out_dims.iter().skip(2).product::<usize>() as u64 >= WINOGRAD_MIN_OUTPUT;
-                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| big && library::winograd_applies(&wd, attrs)) {
+                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| big && library::winograd_applies(&wd, attrs))
+                {
                     return library::conv_winograd_f32(f32s(inputs[0], &xd), &xd, wt, bias, attrs, out, &out_dims, par)
                         .map_err(|e| RunError::Op(e.to_string()));
                 }
