@@ -439,7 +439,9 @@ impl Parser<'_> {
     fn dim(&mut self) -> Result<Dim, Fail> {
         let at = self.pos;
         let op = |k: &Kind| matches!(k, Kind::Punct('+' | '-' | '*' | '/'));
+        // Canonical text may start with `(` or a negated term (`-N+5`).
         let expression = self.is_punct('(')
+            || self.is_punct('-')
             || (matches!(self.peek().kind, Kind::Ident | Kind::Number)
                 && (op(&self.peek_at(1).kind)
                     || (self.peek_at(1).kind == Kind::Number && self.text(self.pos + 1).starts_with('-'))));
