@@ -107,15 +107,64 @@ pub fn conv_direct(
     conv: &Conv,
     out: &TensorType,
 ) -> Result<Kernel, LowerError> {
-    let mut b = Builder::new(name, "conv");
+    conv_like(name, "conv", &Op::Conv(conv.clone()), x, w, bias, out, |b, d, y| {
+        let window = b.conv_window(x, w, conv, y)?;
+        // Output channel m belongs to group m / (M / groups), which reads input channels from group · Cin/groups.
+        let per_group = IExpr::floor_div(d.od[1].clone(), IExpr::Const(conv.groups));
+        let first_channel = IExpr::times(IExpr::floor_div(d.idx[1].clone(), per_group), d.wd[1].clone());
+        let (red_loops, red) = b.loops(&d.wd[1..]);
+        let (pos, inside) = window.taps(&d.idx[2..], &red[1..]);
+        let mut x_at = vec![d.idx[0].clone(), IExpr::plus(first_channel, red[0].clone())];
+        x_at.extend(pos);
+        let mut w_at = vec![d.idx[1].clone()];
+        w_at.extend_from_slice(&red);
+        Ok(Taps { red_loops, x_at, w_at, inside })
+    })
+}
+
+/// The extents and output index of a convolution-like kernel, for its tap rule.
+struct ConvDims {
+    xd: Vec<IExpr>,
+    wd: Vec<IExpr>,
+    od: Vec<IExpr>,
+    /// The output element's index.
+    idx: Vec<IExpr>,
+}
+
+/// What a convolution-like kernel sums for one output element: over the reduction loops, `x[x_at] · w[w_at]`
+/// where `inside` holds (the positions clamped into bounds either way).
+struct Taps {
+    red_loops: Vec<(LoopVar, IExpr)>,
+    x_at: Vec<IExpr>,
+    w_at: Vec<IExpr>,
+    inside: Option<Expr>,
+}
+
+/// The kernel direct and transposed convolutions share: checks (float dtype, the op's type rule giving `out`),
+/// the arguments `[x, w, bias?, out]`, a parallel loop nest over the output whose body sums, in the compute type,
+/// the products `taps` describes, adds the bias of the output channel and stores the result.
+#[allow(clippy::too_many_arguments)]
+fn conv_like(
+    name: &str,
+    what: &'static str,
+    op: &Op,
+    x: &TensorType,
+    w: &TensorType,
+    bias: Option<&TensorType>,
+    out: &TensorType,
+    taps: impl FnOnce(&mut Builder, &ConvDims, &TensorType) -> Result<Taps, LowerError>,
+) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, what);
     if !x.dtype.is_float() {
         return Err(b.err(format!("needs a float dtype, got {}", x.dtype)));
     }
     let mut ins = vec![x.clone(), w.clone()];
     ins.extend(bias.cloned());
-    let y = b.infer(&Op::Conv(conv.clone()), &ins)?;
+    let y = b.infer(op, &ins)?;
     b.expect_out(out, &y)?;
-    let window = b.conv_window(x, w, conv, &y)?;
+    if w.shape.as_static().is_none() {
+        return Err(b.err("needs static weights"));
+    }
     let (dtype, c) = (x.dtype, compute_type(x.dtype));
     let xa = b.arg("x", x, ArgRole::Input);
     let wa = b.arg("w", w, ArgRole::Input);
@@ -123,27 +172,20 @@ pub fn conv_direct(
     let oa = b.arg("out", out, ArgRole::Output);
     let (xd, wd, od) = (b.dims(&x.shape), b.dims(&w.shape), b.dims(&out.shape));
     let (loops, idx) = b.loops(&od);
-    // Output channel m belongs to group m / (M / groups), which reads input channels from group · Cin/groups.
-    let per_group = IExpr::floor_div(od[1].clone(), IExpr::Const(conv.groups));
-    let first_channel = IExpr::times(IExpr::floor_div(idx[1].clone(), per_group), wd[1].clone());
+    let dims = ConvDims { xd, wd, od, idx };
     let acc = b.acc();
-    let (red_loops, red) = b.loops(&wd[1..]);
-    let (pos, inside) = window.taps(&idx[2..], &red[1..]);
-    let mut x_at = vec![idx[0].clone(), IExpr::plus(first_channel, red[0].clone())];
-    x_at.extend(pos);
-    let mut w_at = vec![idx[1].clone()];
-    w_at.extend_from_slice(&red);
-    let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &xd) }, dtype, c);
-    let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &wd) }, dtype, c);
+    let Taps { red_loops, x_at, w_at, inside } = taps(&mut b, &dims, &y)?;
+    let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &dims.xd) }, dtype, c);
+    let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &dims.wd) }, dtype, c);
     let product = masked(inside, Expr::binary(BinaryOp::Mul, xv, wv), Expr::Const(Scalar::from_f64(c, 0.0)));
     let mut body = vec![Stmt::Acc { var: acc, dtype: c, op: AccOp::Sum }];
     body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value: product, position: None }]));
     let mut result = Expr::Acc(acc);
     if let Some(ba) = ba {
-        let bv = Expr::cast(Expr::Load { arg: ba, index: idx[1].clone() }, dtype, c);
+        let bv = Expr::cast(Expr::Load { arg: ba, index: dims.idx[1].clone() }, dtype, c);
         result = Expr::binary(BinaryOp::Add, result, bv);
     }
-    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::cast(result, c, dtype) });
+    body.push(Stmt::Store { arg: oa, index: b.flat(&dims.idx, &dims.od), value: Expr::cast(result, c, dtype) });
     Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
 }
 
@@ -159,74 +201,46 @@ pub fn conv_transpose(
     ct: &ConvTranspose,
     out: &TensorType,
 ) -> Result<Kernel, LowerError> {
-    let mut b = Builder::new(name, "conv_transpose");
-    if !x.dtype.is_float() {
-        return Err(b.err(format!("needs a float dtype, got {}", x.dtype)));
-    }
-    let mut ins = vec![x.clone(), w.clone()];
-    ins.extend(bias.cloned());
-    let y = b.infer(&Op::ConvTranspose(ct.clone()), &ins)?;
-    b.expect_out(out, &y)?;
-    if w.shape.as_static().is_none() {
-        return Err(b.err("needs static weights"));
-    }
-    let rank = x.shape.rank() - 2;
-    let (dtype, c) = (x.dtype, compute_type(x.dtype));
-    let xa = b.arg("x", x, ArgRole::Input);
-    let wa = b.arg("w", w, ArgRole::Input);
-    let ba = bias.map(|t| b.arg("bias", t, ArgRole::Input));
-    let oa = b.arg("out", out, ArgRole::Output);
-    let (xd, wd, od) = (b.dims(&x.shape), b.dims(&w.shape), b.dims(&out.shape));
-    let (loops, idx) = b.loops(&od);
-    // Output channel co is channel co mod (M/groups) of group co / (M/groups), which reads input channels
-    // group · Cin/groups onwards.
-    let per_group = wd[1].clone();
-    let group = IExpr::floor_div(idx[1].clone(), per_group.clone());
-    let co_local = IExpr::modulo(idx[1].clone(), per_group);
-    let cin_per_group = IExpr::floor_div(xd[1].clone(), IExpr::Const(ct.groups));
-    let acc = b.acc();
-    let mut red_extents = vec![cin_per_group.clone()];
-    red_extents.extend_from_slice(&wd[2..]);
-    let (red_loops, red) = b.loops(&red_extents);
-    let ci = IExpr::plus(IExpr::times(group, cin_per_group), red[0].clone());
-    let mut inside: Option<Expr> = None;
-    let mut and = |c: Expr| {
-        inside = Some(match inside.take() {
-            None => c,
-            Some(prev) => Expr::binary(BinaryOp::And, prev, c),
-        })
-    };
-    let mut x_at = vec![idx[0].clone(), ci.clone()];
-    for d in 0..rank {
-        let t = IExpr::minus(
-            IExpr::plus(idx[2 + d].clone(), IExpr::Const(ct.pads[d])),
-            IExpr::times(red[1 + d].clone(), IExpr::Const(ct.dilations[d])),
-        );
-        let stride = IExpr::Const(ct.strides[d]);
-        let i = IExpr::floor_div(t.clone(), stride.clone());
-        and(Expr::cond(CmpOp::Le, IExpr::Const(0), t.clone()));
-        if ct.strides[d] > 1 {
-            and(Expr::cond(CmpOp::Eq, IExpr::modulo(t, stride), IExpr::Const(0)));
+    let rank = x.shape.rank().saturating_sub(2);
+    conv_like(name, "conv_transpose", &Op::ConvTranspose(ct.clone()), x, w, bias, out, |b, d, _| {
+        // Output channel co is channel co mod (M/groups) of group co / (M/groups), which reads input channels
+        // group · Cin/groups onwards.
+        let per_group = d.wd[1].clone();
+        let group = IExpr::floor_div(d.idx[1].clone(), per_group.clone());
+        let co_local = IExpr::modulo(d.idx[1].clone(), per_group);
+        let cin_per_group = IExpr::floor_div(d.xd[1].clone(), IExpr::Const(ct.groups));
+        let mut red_extents = vec![cin_per_group.clone()];
+        red_extents.extend_from_slice(&d.wd[2..]);
+        let (red_loops, red) = b.loops(&red_extents);
+        let ci = IExpr::plus(IExpr::times(group, cin_per_group), red[0].clone());
+        let mut inside: Option<Expr> = None;
+        let mut and = |c: Expr| {
+            inside = Some(match inside.take() {
+                None => c,
+                Some(prev) => Expr::binary(BinaryOp::And, prev, c),
+            })
+        };
+        let mut x_at = vec![d.idx[0].clone(), ci.clone()];
+        for k in 0..rank {
+            let t = IExpr::minus(
+                IExpr::plus(d.idx[2 + k].clone(), IExpr::Const(ct.pads[k])),
+                IExpr::times(red[1 + k].clone(), IExpr::Const(ct.dilations[k])),
+            );
+            let stride = IExpr::Const(ct.strides[k]);
+            let i = IExpr::floor_div(t.clone(), stride.clone());
+            and(Expr::cond(CmpOp::Le, IExpr::Const(0), t.clone()));
+            if ct.strides[k] > 1 {
+                and(Expr::cond(CmpOp::Eq, IExpr::modulo(t, stride), IExpr::Const(0)));
+            }
+            and(Expr::cond(CmpOp::Lt, i.clone(), d.xd[2 + k].clone()));
+            // Clamped into the input, so the read is in bounds whether or not the tap is real.
+            let last = IExpr::minus(d.xd[2 + k].clone(), IExpr::Const(1));
+            x_at.push(IExpr::max(IExpr::min(i, last), IExpr::Const(0)));
         }
-        and(Expr::cond(CmpOp::Lt, i.clone(), xd[2 + d].clone()));
-        // Clamped into the input, so the read is in bounds whether or not the tap is real.
-        let last = IExpr::minus(xd[2 + d].clone(), IExpr::Const(1));
-        x_at.push(IExpr::max(IExpr::min(i, last), IExpr::Const(0)));
-    }
-    let mut w_at = vec![ci, co_local];
-    w_at.extend_from_slice(&red[1..]);
-    let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &xd) }, dtype, c);
-    let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &wd) }, dtype, c);
-    let product = masked(inside, Expr::binary(BinaryOp::Mul, xv, wv), Expr::Const(Scalar::from_f64(c, 0.0)));
-    let mut body = vec![Stmt::Acc { var: acc, dtype: c, op: AccOp::Sum }];
-    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value: product, position: None }]));
-    let mut result = Expr::Acc(acc);
-    if let Some(ba) = ba {
-        let bv = Expr::cast(Expr::Load { arg: ba, index: idx[1].clone() }, dtype, c);
-        result = Expr::binary(BinaryOp::Add, result, bv);
-    }
-    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::cast(result, c, dtype) });
-    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+        let mut w_at = vec![ci, co_local];
+        w_at.extend_from_slice(&red[1..]);
+        Ok(Taps { red_loops, x_at, w_at, inside })
+    })
 }
 
 /// Max or average pooling with the interpreter's semantics: pads, strides, dilations, `ceil_mode`,
