@@ -608,3 +608,31 @@ fn overflowing_and_unallocatable_sizes_are_one_line_errors() {
         assert_eq!(err.matches("error:").count(), 1, "{args:?}: said once: {err}");
     }
 }
+
+/// Messages a new user met (the Python/C/CLI issue): a missing model is named once, not twice; a directory that
+/// is not an artifact names no Rust API; `inspect` reads an artifact as `kiln-serve inspect` does.
+#[test]
+fn missing_files_directories_and_artifacts_are_described_plainly() {
+    let root = tempfile::tempdir().unwrap();
+    for cmd in ["run", "check", "inspect", "bench"] {
+        let o = kiln(&[cmd, "nope.onnx"]);
+        assert_clean_failure(&o, "nope.onnx: No such file");
+        assert_eq!(stderr(&o).matches("nope.onnx").count(), 1, "{cmd}: {}", stderr(&o));
+    }
+    let o = kiln(&["run", root.path().to_str().unwrap()]);
+    assert_clean_failure(&o, "a directory is not a model (nor an artifact");
+    assert!(!stderr(&o).contains("Artifact::load"), "{}", stderr(&o));
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlp_symbolic_batch.kir");
+    let art = root.path().join("art");
+    let c = kiln(&["compile", fixture.to_str().unwrap(), "--random-weights", "1", "-o", art.to_str().unwrap()]);
+    assert!(c.status.success(), "{}", stderr(&c));
+    let o = kiln(&["inspect", art.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains(": cpu for ") && out.contains("inputs:") && out.contains("steps: "),
+        "{out}"
+    );
+    let o = kiln(&["inspect", art.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json of an artifact is JSON");
+    assert_eq!(v["kind"], "cpu");
+}
