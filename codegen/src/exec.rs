@@ -10,9 +10,11 @@
 //! - a node whose operands are all weights or constants (a weight transpose, say): a step of
 //!   [`Executable::prepare`], run once when the weights are bound, its result kept as a prepared weight;
 //! - a node the placement puts on another backend of the registry: a [`Step::Backend`];
-//! - anything else (gather, scatter, resize, recurrent ops, top-k, other dtypes of the library ops): a
-//!   [`Step::Interp`] that runs the reference interpreter's `eval_op` on copies of its operands — correct, and
-//!   named in [`Executable::fallbacks`] so its cost is visible.
+//! - a `conv_transpose`: the gather-form builtin kernel ([`kernel::builtin::conv_transpose`]);
+//! - anything else not supported yet (scatter, linear resize, recurrent ops, top-k, other dtypes of the library
+//!   ops): a [`Step::Interp`] that runs the reference interpreter's `eval_op` on copies of its operands —
+//!   correct, and named in [`Executable::fallbacks`] so its cost is visible. A lowering failure that signals a
+//!   compiler bug fails the build instead.
 //!
 //! Identical kernels (same text) are emitted once and shared by every step that launches them.
 
