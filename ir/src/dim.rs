@@ -70,6 +70,17 @@ impl DimExpr {
         self.terms.is_empty().then_some(self.constant)
     }
 
+    /// Whether the expression is within the size a dim may have (terms, factors per term): a model whose shape
+    /// arithmetic builds a larger one (repeated squaring of sums) is refused where it would be built.
+    pub fn within_limits(&self) -> bool {
+        self.terms.len() <= MAX_TERMS && self.terms.keys().all(|m| m.len() <= MAX_FACTORS)
+    }
+
+    /// The number of terms (for callers that bound a product before computing it).
+    pub fn term_count(&self) -> usize {
+        self.terms.len().max(1)
+    }
+
     /// Every symbol the expression reads, sorted, once each.
     pub fn symbols(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -236,9 +247,19 @@ struct ExprParser<'a> {
     depth: u32,
 }
 
+/// The most terms, and factors per term, a parsed expression may have: text is user input, and multiplying sums
+/// multiplies their terms (`(A+B+C)*(A+B+C)*…` would grow without bound). Shape rules never come near it.
+const MAX_TERMS: usize = 64;
+const MAX_FACTORS: usize = 16;
+
 impl ExprParser<'_> {
     fn peek(&self) -> Option<u8> {
         self.s.get(self.i).copied()
+    }
+
+    /// `e`, when within the size limits.
+    fn bounded(e: DimExpr) -> Option<DimExpr> {
+        e.within_limits().then_some(e)
     }
 
     fn sum(&mut self) -> Option<DimExpr> {
@@ -246,7 +267,7 @@ impl ExprParser<'_> {
         while let Some(op @ (b'+' | b'-')) = self.peek() {
             self.i += 1;
             let rhs = self.product()?;
-            e = if op == b'+' { e.add(&rhs) } else { e.add(&rhs.scale(-1)) };
+            e = Self::bounded(if op == b'+' { e.add(&rhs) } else { e.add(&rhs.scale(-1)) })?;
         }
         Some(e)
     }
@@ -257,7 +278,12 @@ impl ExprParser<'_> {
             match self.peek() {
                 Some(b'*') => {
                     self.i += 1;
-                    e = e.mul(&self.unary()?);
+                    let rhs = self.unary()?;
+                    // Checked before multiplying: the product of two bounded sums is at most their sizes' product.
+                    if e.term_count() * rhs.term_count() > MAX_TERMS * MAX_TERMS {
+                        return None;
+                    }
+                    e = Self::bounded(e.mul(&rhs))?;
                 }
                 Some(b'/') => {
                     self.i += 1;
@@ -419,6 +445,17 @@ mod tests {
         assert_eq!(e("H-H+4").to_dim(), Some(Dim::Static(4)));
         assert_eq!(e("H").to_dim(), Some(Dim::Sym("H".into())));
         assert_eq!(e("H-H-4").to_dim(), None);
+    }
+
+    #[test]
+    fn expressions_that_would_grow_without_bound_are_refused() {
+        let sum = "(A+B+C+D+E+F+G+H)";
+        let power = vec![sum; 40].join("*");
+        let t = std::time::Instant::now();
+        assert!(DimExpr::parse(&power).is_none());
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "refused quickly");
+        assert!(DimExpr::parse(&vec!["H"; 40].join("*")).is_none(), "a term of 40 factors");
+        assert!(DimExpr::parse(&vec!["H"; 16].join("*")).is_some());
     }
 
     #[test]

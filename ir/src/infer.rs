@@ -441,6 +441,9 @@ fn dim_expr(d: &Dim) -> Result<DimExpr, String> {
 
 /// The dim of expression `e` (a derived dim when symbolic); `Err` when it is a negative constant.
 fn expr_dim(e: &DimExpr) -> Result<Dim, String> {
+    if !e.within_limits() {
+        return Err("the symbolic extent grows too complex to track (too many terms)".into());
+    }
     e.to_dim().ok_or_else(|| format!("computed extent {e} is negative"))
 }
 

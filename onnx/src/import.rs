@@ -228,7 +228,8 @@ impl<'m> Ctx<'m> {
         let handler =
             if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
         // A value an op needs at import time that a graph input feeds: say how to give it.
-        let fed_by_input = node.input.iter().any(|i| self.graph_inputs.contains(i.as_str()));
+        // (Operands after the first: the data operand is an input by nature; axes, pads, scales, sizes… follow it.)
+        let fed_by_input = node.input.iter().skip(1).any(|i| self.graph_inputs.contains(i.as_str()));
         let problem = |message: String| {
             let message = if fed_by_input && message.contains("known at import time") {
                 format!("{message} (it is fed by a graph input: fix its value with --fix-input NAME=FILE.npy)")

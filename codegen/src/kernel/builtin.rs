@@ -76,6 +76,9 @@ pub fn dim_product(dims: &[Dim]) -> Option<Dim> {
     let mut acc = kiln_ir::dim::DimExpr::constant(1);
     for d in dims {
         acc = acc.mul(&kiln_ir::dim::DimExpr::of(d)?);
+        if !acc.within_limits() {
+            return None;
+        }
     }
     acc.to_dim()
 }

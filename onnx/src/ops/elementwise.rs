@@ -134,11 +134,18 @@ fn dim_arithmetic(kind: B, a: &Val, b: &Val) -> Option<Vec<DimArg>> {
     (0..n)
         .map(|i| {
             let (p, q) = (expr(&x[i.min(x.len() - 1)])?, expr(&y[i.min(y.len() - 1)])?);
+            if kind == B::Mul && p.term_count() * q.term_count() > 4096 {
+                return None;
+            }
             let r = match kind {
                 B::Add => p.add(&q),
                 B::Sub => p.add(&q.scale(-1)),
                 _ => p.mul(&q),
             };
+            // Arithmetic that outgrows what a dim may be is not tracked (the value is still computed).
+            if !r.within_limits() {
+                return None;
+            }
             Some(match r.as_constant() {
                 Some(v) => DimArg::Int(v),
                 None => DimArg::Sym(r.to_string()),
