@@ -242,6 +242,12 @@ impl<'g> Builder<'g> {
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
             Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
             Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
+            Op::MatMul | Op::Conv(_) | Op::Pool(_) => {
+                let dtype =
+                    node.inputs.first().and_then(|&v| g.value_type(v)).map_or(node.outputs[0].dtype, |t| t.dtype);
+                let why = format!("the library has no {dtype} {}", node.op.mnemonic());
+                return self.fallback(id, inputs, outputs, NotCompiled::Unsupported(why));
+            }
             Op::ConvTranspose(ct) => {
                 let name = format!("k{}_conv_transpose", self.exe.kernels.len());
                 let tys: Vec<TensorType> = node.inputs.iter().filter_map(|&v| g.value_type(v).cloned()).collect();
