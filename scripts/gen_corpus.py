@@ -28,7 +28,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 2"
+VERSION = "corpus 3"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -180,6 +180,19 @@ def stress_models(out, rng, scratch):
     onnx.save(model, path)
     sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 3, 17, 23), (2, 3, 32, 12)]]
     write_case(out, "stress_symbolic_vision", path, sets)
+
+    # Caffe-style ceil-mode pooling on symbolic extents, max and average (padded at the start only).
+    nodes = [
+        h.make_node("MaxPool", ["x"], ["max"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+        h.make_node("AveragePool", ["x"], ["avg"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0], ceil_mode=1),
+    ]
+    outputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["max", "avg"]]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, "H", "W"])
+    model = h.make_model(h.make_graph(nodes, "stress_pool", [x], outputs), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "stress_pool.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 2, 8, 9), (2, 2, 13, 6)]]
+    write_case(out, "stress_symbolic_ceil_pooling", path, sets)
 
 
 def main():

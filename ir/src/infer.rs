@@ -609,10 +609,23 @@ fn pool(p: &Pool, x: &TensorType) -> Result<TensorType, String> {
             if p.pads[i] as i128 >= eff || p.pads[i + n] as i128 >= eff {
                 return Err(format!("pads {:?} must be smaller than the window extent {eff}", p.pads));
             }
+            let pads = p.pads[i] as i128 + p.pads[i + n] as i128;
             if p.ceil_mode {
-                return Err(format!("ceil_mode on symbolic dim `{}` needs a static extent", x.shape.0[2 + i]));
+                // ceil((x + pads − eff) / stride) + 1, unless the last window would start in the end padding —
+                // which never happens when pad_end + stride ≤ eff (the usual 3×3/2 window); otherwise the extent
+                // needs a min and a static input.
+                if p.pads[i + n] as i128 + p.strides[i] as i128 > eff {
+                    return Err(format!(
+                        "ceil_mode with this window on symbolic dim `{}` needs a static extent",
+                        x.shape.0[2 + i]
+                    ));
+                }
+                let shift = i64::try_from(pads - eff).map_err(|_| "the window arithmetic overflows".to_string())?;
+                let e = dim_expr(&x.shape.0[2 + i])?.add_constant(shift).ceil_div(p.strides[i]).add_constant(1);
+                dims.push(expr_dim(&e)?);
+                continue;
             }
-            dims.push(window_dim(&x.shape.0[2 + i], p.pads[i] as i128 + p.pads[i + n] as i128, eff, p.strides[i])?);
+            dims.push(window_dim(&x.shape.0[2 + i], pads, eff, p.strides[i])?);
             continue;
         };
         if sp + p.pads[i] as i128 + (p.pads[i + n] as i128) < eff {
