@@ -9,11 +9,13 @@ alike, and reports median latencies, their ratio, kiln's compile time and both p
     .venv/bin/python scripts/bench_vs_ort.py --models '' --corpus sym_resnet18,stress_symbolic_vision
 
 Needs `onnxruntime` and `numpy` in the venv (`scripts/test.sh` creates `.venv`; `pip install onnxruntime`), and a
-release build (`cargo build --release`). Prints a Markdown table (paste it into docs/performance.md).
+release build (`cargo build --release`). Prints a Markdown table (paste it into docs/performance.md), then the
+geometric mean of kiln/ORT and the worst case per thread count.
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -176,6 +178,12 @@ def main():
     for r in rows:
         print(f"| {r['model']} | {r['threads']} | {r['kiln_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} | "
               f"{r['compile_ms']:.1f} | {r['kiln_rss_mib']:.0f} / {r['ort_rss_mib']:.0f} |")
+    for threads in sorted({r["threads"] for r in rows}):
+        ratios = [r for r in rows if r["threads"] == threads]
+        geomean = math.exp(sum(math.log(r["ratio"]) for r in ratios) / len(ratios))
+        worst = max(ratios, key=lambda r: r["ratio"])
+        print(f"{threads} thread(s): geometric mean kiln/ORT {geomean:.2f} over {len(ratios)} case(s); worst "
+              f"{worst['model']} at {worst['ratio']:.2f}")
     by = {(r["model"], r["threads"]): r for r in rows}
     for name, _ in cases:
         if (name, 1) in by and (name, 2) in by:
