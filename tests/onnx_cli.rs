@@ -341,6 +341,8 @@ fn fix_input_specializes_on_an_inputs_value() {
         .copied()
         .collect();
     assert_eq!(y, Tensor::from_vec(vec![1, 1, 4, 6], want).unwrap());
+    let checked = kiln(&["check", m, "--fix-input", &format!("scales={}", p("scales.npy"))]);
+    assert!(checked.status.success(), "{}", stderr(&checked));
     let twice = kiln(&[
         "run",
         m,

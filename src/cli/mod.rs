@@ -90,14 +90,7 @@ impl ModelArgs {
             }
             shapes.insert(name, dims);
         }
-        let mut known_inputs = BTreeMap::new();
-        for spec in &self.fix_inputs {
-            let (name, file) = split_assignment(spec, "--fix-input")?;
-            let t = kiln::npy::read(std::path::Path::new(file))?;
-            if known_inputs.insert(name.to_string(), t).is_some() {
-                bail!("--fix-input `{name}` is given twice");
-            }
-        }
+        let known_inputs = read_fixed_inputs(&self.fix_inputs)?;
         if !known_inputs.is_empty() && self.model.extension().is_none_or(|e| e != "onnx") {
             bail!("--fix-input specializes ONNX models; {} is not one", self.model.display());
         }
@@ -240,6 +233,19 @@ pub fn dispatch(cli: Cli) -> Result<()> {
 }
 
 /// Splits `NAME=VALUE` at the last `=` (input names may contain `=`; file names and shapes rarely do).
+/// The values `--fix-input NAME=FILE.npy` gives, by name (each name once).
+fn read_fixed_inputs(specs: &[String]) -> Result<BTreeMap<String, kiln_ir::Tensor>> {
+    let mut known = BTreeMap::new();
+    for spec in specs {
+        let (name, file) = split_assignment(spec, "--fix-input")?;
+        let t = kiln::npy::read(std::path::Path::new(file))?;
+        if known.insert(name.to_string(), t).is_some() {
+            bail!("--fix-input `{name}` is given twice");
+        }
+    }
+    Ok(known)
+}
+
 fn split_assignment<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str)> {
     match s.rsplit_once('=') {
         Some((n, v)) if !n.is_empty() && !v.is_empty() => Ok((n, v)),
