@@ -12,6 +12,22 @@ use kiln::difftest::GenOptions;
 /// The seeds every `cargo test` runs.
 const SEEDS: Range<u64> = 0..300;
 
+/// Seeds the fuzz campaigns found failing, each fixed and kept here (run with the default generator options).
+const REGRESSIONS: &[(u64, &str)] = &[(
+    534_597_089_841,
+    "a whole-tensor mean read by a scalar statement after another parallel nest of the same fused kernel: the \
+     reader's part re-declared the accumulator (read its identity, 0)",
+)];
+
+#[test]
+fn seeds_the_fuzz_campaigns_found_stay_fixed() {
+    for (seed, what) in REGRESSIONS {
+        if let Err(e) = kiln::difftest::check_with(*seed, &GenOptions::default()) {
+            panic!("seed {seed} ({what}) fails again:\n{e}");
+        }
+    }
+}
+
 /// The seeds to run.
 fn seeds() -> Range<u64> {
     let Ok(text) = std::env::var("KILN_DIFFTEST_SEEDS") else { return SEEDS };

@@ -56,21 +56,38 @@ pub(crate) fn split(kernel: &Kernel) -> Vec<Part<'_>> {
     parts
 }
 
-/// Whether a top-level parallel loop or `Let` reads a top-level accumulator (directly or through a `Let`).
+/// Whether a top-level accumulator (directly or through a `Let`) is read by a top-level parallel loop, or by any
+/// top-level statement after a parallel loop that follows its declaration: either way the reader would land in a
+/// part of its own, whose prologue re-declares the accumulator (its identity, not its value).
 fn reads_top_level_accumulator(kernel: &Kernel) -> bool {
     let mut tainted_accs = HashSet::new();
     let mut tainted_vars = HashSet::new();
+    // Whether a parallel loop (a part boundary) came after some accumulator's declaration.
+    let mut split_since_acc = false;
     for s in &kernel.body.0 {
         match s {
             Stmt::Acc { var, .. } => {
                 tainted_accs.insert(*var);
             }
             Stmt::Let { var, value, .. } if expr_reads(value, &tainted_accs, &tainted_vars) => {
+                if split_since_acc {
+                    return true;
+                }
                 tainted_vars.insert(*var);
             }
-            Stmt::For { kind: LoopKind::Parallel | LoopKind::Vectorizable, body, .. }
-                if block_reads(body, &tainted_accs, &tainted_vars) =>
-            {
+            Stmt::Store { value, .. } if split_since_acc && expr_reads(value, &tainted_accs, &tainted_vars) => {
+                return true;
+            }
+            Stmt::Update { value, .. } if split_since_acc && expr_reads(value, &tainted_accs, &tainted_vars) => {
+                return true;
+            }
+            Stmt::For { kind: LoopKind::Parallel | LoopKind::Vectorizable, body, .. } => {
+                if block_reads(body, &tainted_accs, &tainted_vars) {
+                    return true;
+                }
+                split_since_acc |= !tainted_accs.is_empty();
+            }
+            Stmt::For { body, .. } if split_since_acc && block_reads(body, &tainted_accs, &tainted_vars) => {
                 return true;
             }
             _ => {}
