@@ -180,9 +180,7 @@ pub fn byte_size(t: &TensorType) -> Option<u64> {
 
 /// True when `s` can name a symbolic dim: an ASCII letter or `_`, then ASCII letters, digits and `_`.
 pub fn is_valid_symbol(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    crate::dim::is_identifier(s)
 }
 
 /// One verification run: live node ids in ascending order, and the errors found per node (by dense index).

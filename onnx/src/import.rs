@@ -346,7 +346,7 @@ fn input_type_declared(vi: &ValueInfoProto, options: &ImportOptions) -> Result<(
             .enumerate()
             .map(|(i, d)| match &d.value {
                 Some(Dv::DimValue(n)) if *n >= 0 => Dim::Static(*n as u64),
-                Some(Dv::DimParam(p)) if is_ident(p) => Dim::Sym(p.clone()),
+                Some(Dv::DimParam(p)) if kiln_ir::dim::is_identifier(p) => Dim::Sym(p.clone()),
                 Some(Dv::DimParam(p)) => Dim::Sym(sanitize(p)),
                 _ => Dim::Sym(format!("{}_{i}", sanitize(&vi.name))),
             })
@@ -381,11 +381,6 @@ fn given_shape(vi: &ValueInfoProto, dims: Vec<Dim>, options: &ImportOptions) -> 
         None => Shape(dims),
     };
     Ok(shape)
-}
-
-fn is_ident(s: &str) -> bool {
-    let mut c = s.chars();
-    c.next().is_some_and(|f| f.is_ascii_alphabetic() || f == '_') && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
 }
 
 fn sanitize(s: &str) -> String {

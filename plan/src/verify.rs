@@ -248,7 +248,8 @@ impl<'e> State<'e> {
             .enumerate()
             .map(|(i, b)| {
                 if let Home::Arena(offset) = b.home {
-                    let bytes = static_bytes(&b.ty).ok_or_else(|| format!("arena buffer {i} has no static size"))?;
+                    let bytes =
+                        kiln_ir::verify::byte_size(&b.ty).ok_or_else(|| format!("arena buffer {i} is too large"))?;
                     if bytes > 0 {
                         arena.push((offset, offset + bytes, i));
                     }
@@ -267,7 +268,9 @@ impl<'e> State<'e> {
     fn range(&self, b: BufferId) -> Option<(u64, u64)> {
         match self.exe.buffers[b.0 as usize].home {
             // An empty buffer occupies no bytes.
-            Home::Arena(offset) => static_bytes(self.ty(b)).filter(|&n| n > 0).map(|n| (offset, offset + n)),
+            Home::Arena(offset) => {
+                kiln_ir::verify::byte_size(self.ty(b)).filter(|&n| n > 0).map(|n| (offset, offset + n))
+            }
             _ => None,
         }
     }
@@ -519,11 +522,6 @@ impl<'e> State<'e> {
             }
         }
     }
-}
-
-/// The bytes of a buffer of static type `ty` (`None` when symbolic or beyond 63 bits).
-fn static_bytes(ty: &TensorType) -> Option<u64> {
-    ty.shape.num_elements().and_then(|n| n.checked_mul(ty.dtype.size_bytes() as u64)).filter(|&b| b <= i64::MAX as u64)
 }
 
 fn home_name(home: &Home) -> &'static str {

@@ -181,20 +181,18 @@ impl FallbackArgs {
 
     /// [`placement_lines`] under this policy (`allow` leaves the fallback lines out).
     pub fn lines(&self, report: &kiln::CompileReport) -> Vec<String> {
-        let mut lines = placement_lines(report);
-        if self.policy == kiln::FallbackPolicy::Allow {
-            lines.retain(|l| !l.starts_with("fallback:"));
-        }
-        lines
+        placement_lines(report, self.policy != kiln::FallbackPolicy::Allow)
     }
 }
 
 /// What a compiled model does not run as compiled code, for `run`, `bench` and `compile`: one line per registry
 /// backend that takes nodes from the compiled code, and one per op kind that runs on the reference interpreter
-/// (how many nodes, and why) — nothing when everything is compiled. Never a silent slow path.
-pub fn placement_lines(report: &kiln::CompileReport) -> Vec<String> {
+/// (how many nodes, and why; left out without `fallbacks`, for `--fallback allow`) — nothing when everything is
+/// compiled. Never a silent slow path.
+pub fn placement_lines(report: &kiln::CompileReport, fallbacks: bool) -> Vec<String> {
     let fallback_lines = kiln::fallback_kinds(&report.fallbacks)
         .into_iter()
+        .filter(|_| fallbacks)
         .map(|(op, n, why)| format!("fallback: {n} `{op}` node(s) run on the reference interpreter: {why}"));
     report
         .placement
