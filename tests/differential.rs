@@ -1,6 +1,7 @@
 //! Differential testing: random graphs (`kiln::difftest`) compiled for the CPU with one and two threads must match
-//! the interpreter (floats within rtol 1e-4, atol 1e-5, NaN matching NaN; integers exactly; an interpreter error
-//! must be a CPU error too). Every failing seed is reported with its graph's `.kir` text.
+//! the interpreter (floats within rtol 1e-4, atol 1e-5 plus four times how far the element moves when the
+//! interpreter's intermediate results are perturbed by two ulps — the allowance ill-conditioned arithmetic needs;
+//! NaN matching NaN; integers exactly; an interpreter error must be a CPU error too). Every failing seed is reported with its graph's `.kir` text.
 //!
 //! For hunting by hand: `KILN_DIFFTEST_SEEDS=START..END` runs another range (the default is `SEEDS`); `KILN_DIFFTEST_SKIP=softmax,matmul` leaves those op kinds out (names as in
 //! `kiln::difftest::OpKind`, lowercase), which changes every graph.
@@ -13,11 +14,18 @@ use kiln::difftest::GenOptions;
 const SEEDS: Range<u64> = 0..300;
 
 /// Seeds the fuzz campaigns found failing, each fixed and kept here (run with the default generator options).
-const REGRESSIONS: &[(u64, &str)] = &[(
-    534_597_089_841,
-    "a whole-tensor mean read by a scalar statement after another parallel nest of the same fused kernel: the \
-     reader's part re-declared the accumulator (read its identity, 0)",
-)];
+const REGRESSIONS: &[(u64, &str)] = &[
+    (
+        534_597_089_841,
+        "a whole-tensor mean read by a scalar statement after another parallel nest of the same fused kernel: the \
+         reader's part re-declared the accumulator (read its identity, 0)",
+    ),
+    (
+        16_685_253_023_763_199,
+        "a layer norm over 8 equal elements: its output is rounding noise amplified 316× (1/sqrt(epsilon)), which \
+         differs between summation orders — the comparison allows for each element's measured rounding spread",
+    ),
+];
 
 #[test]
 fn seeds_the_fuzz_campaigns_found_stay_fixed() {

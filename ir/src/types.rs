@@ -73,6 +73,18 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 
+    /// The machine epsilon of a floating-point type (the distance from 1.0 to the next value), `None` for the
+    /// others.
+    pub fn epsilon(self) -> Option<f64> {
+        match self {
+            DType::F32 => Some(f64::from(f32::EPSILON)),
+            DType::F16 => Some(2f64.powi(-10)),
+            DType::BF16 => Some(2f64.powi(-7)),
+            DType::F64 => Some(f64::EPSILON),
+            _ => None,
+        }
+    }
+
     /// True for the integer types (not bool).
     pub fn is_int(self) -> bool {
         matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)

@@ -217,6 +217,17 @@ impl Symbols {
 /// may have removed an unused input). Symbols that no input binds are bound by the first parameter or result
 /// that carries them.
 pub fn run(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, InterpError> {
+    run_observed(g, inputs, &mut |_, _| {})
+}
+
+/// [`run`], handing every op's results to `observe` (with the node) before later nodes read them; `observe` may
+/// change the values but not their dtypes or shapes. Testing tools use it, e.g. to perturb results and estimate
+/// how sensitive the outputs are to rounding (`kiln::difftest`).
+pub fn run_observed(
+    g: &Graph,
+    inputs: &BTreeMap<String, Tensor>,
+    observe: &mut dyn FnMut(NodeId, &mut [Tensor]),
+) -> Result<Vec<(String, Tensor)>, InterpError> {
     let err = |id: NodeId, message: String| InterpError { node: g.describe(id), message };
     let order = g.topo_order().map_err(|c| err(c.0, "the graph has a cycle through this node".into()))?;
 
@@ -274,7 +285,8 @@ pub fn run(g: &Graph, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, 
                     operands.push(t.get());
                 }
                 let op = symbols.substitute(op);
-                let out = eval_op(&op, &operands).map_err(|m| err(id, m))?;
+                let mut out = eval_op(&op, &operands).map_err(|m| err(id, m))?;
+                observe(id, &mut out);
                 if out.len() != node.outputs.len() {
                     return Err(err(id, format!("produced {} results but declares {}", out.len(), node.outputs.len())));
                 }
