@@ -90,7 +90,7 @@ pub fn rounding_spread(graph: &Graph, inputs: &BTreeMap<String, Tensor>, want: &
     let wants: Vec<Vec<f64>> = want.iter().map(|(_, t)| t.to_f64_vec()).collect();
     let mut spread: Vec<Vec<f64>> = wants.iter().map(|w| vec![0.0; w.len()]).collect();
     for run in 0..PERTURBED_RUNS {
-        let mut rng = SplitMix64::new(0x5eed_0f_a11 ^ run);
+        let mut rng = SplitMix64::new(0x0005_eed0_fa11 ^ run);
         let mut perturb = move |t: &Tensor| -> Tensor {
             if !t.dtype().is_float() {
                 return t.clone();

@@ -162,6 +162,21 @@ impl PlanBuilder<'_> {
                 let k = builtin::pool("pool", self.ty(inputs[0]), p, &out_ty)?;
                 Ok(DeviceStep::Kernel { kernel: self.builtin(k), args: vec![inputs[0], output] })
             }
+            LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) => {
+                let [a, b, az, bz] = inputs else {
+                    return Err(LowerError::NotLowerable {
+                        node: "integer product".into(),
+                        reason: format!("{} operands, not 4", inputs.len()),
+                    });
+                };
+                let (a, b, az, bz) = (self.ty(*a), self.ty(*b), self.ty(*az), self.ty(*bz));
+                let k = match op {
+                    LibraryOp::ConvInteger(c) => builtin::conv_integer("conv_integer", a, b, (az, bz), c, &out_ty)?,
+                    _ => builtin::matmul_integer("matmul_integer", a, b, (az, bz), &out_ty)?,
+                };
+                let args = inputs.iter().copied().chain([output]).collect();
+                Ok(DeviceStep::Kernel { kernel: self.builtin(k), args })
+            }
             LibraryOp::Gather(g) => {
                 let (data, indices) = (inputs[0], inputs[1]);
                 let rank = self.ty(data).shape.rank();

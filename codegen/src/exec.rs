@@ -242,22 +242,18 @@ impl<'g> Builder<'g> {
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
             Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
             Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
+            Op::MatMulInteger => return library(LibraryOp::MatMulInteger),
+            Op::ConvInteger(c) => return library(LibraryOp::ConvInteger(c.clone())),
             Op::MatMul | Op::Conv(_) | Op::Pool(_) => {
                 let dtype =
                     node.inputs.first().and_then(|&v| g.value_type(v)).map_or(node.outputs[0].dtype, |t| t.dtype);
                 let why = format!("the library has no {dtype} {}", node.op.mnemonic());
                 return self.fallback(id, inputs, outputs, NotCompiled::Unsupported(why));
             }
-            Op::ConvTranspose(ct) => {
-                let name = format!("k{}_conv_transpose", self.exe.kernels.len());
+            Op::ConvTranspose(_) => {
+                let name = format!("k{}_{}", self.exe.kernels.len(), node.op.mnemonic());
                 let tys: Vec<TensorType> = node.inputs.iter().filter_map(|&v| g.value_type(v).cloned()).collect();
-                let built = match tys.as_slice() {
-                    [x, w, rest @ ..] => {
-                        kernel::builtin::conv_transpose(&name, x, w, rest.first(), ct, &node.outputs[0])
-                            .map_err(NotCompiled::from)
-                    }
-                    _ => Err(NotCompiled::Bug("conv_transpose without its operands".into())),
-                };
+                let built = builtin_kernel(&name, &node.op, &tys, &node.outputs[0]);
                 let mut values = node.inputs.clone();
                 values.push(Value::new(id, 0));
                 let known: HashMap<Value, BufferId> =
@@ -536,4 +532,15 @@ fn integer_division_hazard(k: &Kernel) -> Option<String> {
 /// The type of body value `v`.
 fn rnode_input_type(body: &Graph, v: Value) -> Result<TensorType, String> {
     body.value_type(v).cloned().ok_or_else(|| format!("{} has no type", body.describe(v.node)))
+}
+
+/// The hand-built kernel (`kernel::builtin`) computing `op` on operands of types `tys` into `out` (transposed
+/// convolutions: the CPU library has no call for them).
+fn builtin_kernel(name: &str, op: &Op, tys: &[TensorType], out: &TensorType) -> Result<Kernel, NotCompiled> {
+    use kernel::builtin;
+    let built = match (op, tys) {
+        (Op::ConvTranspose(ct), [x, w, rest @ ..]) => builtin::conv_transpose(name, x, w, rest.first(), ct, out),
+        _ => return Err(NotCompiled::Bug(format!("`{}` without its operands", op.mnemonic()))),
+    };
+    built.map_err(NotCompiled::from)
 }

@@ -103,6 +103,8 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::MatMul => matmul(&ins[0], &ins[1]).map(|t| vec![t]),
         Op::Conv(c) => conv(c, ins).map(|t| vec![t]),
+        Op::MatMulInteger => matmul_integer(ins).map(|t| vec![t]),
+        Op::ConvInteger(c) => conv_integer(c, ins).map(|t| vec![t]),
         Op::ConvTranspose(c) => conv_transpose(c, ins).map(|t| vec![t]),
         Op::Pool(p) => pool(p, &ins[0]).map(|t| vec![t]),
         Op::Reshape(r) => {
@@ -432,6 +434,50 @@ pub fn matmul(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
     dims.extend(am.cloned());
     dims.extend(bn.cloned());
     Ok(TensorType::new(a.dtype, Shape(dims)))
+}
+
+/// `t` with dtype i32 (integer ops type-check their shapes as the float ops do, accumulating in i32).
+fn as_i32(t: &TensorType) -> TensorType {
+    TensorType::new(DType::I32, t.shape.clone())
+}
+
+/// Checks an 8-bit integer operand of an integer op and its zero point: the zero point has the operand's dtype and
+/// is a scalar (rank 0, or `[1]`) or, when `per` is given, `[per]` (one value per row, column or channel).
+fn quantized_operand(what: &str, t: &TensorType, zero: &TensorType, per: Option<&Dim>) -> Result<(), String> {
+    expect_dtype(t, |d| matches!(d, DType::I8 | DType::U8), "i8 or u8 operands").map_err(|e| format!("{what}: {e}"))?;
+    if zero.dtype != t.dtype {
+        return Err(format!("{what}'s zero point is {} but {what} is {}", zero.dtype, t.dtype));
+    }
+    let ok = match zero.shape.dims() {
+        [] | [Dim::Static(1)] => true,
+        [d] => per == Some(d),
+        _ => false,
+    };
+    if !ok {
+        let per = per.map_or(String::new(), |d| format!(" or [{d}]"));
+        return Err(format!("{what}'s zero point has shape {}, expected a scalar{per}", zero.shape));
+    }
+    Ok(())
+}
+
+/// `matmul_integer(a, b, a_zero, b_zero)`: i8/u8 operands, i32 result.
+fn matmul_integer(ins: &[TensorType]) -> Result<TensorType, String> {
+    let (a, b) = (&ins[0], &ins[1]);
+    let out = matmul(&as_i32(a), &as_i32(b))?;
+    let rows = (a.shape.rank() >= 2).then(|| &a.shape.0[a.shape.rank() - 2]);
+    let cols = (b.shape.rank() >= 2).then(|| &b.shape.0[b.shape.rank() - 1]);
+    quantized_operand("a", a, &ins[2], rows)?;
+    quantized_operand("b", b, &ins[3], cols)?;
+    Ok(out)
+}
+
+/// `conv_integer(x, w, x_zero, w_zero)`: i8/u8 operands, i32 result.
+fn conv_integer(c: &Conv, ins: &[TensorType]) -> Result<TensorType, String> {
+    let (x, w) = (&ins[0], &ins[1]);
+    let out = conv(c, &[as_i32(x), as_i32(w)])?;
+    quantized_operand("x", x, &ins[2], None)?;
+    quantized_operand("w", w, &ins[3], w.shape.0.first())?;
+    Ok(out)
 }
 
 /// The expression of symbolic dim `d` ([`crate::dim`]).

@@ -133,6 +133,14 @@ define_ops! {
     MatMul = "matmul", Arity::Exact(2);
     /// N-d convolution `conv(x[N,C,*], w[M,C/groups,*])`, optional `bias[M]` as a third operand.
     Conv(Conv) = "conv", Arity::Range(2, 3);
+    /// Integer matrix product `(a - a_zero) · (b - b_zero)` with i32 accumulation and result (ONNX MatMulInteger):
+    /// `a` and `b` are i8 or u8 (matmul shapes), `a_zero` has `a`'s dtype and is a scalar or one value per row of
+    /// `a` (`[M]`), `b_zero` has `b`'s dtype and is a scalar or one value per column of `b` (`[N]`).
+    MatMulInteger = "matmul_integer", Arity::Exact(4);
+    /// Integer convolution `conv(x - x_zero, w - w_zero)` with i32 accumulation and result (ONNX ConvInteger):
+    /// `x` and `w` are i8 or u8 (conv shapes), `x_zero` a scalar of `x`'s dtype (padding is `x_zero`, i.e. adds 0),
+    /// `w_zero` of `w`'s dtype a scalar or one value per output channel (`[M]`).
+    ConvInteger(Conv) = "conv_integer", Arity::Exact(4);
     /// N-d transposed convolution `conv_transpose(x[N,C,*], w[C,M/groups,*])`, optional `bias[M]`.
     ConvTranspose(ConvTranspose) = "conv_transpose", Arity::Range(2, 3);
     /// Max or average pooling over the spatial dims of `x[N,C,*]`.

@@ -56,6 +56,10 @@ pub enum LibraryOp {
     Pool(kiln_ir::op::Pool),
     /// `gather` along an axis (any data dtype; i32 or i64 indices): whole inner rows are copied.
     Gather(kiln_ir::op::Gather),
+    /// `matmul_integer`: operands a, b, a_zero, b_zero (i8/u8), i32 result.
+    MatMulInteger,
+    /// `conv_integer`: operands x, w, x_zero, w_zero (i8/u8), i32 result.
+    ConvInteger(kiln_ir::op::Conv),
 }
 
 /// One step of a run.
@@ -252,6 +256,8 @@ impl Executable {
                     LibraryOp::Conv(c) => format!("conv{}", if c.groups > 1 { " (grouped)" } else { "" }),
                     LibraryOp::Pool(p) => format!("{} pool", p.kind.name()),
                     LibraryOp::Gather(_) => "gather".to_string(),
+                    LibraryOp::MatMulInteger => "matmul_integer".to_string(),
+                    LibraryOp::ConvInteger(_) => "conv_integer".to_string(),
                 };
                 let epi = if epilogue.is_some() { " + epilogue" } else { "" };
                 format!("library {name}{epi} -> {}", ty(output))

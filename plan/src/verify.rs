@@ -425,6 +425,8 @@ impl<'e> State<'e> {
             LibraryOp::Conv(c) => (Op::Conv(c.clone()), true),
             LibraryOp::Pool(p) => (Op::Pool(p.clone()), true),
             LibraryOp::Gather(g) => (Op::Gather(g.clone()), false),
+            LibraryOp::MatMulInteger => (Op::MatMulInteger, false),
+            LibraryOp::ConvInteger(c) => (Op::ConvInteger(c.clone()), false),
         };
         if float_only && let Some(&b) = inputs.iter().chain([&output]).find(|&&b| self.ty(b).dtype != DType::F32) {
             return Err(format!(

@@ -484,3 +484,108 @@ fn packed_calls_with_wrong_lengths_are_errors() {
     expect_err("long c", library::matmul_packed_f32(&a, 3, &b, &mut [0.0; 16], None, s), "matmul", "16");
     expect_err("overflow", library::matmul_packed_f32(&a, usize::MAX, &b, &mut c, None, s), "matmul", "12");
 }
+
+/// An 8-bit tensor of `shape` whose bytes cover the whole range (a seeded xorshift), of dtype i8 or u8.
+fn bytes8(dtype: DType, shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let bytes: Vec<u8> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect();
+    Tensor::from_bytes(dtype, shape.to_vec(), &bytes).expect("sized")
+}
+
+fn int8(t: &Tensor) -> library::Int8<'_> {
+    library::Int8 { bytes: t.as_bytes(), signed: t.dtype() == DType::I8 }
+}
+
+/// `matmul_integer` (plain and with the right operand packed) is the interpreter's, bit for bit: every 8-bit
+/// type pairing, scalar and per-row/per-column zero points, batch broadcasting, odd contraction lengths, widths
+/// that are not a multiple of the panel.
+#[test]
+fn matmul_integer_is_exact() {
+    let shapes: &[(&[usize], &[usize])] = &[
+        (&[1, 1], &[1, 1]),
+        (&[3, 5], &[5, 7]),
+        (&[6, 33], &[33, 17]),
+        (&[2, 4, 9], &[9, 40]),
+        (&[2, 1, 5, 8], &[3, 8, 18]),
+        (&[0, 4], &[4, 3]),
+        (&[9, 300], &[300, 31]),
+    ];
+    for (i, (sa, sb)) in shapes.iter().enumerate() {
+        for (ta, tb) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::U8)]
+        {
+            let (m, n) = (sa[sa.len() - 2], sb[sb.len() - 1]);
+            for per in [false, true] {
+                let seed = 16 * i as u64 + u64::from(per);
+                let a = bytes8(ta, sa, seed);
+                let b = bytes8(tb, sb, seed + 1);
+                let (az_shape, bz_shape) =
+                    (if per && m > 0 { vec![m] } else { vec![] }, if per { vec![n] } else { vec![] });
+                let az = bytes8(ta, &az_shape, seed + 2);
+                let bz = bytes8(tb, &bz_shape, seed + 3);
+                let want = interp(&Op::MatMulInteger, &[&a, &b, &az, &bz]).to_i64_vec();
+                let case = format!("{sa:?}·{sb:?} {ta}×{tb} per-row/column {per}");
+                with_threads(|par| {
+                    let mut out = vec![i32::MIN; want.len()];
+                    library::matmul_integer(int8(&a), sa, int8(&b), sb, int8(&az), int8(&bz), &mut out, par)
+                        .unwrap_or_else(|e| panic!("{case}: {e}"));
+                    assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case}");
+                    if sb.len() == 2 {
+                        let packed = library::PackedInt8::pack(int8(&b), sb, int8(&bz)).expect("packs");
+                        let mut out = vec![i32::MIN; want.len()];
+                        library::matmul_integer_packed(int8(&a), sa, int8(&az), &packed, &mut out, par)
+                            .unwrap_or_else(|e| panic!("{case} (packed): {e}"));
+                        assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case} (packed)");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// `conv_integer` is the interpreter's, bit for bit: 1-D, 2-D and 3-D windows, strides, dilations, asymmetric
+/// pads (which add the input's zero point), groups, per-channel weight zero points.
+#[test]
+fn conv_integer_is_exact() {
+    let conv = |strides: &[i64], pads: &[i64], dilations: &[i64], groups: i64| Conv {
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        dilations: dilations.to_vec(),
+        groups,
+    };
+    let cases: Vec<(Vec<usize>, Vec<usize>, Conv)> = vec![
+        (vec![1, 3, 9], vec![4, 3, 3], conv(&[2], &[1, 2], &[1], 1)),
+        (vec![2, 4, 7, 6], vec![6, 2, 3, 2], conv(&[1, 2], &[1, 0, 2, 1], &[2, 1], 2)),
+        (vec![1, 3, 8, 8], vec![16, 3, 3, 3], conv(&[1, 1], &[1, 1, 1, 1], &[1, 1], 1)),
+        (vec![1, 2, 4, 5, 3], vec![3, 2, 2, 2, 2], conv(&[1, 2, 1], &[0, 1, 1, 1, 0, 0], &[1, 1, 1], 1)),
+        (vec![1, 8, 5, 5], vec![8, 1, 3, 3], conv(&[1, 1], &[1, 1, 1, 1], &[1, 1], 8)),
+    ];
+    for (i, (xs, ws, attrs)) in cases.iter().enumerate() {
+        for (tx, tw) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8)] {
+            for per in [false, true] {
+                let seed = 32 * i as u64 + u64::from(per);
+                let x = bytes8(tx, xs, seed);
+                let w = bytes8(tw, ws, seed + 1);
+                let xz = bytes8(tx, &[], seed + 2);
+                let wz = bytes8(tw, if per { &ws[..1] } else { &[] }, seed + 3);
+                let want = interp(&Op::ConvInteger(attrs.clone()), &[&x, &w, &xz, &wz]);
+                let case = format!("case {i} {tx}×{tw} per-channel {per}");
+                let ys = want.shape().to_vec();
+                let want = want.to_i64_vec();
+                with_threads(|par| {
+                    let mut out = vec![i32::MIN; want.len()];
+                    library::conv_integer(int8(&x), xs, int8(&w), ws, int8(&xz), int8(&wz), attrs, &mut out, &ys, par)
+                        .unwrap_or_else(|e| panic!("{case}: {e}"));
+                    assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case}");
+                });
+            }
+        }
+    }
+}

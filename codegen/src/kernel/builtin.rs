@@ -110,7 +110,45 @@ pub fn conv_direct(
     conv: &Conv,
     out: &TensorType,
 ) -> Result<Kernel, LowerError> {
-    conv_like(name, "conv", &Op::Conv(conv.clone()), x, w, bias, out, |b, d, y| {
+    conv_like(name, "conv", &Op::Conv(conv.clone()), x, w, Extra::Bias(bias), out, |b, d, y| {
+        direct_taps(b, d, y, x, w, conv)
+    })
+}
+
+/// Integer convolution (`conv_integer`): i8/u8 operands less their zero points (`x_zero` a scalar, `w_zero` a
+/// scalar or one per output channel), summed exactly in i32; the padding adds 0. Any groups, strides, pads and
+/// dilations. Args `[x, w, x_zero, w_zero, out]`.
+pub fn conv_integer(
+    name: &str,
+    x: &TensorType,
+    w: &TensorType,
+    zeros: (&TensorType, &TensorType),
+    conv: &Conv,
+    out: &TensorType,
+) -> Result<Kernel, LowerError> {
+    conv_like(
+        name,
+        "conv_integer",
+        &Op::ConvInteger(conv.clone()),
+        x,
+        w,
+        Extra::Zeros(zeros.0, zeros.1),
+        out,
+        |b, d, y| direct_taps(b, d, y, x, w, conv),
+    )
+}
+
+/// The taps of a direct convolution: output channel `m` belongs to group `m / (M / groups)`, which reads input
+/// channels from `group · Cin/groups`; the window slides over the input.
+fn direct_taps(
+    b: &mut Builder,
+    d: &ConvDims,
+    y: &TensorType,
+    x: &TensorType,
+    w: &TensorType,
+    conv: &Conv,
+) -> Result<Taps, LowerError> {
+    {
         let window = b.conv_window(x, w, conv, y)?;
         // Output channel m belongs to group m / (M / groups), which reads input channels from group · Cin/groups.
         let per_group = IExpr::floor_div(d.od[1].clone(), IExpr::Const(conv.groups));
@@ -122,7 +160,7 @@ pub fn conv_direct(
         let mut w_at = vec![d.idx[1].clone()];
         w_at.extend_from_slice(&red);
         Ok(Taps { red_loops, x_at, w_at, inside })
-    })
+    }
 }
 
 /// The extents and output index of a convolution-like kernel, for its tap rule.
@@ -143,9 +181,24 @@ struct Taps {
     inside: Option<Expr>,
 }
 
-/// The kernel direct and transposed convolutions share: checks (float dtype, the op's type rule giving `out`),
-/// the arguments `[x, w, bias?, out]`, a parallel loop nest over the output whose body sums, in the compute type,
-/// the products `taps` describes, adds the bias of the output channel and stores the result.
+/// What a convolution-like kernel takes besides `x` and `w`.
+enum Extra<'a> {
+    /// A float convolution's optional bias (one per output channel).
+    Bias(Option<&'a TensorType>),
+    /// An integer convolution's zero points: `x`'s (a scalar) and `w`'s (a scalar or one per output channel).
+    Zeros(&'a TensorType, &'a TensorType),
+}
+
+/// The index of a zero point's element: 0 when it holds one value, else `channel` (one per row, column or
+/// output channel).
+fn zero_point(t: &TensorType, channel: &IExpr) -> IExpr {
+    if t.shape.num_elements() == Some(1) { IExpr::Const(0) } else { channel.clone() }
+}
+
+/// The kernel direct, transposed and integer convolutions share: checks (a float dtype, or i8/u8 with zero points;
+/// the op's type rule giving `out`), the arguments `[x, w, bias?, out]` or `[x, w, x_zero, w_zero, out]`, a
+/// parallel loop nest over the output whose body sums, in the compute type (i32 for integers), the products
+/// `taps` describes, adds the bias of the output channel and stores the result.
 #[allow(clippy::too_many_arguments)]
 fn conv_like(
     name: &str,
@@ -153,42 +206,111 @@ fn conv_like(
     op: &Op,
     x: &TensorType,
     w: &TensorType,
-    bias: Option<&TensorType>,
+    extra: Extra<'_>,
     out: &TensorType,
     taps: impl FnOnce(&mut Builder, &ConvDims, &TensorType) -> Result<Taps, LowerError>,
 ) -> Result<Kernel, LowerError> {
     let mut b = Builder::new(name, what);
-    if !x.dtype.is_float() {
-        return Err(b.err(format!("needs a float dtype, got {}", x.dtype)));
-    }
     let mut ins = vec![x.clone(), w.clone()];
-    ins.extend(bias.cloned());
+    match extra {
+        Extra::Bias(bias) => {
+            if !x.dtype.is_float() {
+                return Err(b.err(format!("needs a float dtype, got {}", x.dtype)));
+            }
+            ins.extend(bias.cloned());
+        }
+        Extra::Zeros(xz, wz) => ins.extend([xz.clone(), wz.clone()]),
+    }
     let y = b.infer(op, &ins)?;
     b.expect_out(out, &y)?;
     if w.shape.as_static().is_none() {
         return Err(b.err("needs static weights"));
     }
-    let (dtype, c) = (x.dtype, compute_type(x.dtype));
+    let c = if x.dtype.is_float() { compute_type(x.dtype) } else { kiln_ir::DType::I32 };
     let xa = b.arg("x", x, ArgRole::Input);
     let wa = b.arg("w", w, ArgRole::Input);
-    let ba = bias.map(|t| b.arg("bias", t, ArgRole::Input));
+    let (ba, zeros) = match extra {
+        Extra::Bias(bias) => (bias.map(|t| b.arg("bias", t, ArgRole::Input)), None),
+        Extra::Zeros(xz, wz) => {
+            (None, Some((b.arg("x_zero", xz, ArgRole::Input), b.arg("w_zero", wz, ArgRole::Input), wz)))
+        }
+    };
     let oa = b.arg("out", out, ArgRole::Output);
     let (xd, wd, od) = (b.dims(&x.shape), b.dims(&w.shape), b.dims(&out.shape));
     let (loops, idx) = b.loops(&od);
     let dims = ConvDims { xd, wd, od, idx };
     let acc = b.acc();
     let Taps { red_loops, x_at, w_at, inside } = taps(&mut b, &dims, &y)?;
-    let xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &dims.xd) }, dtype, c);
-    let wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &dims.wd) }, dtype, c);
+    let mut xv = Expr::cast(Expr::Load { arg: xa, index: b.flat(&x_at, &dims.xd) }, x.dtype, c);
+    let mut wv = Expr::cast(Expr::Load { arg: wa, index: b.flat(&w_at, &dims.wd) }, w.dtype, c);
+    if let Some((xza, wza, wz)) = zeros {
+        let xz = Expr::cast(Expr::Load { arg: xza, index: IExpr::Const(0) }, x.dtype, c);
+        let wz = Expr::cast(Expr::Load { arg: wza, index: zero_point(wz, &dims.idx[1]) }, w.dtype, c);
+        xv = Expr::binary(BinaryOp::Sub, xv, xz);
+        wv = Expr::binary(BinaryOp::Sub, wv, wz);
+    }
     let product = masked(inside, Expr::binary(BinaryOp::Mul, xv, wv), Expr::Const(Scalar::from_f64(c, 0.0)));
     let mut body = vec![Stmt::Acc { var: acc, dtype: c, op: AccOp::Sum }];
     body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value: product, position: None }]));
     let mut result = Expr::Acc(acc);
     if let Some(ba) = ba {
-        let bv = Expr::cast(Expr::Load { arg: ba, index: dims.idx[1].clone() }, dtype, c);
+        let bv = Expr::cast(Expr::Load { arg: ba, index: dims.idx[1].clone() }, x.dtype, c);
         result = Expr::binary(BinaryOp::Add, result, bv);
     }
-    body.push(Stmt::Store { arg: oa, index: b.flat(&dims.idx, &dims.od), value: Expr::cast(result, c, dtype) });
+    body.push(Stmt::Store { arg: oa, index: b.flat(&dims.idx, &dims.od), value: Expr::cast(result, c, out.dtype) });
+    Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
+}
+
+/// Integer matrix product (`matmul_integer`): `out[…, m, n] = Σ_k (a[…, m, k] − a_zero) · (b[…, k, n] − b_zero)`
+/// in i32, the zero points scalars or one per row of `a` / column of `b`, batch dims broadcast (numpy rules).
+/// Operands of rank ≥ 2. One output element per parallel iteration. Args `[a, b, a_zero, b_zero, out]`.
+pub fn matmul_integer(
+    name: &str,
+    a: &TensorType,
+    bt: &TensorType,
+    zeros: (&TensorType, &TensorType),
+    out: &TensorType,
+) -> Result<Kernel, LowerError> {
+    let mut b = Builder::new(name, "matmul_integer");
+    let y = b.infer(&Op::MatMulInteger, &[a.clone(), bt.clone(), zeros.0.clone(), zeros.1.clone()])?;
+    b.expect_out(out, &y)?;
+    let (ra, rb, ro) = (a.shape.rank(), bt.shape.rank(), out.shape.rank());
+    if ra < 2 || rb < 2 {
+        return Err(b.err(format!("needs operands of rank 2 or more, got {a} and {bt}")));
+    }
+    let i32 = kiln_ir::DType::I32;
+    let aa = b.arg("a", a, ArgRole::Input);
+    let ba = b.arg("b", bt, ArgRole::Input);
+    let aza = b.arg("a_zero", zeros.0, ArgRole::Input);
+    let bza = b.arg("b_zero", zeros.1, ArgRole::Input);
+    let oa = b.arg("out", out, ArgRole::Output);
+    let (ad, bd, od) = (b.dims(&a.shape), b.dims(&bt.shape), b.dims(&out.shape));
+    let (loops, idx) = b.loops(&od);
+    let (m, n) = (idx[ro - 2].clone(), idx[ro - 1].clone());
+    let (red_loops, red) = b.loops(&ad[ra - 1..]);
+    let k = red[0].clone();
+    // An operand's batch index: the output's, right-aligned, 0 where the operand's extent is 1 (broadcast).
+    let batch = |dims: &[Dim], rank: usize| -> Vec<IExpr> {
+        (0..rank - 2)
+            .map(|j| if dims[j] == Dim::Static(1) { IExpr::Const(0) } else { idx[ro - 2 - (rank - 2) + j].clone() })
+            .collect()
+    };
+    let mut a_at = batch(&a.shape.0, ra);
+    a_at.extend([m.clone(), k.clone()]);
+    let mut b_at = batch(&bt.shape.0, rb);
+    b_at.extend([k, n.clone()]);
+    let load = |arg, at: &[IExpr], dims: &[IExpr], b: &Builder, dtype| {
+        Expr::cast(Expr::Load { arg, index: b.flat(at, dims) }, dtype, i32)
+    };
+    let av = load(aa, &a_at, &ad, &b, a.dtype);
+    let bv = load(ba, &b_at, &bd, &b, bt.dtype);
+    let az = Expr::cast(Expr::Load { arg: aza, index: zero_point(zeros.0, &m) }, a.dtype, i32);
+    let bz = Expr::cast(Expr::Load { arg: bza, index: zero_point(zeros.1, &n) }, bt.dtype, i32);
+    let product = Expr::binary(BinaryOp::Mul, Expr::binary(BinaryOp::Sub, av, az), Expr::binary(BinaryOp::Sub, bv, bz));
+    let acc = b.acc();
+    let mut body = vec![Stmt::Acc { var: acc, dtype: i32, op: AccOp::Sum }];
+    body.extend(nest(red_loops, LoopKind::Reduction, vec![Stmt::Update { acc, value: product, position: None }]));
+    body.push(Stmt::Store { arg: oa, index: b.flat(&idx, &od), value: Expr::Acc(acc) });
     Ok(b.finish(nest(loops, LoopKind::Parallel, body)))
 }
 
@@ -205,7 +327,7 @@ pub fn conv_transpose(
     out: &TensorType,
 ) -> Result<Kernel, LowerError> {
     let rank = x.shape.rank().saturating_sub(2);
-    conv_like(name, "conv_transpose", &Op::ConvTranspose(ct.clone()), x, w, bias, out, |b, d, _| {
+    conv_like(name, "conv_transpose", &Op::ConvTranspose(ct.clone()), x, w, Extra::Bias(bias), out, |b, d, _| {
         // Output channel co is channel co mod (M/groups) of group co / (M/groups), which reads input channels
         // group · Cin/groups onwards.
         let per_group = d.wd[1].clone();

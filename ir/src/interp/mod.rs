@@ -19,6 +19,7 @@ mod elementwise;
 mod index;
 mod nn;
 mod num;
+mod quant;
 mod reduce;
 pub mod scalar;
 mod shape;
@@ -79,6 +80,8 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::ArgReduce(r) => one(reduce::arg_reduce(r, inputs[0])?),
         Op::TopK(t) => topk::top_k(t, inputs[0])?,
         Op::MatMul => one(reduce::matmul(inputs[0], inputs[1])?),
+        Op::MatMulInteger => one(quant::matmul_integer(inputs)?),
+        Op::ConvInteger(c) => one(quant::conv_integer(c, inputs)?),
         Op::Reshape(r) => one(shape::reshape(inputs[0], &r.shape)?),
         Op::Transpose(t) => one(shape::transpose(inputs[0], &t.perm)?),
         Op::Broadcast(b) => one(shape::broadcast(inputs[0], &b.shape)?),

@@ -91,9 +91,18 @@ fn spatial(x: &Val, what: &str) -> Result<Vec<Option<usize>>, String> {
 
 pub(crate) fn conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (x, w) = (n.input(0)?, n.input(1)?);
-    let sp = spatial(x, "Conv")?;
+    let attrs = conv_attrs(n, x, w, "Conv")?;
+    let mut ins = vec![x, w];
+    ins.extend(n.opt_input(2));
+    Ok(vec![cx.op(Op::Conv(attrs), &ins)?])
+}
+
+/// The attributes of a convolution node `what` (Conv, ConvInteger, QLinearConv) of input `x` and weights `w`:
+/// kernel shape (checked against the weights), strides, dilations, pads (`auto_pad` resolved) and groups.
+pub(crate) fn conv_attrs(n: &OnnxNode<'_>, x: &Val, w: &Val, what: &str) -> Result<Conv, String> {
+    let sp = spatial(x, what)?;
     let k = sp.len();
-    let wd = conv_weights(w, k, "Conv weights")?;
+    let wd = conv_weights(w, k, &format!("{what} weights"))?;
     let kernel = n.ints("kernel_shape").unwrap_or_else(|| wd[2..].iter().map(|&d| d as i64).collect());
     if kernel.len() != k || kernel.iter().zip(&wd[2..]).any(|(&a, &b)| a != b as i64) {
         return Err(format!("kernel_shape {kernel:?} disagrees with the weights {:?}", wd));
@@ -101,10 +110,7 @@ pub(crate) fn conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Strin
     let strides = n.ints("strides").unwrap_or_else(|| vec![1; k]);
     let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; k]);
     let pads = auto_pads(n, &sp, &kernel, &strides, &dilations)?;
-    let attrs = Conv { strides, pads, dilations, groups: n.int("group", 1) };
-    let mut ins = vec![x, w];
-    ins.extend(n.opt_input(2));
-    Ok(vec![cx.op(Op::Conv(attrs), &ins)?])
+    Ok(Conv { strides, pads, dilations, groups: n.int("group", 1) })
 }
 
 pub(crate) fn conv_transpose(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

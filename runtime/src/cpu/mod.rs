@@ -374,6 +374,31 @@ impl CpuProgram {
         Ok(())
     }
 
+    /// Packs, once per weight set, the right operand of every integer matmul whose right operand (2-D) and its
+    /// zero point are fixed for the program (weights, constants or prepared values).
+    fn pack_integer_weights(&self, set: &mut WeightSet) -> Result<(), RunError> {
+        let mut packed = HashMap::new();
+        for step in self.exe.steps.iter().chain(&self.exe.prepare) {
+            let Step::Library { op: LibraryOp::MatMulInteger, inputs, .. } = step else { continue };
+            let [_, b, _, bz] = inputs[..] else { continue };
+            if packed.contains_key(&(b, bz)) {
+                continue;
+            }
+            let (Some(bt), Some(zt)) = (self.weight_tensor(set, b), self.weight_tensor(set, bz)) else { continue };
+            if bt.shape().len() != 2 {
+                continue;
+            }
+            let (b8, z8) = (
+                library::Int8 { bytes: bt.as_bytes(), signed: bt.dtype() == kiln_ir::DType::I8 },
+                library::Int8 { bytes: zt.as_bytes(), signed: zt.dtype() == kiln_ir::DType::I8 },
+            );
+            let p = library::PackedInt8::pack(b8, bt.shape(), z8).map_err(|e| RunError::Weights(e.to_string()))?;
+            packed.insert((b, bz), Arc::new(p));
+        }
+        set.packed_int8 = packed;
+        Ok(())
+    }
+
     /// The right operands of f32 matmuls worth packing: 2-D weight-like buffers whose left operand may have few
     /// enough rows for `library::prefer_packed`.
     fn packable_operands(&self) -> Vec<BufferId> {
@@ -421,6 +446,7 @@ impl CpuProgram {
         self.prepare(&mut set)?;
         self.pack_weights(&mut set, prepacked)?;
         self.transform_conv_weights(&mut set)?;
+        self.pack_integer_weights(&mut set)?;
         Ok(set)
     }
 
@@ -722,6 +748,9 @@ impl CpuProgram {
                 ptrs.0[output.0 as usize],
             );
         }
+        if let LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) = op {
+            return self.integer_product(set, op, inputs, output, ptrs, symbols);
+        }
         let f32s = |b: BufferId, dims: &[usize]| -> &[f32] {
             let n: usize = dims.iter().product();
             if n == 0 {
@@ -782,12 +811,59 @@ impl CpuProgram {
                 let xd = dims(inputs[0])?;
                 library::pool_f32(f32s(inputs[0], &xd), &xd, attrs, out, &out_dims, par)
             }
-            // Gathers return before the f32 views are made (their data may have any dtype).
-            LibraryOp::Gather(_) => {
+            // Gathers and the integer products return before the f32 views are made.
+            LibraryOp::Gather(_) | LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) => {
                 Err(library::LibraryError::Unsupported { op: "gather", what: "an f32 view of its operands".into() })
             }
         };
         r.map_err(|e| RunError::Op(e.to_string()))
+    }
+
+    /// `matmul_integer` and `conv_integer`: 8-bit operands and zero points, an i32 result.
+    fn integer_product(
+        &self,
+        set: &WeightSet,
+        op: &LibraryOp,
+        inputs: &[BufferId],
+        output: BufferId,
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(), RunError> {
+        let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(RunError::Backend);
+        let operand = |b: BufferId| -> Result<(library::Int8<'_>, Vec<usize>), RunError> {
+            let d = dims(b)?;
+            let n: usize = d.iter().product();
+            let signed = match self.exe.buffers[b.0 as usize].ty.dtype {
+                kiln_ir::DType::I8 => true,
+                kiln_ir::DType::U8 => false,
+                other => return Err(RunError::Backend(format!("an integer product's operand is {other}"))),
+            };
+            // SAFETY: an 8-bit buffer of `n` elements, only read here.
+            let bytes = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(ptrs.0[b.0 as usize], n) } };
+            Ok((library::Int8 { bytes, signed }, d))
+        };
+        let [a, b, az, bz] = inputs else {
+            return Err(RunError::Backend(format!("an integer product with {} operands", inputs.len())));
+        };
+        let packed = set.packed_int8.get(&(*b, *bz)).filter(|_| matches!(op, LibraryOp::MatMulInteger));
+        let ((a, ad), (b, bd), (az, _), (bz, _)) = (operand(*a)?, operand(*b)?, operand(*az)?, operand(*bz)?);
+        let out_dims = dims(output)?;
+        let n: usize = out_dims.iter().product();
+        let out: &mut [i32] = if n == 0 {
+            &mut []
+        } else {
+            // SAFETY: the output buffer holds `n` i32s and no operand overlaps it.
+            unsafe { std::slice::from_raw_parts_mut(ptrs.0[output.0 as usize].cast::<i32>(), n) }
+        };
+        let par = Par { threads: self.workers };
+        if let Some(p) = packed {
+            return library::matmul_integer_packed(a, &ad, az, p, out, par).map_err(|e| RunError::Op(e.to_string()));
+        }
+        match op {
+            LibraryOp::ConvInteger(attrs) => library::conv_integer(a, &ad, b, &bd, az, bz, attrs, out, &out_dims, par),
+            _ => library::matmul_integer(a, &ad, b, &bd, az, bz, out, par),
+        }
+        .map_err(|e| RunError::Op(e.to_string()))
     }
 
     fn launch(

@@ -31,6 +31,9 @@ pub(crate) struct WeightSet {
     pub(crate) packed: HashMap<BufferId, Arc<PackedB>>,
     /// 3×3 conv weights in the Winograd domain for `library::conv_winograd_f32`, by buffer.
     pub(crate) winograd: HashMap<BufferId, Arc<crate::library::WinogradWeights>>,
+    /// 2-D right operands of integer matmuls less their zero points, packed for
+    /// `library::matmul_integer_packed`, by (operand, zero point) buffers.
+    pub(crate) packed_int8: HashMap<(BufferId, BufferId), Arc<crate::library::PackedInt8>>,
 }
 
 pub use kiln_plan::weights::WeightFingerprint;

@@ -10,6 +10,7 @@ use kiln_ir::op::Conv;
 use rayon::prelude::*;
 
 use super::matmul::{gemm_rowmajor, gemm_rowmajor_raw};
+use super::quant::{self, Int8};
 use super::{
     Epilogue, LibraryError, Par, attr_usizes, check_len, element_count, phase_start, split_phases, strides_of,
     with_scratch,
@@ -522,6 +523,94 @@ fn axpy_strided(ys: &mut [f32], a: f32, xs: &[f32], stride: usize) {
         let xs = &xs[..(n - 1) * stride + 1];
         for (i, y) in ys.iter_mut().enumerate() {
             *y += a * xs[i * stride];
+        }
+    }
+}
+
+/// ONNX ConvInteger: `y = conv(x − x_zero, w − w_zero)` in i32 (padding adds 0), any groups, strides, pads,
+/// dilations and spatial rank; `x_zero` one value, `w_zero` one value or one per output channel. Per image and
+/// group: the im2col matrix of `x − x_zero` as i16, packed in k-pairs, times the group's weight rows
+/// ([`super::quant::gemm`]).
+#[allow(clippy::too_many_arguments)]
+pub fn conv_integer(
+    x: Int8<'_>,
+    x_shape: &[usize],
+    w: Int8<'_>,
+    w_shape: &[usize],
+    x_zero: Int8<'_>,
+    w_zero: Int8<'_>,
+    attrs: &Conv,
+    y: &mut [i32],
+    y_shape: &[usize],
+    par: Par,
+) -> Result<(), LibraryError> {
+    const OP: &str = "conv_integer";
+    let g = Geometry::new(x.bytes.len(), x_shape, w.bytes.len(), w_shape, None, attrs, y.len(), y_shape)
+        .map_err(|e| LibraryError::shape(OP, e.to_string()))?;
+    if x_zero.bytes.len() != 1 || (w_zero.bytes.len() != 1 && w_zero.bytes.len() != g.m) {
+        return Err(LibraryError::shape(
+            OP,
+            format!(
+                "zero points of {} and {} values, expected 1 and 1 or {}",
+                x_zero.bytes.len(),
+                w_zero.bytes.len(),
+                g.m
+            ),
+        ));
+    }
+    if y.is_empty() {
+        return Ok(());
+    }
+    let (kdim, p) = (g.cg * g.k_size, g.out_size);
+    let xz = x_zero.get(0);
+    let weights: Vec<Vec<i16>> = (0..g.groups)
+        .map(|grp| {
+            quant::shifted_rows(w, g.mg, kdim, |r| (grp * g.mg + r) * kdim, |r| quant::zero_at(w_zero, grp * g.mg + r))
+        })
+        .collect();
+    let taps = kernel_taps(&g.kernel);
+    let mut col = vec![0i16; kdim * p];
+    for n in 0..g.batch {
+        for (grp, a) in weights.iter().enumerate() {
+            let first_channel = n * g.c + grp * g.cg;
+            im2col_shifted(&g, &taps, x, first_channel, xz, &mut col);
+            let packed = quant::PackedPairs::new(kdim, p, |kk, j| col[kk * p + j]);
+            let out = &mut y[(n * g.m + grp * g.mg) * p..][..g.mg * p];
+            quant::gemm(a, g.mg, &packed, out, par);
+        }
+    }
+    Ok(())
+}
+
+/// The im2col matrix `[cg·taps, out_size]` of `x − x_zero` for the `cg` channels from `first_channel` (counted
+/// over the whole input, images included); positions in the padding are 0.
+fn im2col_shifted(g: &Geometry, taps: &[usize], x: Int8<'_>, first_channel: usize, xz: i32, col: &mut [i16]) {
+    let rank = g.kernel.len();
+    let last = rank - 1;
+    let (ow, p) = (g.output[last], g.out_size);
+    let in_strides = strides_of(&g.input);
+    let out_strides = strides_of(&g.output);
+    let count = taps.len() / rank.max(1);
+    for ci in 0..g.cg {
+        let base = (first_channel + ci) * g.in_size;
+        for t in 0..count {
+            let k = &taps[t * rank..][..rank];
+            let row = &mut col[(ci * count + t) * p..][..p];
+            let (lo, hi) = g.valid(last, k[last]);
+            for (o, seg) in row.chunks_mut(ow.max(1)).enumerate() {
+                seg.fill(0);
+                // The input offset of this output row for tap k, over all dims but the last.
+                let mut offset = Some(base);
+                for d in 0..last {
+                    let od = (o * ow / out_strides[d].max(1)) % g.output[d].max(1);
+                    offset = offset.and_then(|off| g.position(d, od, k[d]).map(|i| off + i * in_strides[d]));
+                }
+                let Some(off) = offset else { continue };
+                for (oi, v) in seg.iter_mut().enumerate().take(hi).skip(lo) {
+                    let i = oi * g.strides[last] + k[last] * g.dilations[last] - g.pad_begin[last];
+                    *v = (x.get(off + i) - xz) as i16;
+                }
+            }
         }
     }
 }

@@ -621,6 +621,8 @@ impl<'g> Ctx<'g> {
             }
             op @ (Op::MatMul
             | Op::Conv(_)
+            | Op::MatMulInteger
+            | Op::ConvInteger(_)
             | Op::ConvTranspose(_)
             | Op::Pool(_)
             | Op::Gather(_)

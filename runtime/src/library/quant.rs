@@ -1,0 +1,296 @@
+//! Integer GEMM for the quantized ops: `matmul_integer` and (through im2col, in `conv`) `conv_integer`.
+//!
+//! Both operands are 8-bit (i8 or u8) with zero points; once the zero point is subtracted every value fits an i16
+//! (`[-255, 255]`), so the products are `i16 × i16 → i32` sums of pairs: the right operand is packed in
+//! *k-pairs* over panels of [`NR`] columns (`[b[2p][j], b[2p+1][j]]` side by side), the left in rows of i16 padded
+//! to an even length, and the kernel multiplies a broadcast pair of the left row by a panel row of pairs — one
+//! AVX2 `vpmaddwd` per eight columns and two contraction steps, when the CPU has AVX2, or the same arithmetic in
+//! portable code. Accumulation is i32 and wraps, exactly as the interpreter's (ONNX's) integer semantics.
+
+use rayon::prelude::*;
+
+use super::{LibraryError, Par, check_len};
+
+/// Columns per packed panel.
+pub(super) const NR: usize = 16;
+/// Rows per register tile.
+const MR: usize = 4;
+/// Multiply-adds below which a call stays on one thread.
+const PARALLEL_WORK: usize = 1 << 18;
+
+const OP: &str = "matmul_integer";
+
+/// An 8-bit operand: its bytes and whether they are i8 (else u8).
+#[derive(Copy, Clone, Debug)]
+pub struct Int8<'a> {
+    /// The elements' bytes.
+    pub bytes: &'a [u8],
+    /// i8 (two's complement) when true, u8 when false.
+    pub signed: bool,
+}
+
+impl Int8<'_> {
+    #[inline]
+    pub(super) fn get(&self, i: usize) -> i32 {
+        let b = self.bytes[i];
+        if self.signed { i32::from(b as i8) } else { i32::from(b) }
+    }
+}
+
+/// The right operand of an integer GEMM (`k × n`, already less its zero points), packed in k-pairs.
+pub(super) struct PackedPairs {
+    /// Contraction pairs (`ceil(k / 2)`).
+    pairs: usize,
+    n: usize,
+    /// Panel `p` holds `pairs · 2·NR` values from `p · pairs · 2·NR`.
+    data: Vec<i16>,
+}
+
+impl PackedPairs {
+    /// Packs `b[kk][j] = value(kk, j)` for `kk < k`, `j < n` (zeros pad the last pair and panel).
+    pub(super) fn new(k: usize, n: usize, value: impl Fn(usize, usize) -> i16 + Sync) -> PackedPairs {
+        let pairs = k.div_ceil(2);
+        let panel_len = pairs * 2 * NR;
+        let mut data = vec![0i16; n.div_ceil(NR) * panel_len];
+        data.par_chunks_mut(panel_len.max(1)).enumerate().for_each(|(p, panel)| {
+            for (pair, row) in panel.chunks_mut(2 * NR).enumerate() {
+                for j in 0..NR.min(n.saturating_sub(p * NR)) {
+                    for t in 0..2 {
+                        let kk = 2 * pair + t;
+                        if kk < k {
+                            row[2 * j + t] = value(kk, p * NR + j);
+                        }
+                    }
+                }
+            }
+        });
+        PackedPairs { pairs, n, data }
+    }
+}
+
+/// `c[m×n] = a · b` with `a` given as rows of `2·b.pairs` i16 (its zero points subtracted, the odd tail padded
+/// with 0) and `c` row-major; rows are split over `par`'s workers.
+pub(super) fn gemm(a: &[i16], m: usize, b: &PackedPairs, c: &mut [i32], par: Par) {
+    let (n, lda) = (b.n, 2 * b.pairs);
+    debug_assert!(a.len() >= m * lda && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let work = m.saturating_mul(n).saturating_mul(lda);
+    let rows_per_task =
+        if par.parallel() && work >= PARALLEL_WORK { m.div_ceil(par.threads * 4).next_multiple_of(MR) } else { m };
+    let run = |(t, block): (usize, &mut [i32])| {
+        let first = t * rows_per_task;
+        let rows = block.len() / n;
+        gemm_rows(&a[first * lda..(first + rows) * lda], rows, b, block);
+    };
+    if rows_per_task >= m {
+        run((0, &mut c[..m * n]));
+    } else {
+        c[..m * n].par_chunks_mut(rows_per_task * n).enumerate().for_each(run);
+    }
+}
+
+/// [`gemm`] on one thread.
+fn gemm_rows(a: &[i16], m: usize, b: &PackedPairs, c: &mut [i32]) {
+    let (n, lda) = (b.n, 2 * b.pairs);
+    let panel_len = b.pairs * 2 * NR;
+    for (p, panel) in b.data.chunks(panel_len.max(1)).enumerate().take(n.div_ceil(NR)) {
+        let cols = NR.min(n - p * NR);
+        let mut r = 0;
+        while r < m {
+            let rows = MR.min(m - r);
+            let mut acc = [[0i32; NR]; MR];
+            tile(&a[r * lda..(r + rows) * lda], rows, b.pairs, panel, &mut acc);
+            for (i, row) in acc.iter().enumerate().take(rows) {
+                c[(r + i) * n + p * NR..][..cols].copy_from_slice(&row[..cols]);
+            }
+            r += rows;
+        }
+    }
+}
+
+/// One register tile: `acc[i][j] = Σ_p a[i][2p]·panel[p][j].0 + a[i][2p+1]·panel[p][j].1` for `rows ≤ MR` rows.
+#[inline]
+fn tile(a: &[i16], rows: usize, pairs: usize, panel: &[i16], acc: &mut [[i32; NR]; MR]) {
+    assert!(a.len() >= rows * 2 * pairs && panel.len() >= pairs * 2 * NR && rows <= MR);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present; the lengths were checked above.
+        unsafe { tile_avx2(a, rows, pairs, panel, acc) };
+        return;
+    }
+    for (i, out) in acc.iter_mut().enumerate().take(rows) {
+        let row = &a[i * 2 * pairs..][..2 * pairs];
+        for (p, pr) in panel.chunks_exact(2 * NR).take(pairs).enumerate() {
+            let (a0, a1) = (i32::from(row[2 * p]), i32::from(row[2 * p + 1]));
+            for (j, o) in out.iter_mut().enumerate() {
+                let v = a0.wrapping_mul(i32::from(pr[2 * j])).wrapping_add(a1.wrapping_mul(i32::from(pr[2 * j + 1])));
+                *o = o.wrapping_add(v);
+            }
+        }
+    }
+}
+
+/// [`tile`] with AVX2: two `vpmaddwd` per row and pair step.
+///
+/// # Safety
+/// The CPU must support AVX2; `a` holds `rows · 2·pairs` values and `panel` `pairs · 2·NR` (as [`tile`] checks).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tile_avx2(a: &[i16], rows: usize, pairs: usize, panel: &[i16], acc: &mut [[i32; NR]; MR]) {
+    use std::arch::x86_64::*;
+    let mut v = [[_mm256_setzero_si256(); 2]; MR];
+    let lda = 2 * pairs;
+    for p in 0..pairs {
+        // SAFETY: p < pairs, so the 32 values from p·2·NR are inside the panel.
+        let (b0, b1) = unsafe {
+            let at = panel.as_ptr().add(p * 2 * NR);
+            (_mm256_loadu_si256(at.cast()), _mm256_loadu_si256(at.add(NR).cast()))
+        };
+        for (i, vi) in v.iter_mut().enumerate().take(rows) {
+            let at = i * lda + 2 * p;
+            let pair = (u32::from(a[at] as u16) | (u32::from(a[at + 1] as u16) << 16)) as i32;
+            let av = _mm256_set1_epi32(pair);
+            vi[0] = _mm256_add_epi32(vi[0], _mm256_madd_epi16(av, b0));
+            vi[1] = _mm256_add_epi32(vi[1], _mm256_madd_epi16(av, b1));
+        }
+    }
+    for (out, vi) in acc.iter_mut().zip(&v).take(rows) {
+        // SAFETY: each row of `acc` holds NR = 16 i32s, two 256-bit stores.
+        unsafe {
+            _mm256_storeu_si256(out.as_mut_ptr().cast(), vi[0]);
+            _mm256_storeu_si256(out.as_mut_ptr().add(8).cast(), vi[1]);
+        }
+    }
+}
+
+/// `a`'s rows less their zero points as i16, each padded to `2·pairs` values: row `r` of `k` values starting at
+/// element `start(r)` of `a`, zero point `zero(r)`.
+pub(super) fn shifted_rows(
+    a: Int8<'_>,
+    rows: usize,
+    k: usize,
+    start: impl Fn(usize) -> usize,
+    zero: impl Fn(usize) -> i32,
+) -> Vec<i16> {
+    let lda = 2 * k.div_ceil(2);
+    let mut out = vec![0i16; rows * lda];
+    for (r, row) in out.chunks_mut(lda.max(1)).enumerate().take(rows) {
+        let (s, z) = (start(r), zero(r));
+        for (kk, o) in row.iter_mut().enumerate().take(k) {
+            *o = (a.get(s + kk) - z) as i16;
+        }
+    }
+    out
+}
+
+/// A zero point's value for row/column/channel `i`: its only value, or its `i`-th.
+pub(super) fn zero_at(z: Int8<'_>, i: usize) -> i32 {
+    if z.bytes.len() == 1 { z.get(0) } else { z.get(i) }
+}
+
+/// A 2-D right operand of integer matmuls (`[k, n]`) less its zero points, packed once (at weight load) for
+/// [`matmul_integer_packed`].
+pub struct PackedInt8 {
+    k: usize,
+    b: PackedPairs,
+}
+
+impl PackedInt8 {
+    /// Packs `b` (`shape` `[k, n]`) less `b_zero` (one value, or one per column).
+    pub fn pack(b: Int8<'_>, shape: &[usize], b_zero: Int8<'_>) -> Result<PackedInt8, LibraryError> {
+        let [k, n] = shape[..] else {
+            return Err(LibraryError::shape(OP, format!("packs a 2-D operand, not {shape:?}")));
+        };
+        check_len(OP, "b", b.bytes.len(), shape)?;
+        if b_zero.bytes.len() != 1 && b_zero.bytes.len() != n {
+            return Err(LibraryError::shape(
+                OP,
+                format!("b's zero point has {} values, not 1 or {n}", b_zero.bytes.len()),
+            ));
+        }
+        Ok(PackedInt8 { k, b: PackedPairs::new(k, n, |kk, j| (b.get(kk * n + j) - zero_at(b_zero, j)) as i16) })
+    }
+}
+
+/// [`matmul_integer`] with a right operand packed by [`PackedInt8::pack`]: `a` has shape `[…, m, k]`, the
+/// result `[…, m, n]`.
+pub fn matmul_integer_packed(
+    a: Int8<'_>,
+    a_shape: &[usize],
+    a_zero: Int8<'_>,
+    b: &PackedInt8,
+    out: &mut [i32],
+    par: Par,
+) -> Result<(), LibraryError> {
+    check_len(OP, "a", a.bytes.len(), a_shape)?;
+    let (k, n) = (b.k, b.b.n);
+    let Some((&ak, batch)) = a_shape.split_last().filter(|(ak, b)| **ak == k && !b.is_empty()) else {
+        return Err(LibraryError::shape(OP, format!("a of shape {a_shape:?} does not multiply a packed [{k}, {n}]")));
+    };
+    let m = batch[batch.len() - 1];
+    let rows: usize = batch.iter().product();
+    if out.len() != rows * n || (a_zero.bytes.len() != 1 && a_zero.bytes.len() != m) {
+        return Err(LibraryError::shape(
+            OP,
+            format!("a result of {} elements or a zero point of {} values", out.len(), a_zero.bytes.len()),
+        ));
+    }
+    let lhs = shifted_rows(a, rows, ak, |r| r * k, |r| zero_at(a_zero, r % m.max(1)));
+    gemm(&lhs, rows, &b.b, out, par);
+    Ok(())
+}
+
+/// ONNX MatMulInteger: `out = (a − a_zero) · (b − b_zero)` in i32 with numpy matmul shapes (batch dims broadcast),
+/// `a_zero` one value or one per row of `a`, `b_zero` one value or one per column of `b`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_integer(
+    a: Int8<'_>,
+    a_shape: &[usize],
+    b: Int8<'_>,
+    b_shape: &[usize],
+    a_zero: Int8<'_>,
+    b_zero: Int8<'_>,
+    out: &mut [i32],
+    par: Par,
+) -> Result<(), LibraryError> {
+    check_len(OP, "a", a.bytes.len(), a_shape)?;
+    check_len(OP, "b", b.bytes.len(), b_shape)?;
+    let plan = super::batch_plan(a_shape, b_shape).map_err(|e| LibraryError::shape(OP, e.to_string()))?;
+    let (m, k, n) = (plan.m, plan.k, plan.n);
+    if out.len() != plan.offsets.len() * m * n {
+        return Err(LibraryError::shape(
+            OP,
+            format!("the result has {} elements, not {}", out.len(), plan.offsets.len() * m * n),
+        ));
+    }
+    for (what, z, per) in [("a", a_zero, m), ("b", b_zero, n)] {
+        if z.bytes.len() != 1 && z.bytes.len() != per {
+            return Err(LibraryError::shape(
+                OP,
+                format!("{what}'s zero point has {} values, not 1 or {per}", z.bytes.len()),
+            ));
+        }
+    }
+    // The right operand's distinct matrices, packed once each.
+    let mut packed: Vec<(usize, PackedPairs)> = Vec::new();
+    for &(_, bo) in &plan.offsets {
+        if !packed.iter().any(|(o, _)| *o == bo) {
+            let p = PackedPairs::new(k, n, |kk, j| (b.get(bo + kk * n + j) - zero_at(b_zero, j)) as i16);
+            packed.push((bo, p));
+        }
+    }
+    let lhs = |first: usize, rows: usize| shifted_rows(a, rows, k, |r| first + r * k, |r| zero_at(a_zero, r % m));
+    if plan.foldable && packed.len() == 1 {
+        let rows = plan.offsets.len() * m;
+        let rows16 = lhs(plan.offsets.first().map_or(0, |o| o.0), rows);
+        gemm(&rows16, rows, &packed[0].1, out, par);
+        return Ok(());
+    }
+    for (i, &(ao, bo)) in plan.offsets.iter().enumerate() {
+        let pb = &packed.iter().find(|(o, _)| *o == bo).expect("packed above").1;
+        gemm(&lhs(ao, m), m, pb, &mut out[i * m * n..][..m * n], par);
+    }
+    Ok(())
+}
