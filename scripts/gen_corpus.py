@@ -7,11 +7,18 @@ on, each with input sets and ONNX Runtime's outputs for them.
   at their declared shape.
 - stress_*: small models built with onnx.helper that stress what kiln lacked (symbolic image dims through
   strided convs, resize, slices, SAME padding, concat and transposed convs), two shapes each.
+- int8_dynamic_*, int8_qdq_*: int8 variants made by ONNX Runtime's own quantizer — `quantize_dynamic` (the
+  DynamicQuantizeLinear + MatMulInteger/ConvInteger graphs it writes by default, signed 8-bit weights) of the
+  shared reference models and of light_squeezenet, and `quantize_static` in QDQ format (QuantizeLinear /
+  DequantizeLinear around every op, calibrated on inputs the generator draws) of mlp and resnet18 — with the
+  reference model's input set. Their outputs are compared within 1% of the output's largest magnitude
+  (`tolerance.json`): rounding a value on a quantization boundary the other way moves it by a whole step.
 - sym_*: copies of the shared reference models (../shared/models, when present) whose batch and image/sequence
   input dims are made symbolic (the graph inputs' dims edited, stale value_info dropped, ONNX shape inference run
   again), each with input sets at two different shapes.
 
-Layout, per model: NAME/model.onnx and NAME/sets/K/{inputs,expected}/ (.npy files and a manifest.json listing
+Layout, per model: NAME/model.onnx, NAME/tolerance.json (optional: rtol, atol and why, when the default
+rtol 1e-3 / atol 1e-4 does not apply) and NAME/sets/K/{inputs,expected}/ (.npy files and a manifest.json listing
 name, file, dtype and shape in model order, as ../shared/models does). tests/corpus.rs runs every model and set.
 Deterministic: the same folder for the same onnx/onnxruntime versions. Usage: gen_corpus.py [OUT] [--shared DIR]
 """
@@ -28,7 +35,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 3"
+VERSION = "corpus 4"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -143,6 +150,80 @@ def symbolic_copies(out, shared, rng, scratch):
         write_case(out, f"sym_{name}", path, sets)
 
 
+def shared_inputs(shared, name):
+    """The input set saved beside a shared reference model, as {name: array}."""
+    folder = os.path.join(shared, name, "inputs")
+    with open(os.path.join(folder, "manifest.json")) as f:
+        return {e["name"]: np.load(os.path.join(folder, e["file"])) for e in json.load(f)}
+
+
+QUANTIZED_TOLERANCE = {
+    "rtol": 0.0,
+    "atol_of_max": 0.01,
+    "why": "int8: a value on a quantization boundary may round either way (one step)",
+}
+
+
+def quantized_models(out, shared, rng, scratch):
+    """int8 variants written by ONNX Runtime's quantizer (dynamic, and static QDQ with a drawn calibration set)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    def write(name, path, feeds):
+        write_case(out, name, path, [feeds])
+        with open(os.path.join(out, name, "tolerance.json"), "w") as f:
+            json.dump(QUANTIZED_TOLERANCE, f, indent=1)
+
+    sources = []
+    for name in ["mlp", "bert_small", "gpt2_small", "resnet18"]:
+        src = os.path.join(shared, name, "model.onnx")
+        if os.path.exists(src):
+            sources.append((name, src, shared_inputs(shared, name)))
+        else:
+            print(f"int8_dynamic_{name}: skipped ({src} is absent)")
+    # The light zoo's weights are ConstantOfShape nodes, which the quantizer does not take: they become random
+    # initializers of their shape first.
+    model = onnx.load(
+        os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_squeezenet.onnx")
+    )
+    known = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in [n for n in model.graph.node if n.op_type == "Constant"]:
+        known[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+    for node in [n for n in model.graph.node if n.op_type == "ConstantOfShape" and n.input[0] in known]:
+        shape = [int(d) for d in known[node.input[0]]]
+        weight = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, node.output[0]))
+        model.graph.node.remove(node)
+    model.ir_version = max(model.ir_version, 7)  # initializers need not be graph inputs from IR 4 on
+    light = os.path.join(scratch, "light_squeezenet_weights.onnx")
+    onnx.save(model, light)
+    feeds = {
+        vi.name: random_input(rng, vi, [d.dim_value for d in vi.type.tensor_type.shape.dim]) for vi in graph_inputs(model)
+    }
+    sources.append(("light_squeezenet", light, feeds))
+    for name, src, feeds in sources:
+        path = os.path.join(scratch, f"int8_dynamic_{name}.onnx")
+        quantize_dynamic(src, path, weight_type=QuantType.QInt8)
+        write(f"int8_dynamic_{name}", path, feeds)
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self, feeds, count):
+            self.sets = iter(
+                [{k: (rng.standard_normal(v.shape) * v.std() + v.mean()).astype(v.dtype) for k, v in feeds.items()}
+                 for _ in range(count)]
+            )
+
+        def get_next(self):
+            return next(self.sets, None)
+
+    for name, src, feeds in sources:
+        if name not in ("mlp", "resnet18"):
+            continue
+        path = os.path.join(scratch, f"int8_qdq_{name}.onnx")
+        quantize_static(src, path, Calibration(feeds, 4), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+        write(f"int8_qdq_{name}", path, feeds)
+
+
 def stress_models(out, rng, scratch):
     """Small models built with onnx.helper that stress what real exporters write and kiln once refused: a vision
     graph on symbolic image dims (strided conv, nearest resize by 2, slices to the end and from the back, SAME
@@ -213,6 +294,7 @@ def main():
     rng = np.random.default_rng(0)
     light_models(a.out, rng)
     stress_models(a.out, rng, scratch)
+    quantized_models(a.out, a.shared, rng, scratch)
     if os.path.isdir(a.shared):
         symbolic_copies(a.out, a.shared, rng, scratch)
     else:

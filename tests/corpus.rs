@@ -8,6 +8,8 @@
 //! shapes for the symbolic models — matching ONNX Runtime; the same through an ahead-of-time artifact. Without
 //! the corpus (no `.cache/corpus`, or `KILN_CORPUS_DIR` pointing nowhere) the test prints `SKIPPED:` and why.
 //! The known gaps are listed in `tests/corpus-fallbacks.txt` and must fall back exactly as listed (a ratchet).
+//! Outputs match within rtol 1e-3 / atol 1e-4, or the model's `tolerance.json` (the int8 variants: 1% of the
+//! output's largest magnitude, as a value on a quantization boundary may round either way).
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +28,53 @@ struct InputSet {
     name: String,
     inputs: std::collections::BTreeMap<String, kiln_ir::Tensor>,
     expected: Vec<(String, kiln_ir::Tensor)>,
+}
+
+/// How closely a corpus model's outputs must match: `|got − want| ≤ atol + rtol·|want|` per element, where atol is
+/// the larger of `atol` and `atol_of_max` times the output's largest magnitude. The model's `tolerance.json` (the
+/// generator writes one where the default does not apply, with why) or rtol 1e-3, atol 1e-4.
+#[derive(serde::Deserialize)]
+struct Tolerance {
+    #[serde(default = "default_rtol")]
+    rtol: f64,
+    #[serde(default = "default_atol")]
+    atol: f64,
+    #[serde(default)]
+    atol_of_max: f64,
+}
+
+fn default_rtol() -> f64 {
+    1e-3
+}
+
+fn default_atol() -> f64 {
+    1e-4
+}
+
+fn tolerance(case: &Path) -> Result<Tolerance, String> {
+    match std::fs::read_to_string(case.join("tolerance.json")) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("tolerance.json: {e}")),
+        Err(_) => Ok(Tolerance { rtol: default_rtol(), atol: default_atol(), atol_of_max: 0.0 }),
+    }
+}
+
+/// Compares outputs with the expected ones by name within `t`; `Err` describes every mismatch.
+fn compare(
+    got: Vec<(String, kiln_ir::Tensor)>,
+    expected: &[(String, kiln_ir::Tensor)],
+    t: &Tolerance,
+) -> Result<(), String> {
+    let got: std::collections::BTreeMap<String, kiln_ir::Tensor> = got.into_iter().collect();
+    let problems: Vec<String> = expected
+        .iter()
+        .filter_map(|(name, want)| {
+            let Some(g) = got.get(name) else { return Some(format!("output `{name}` is missing")) };
+            let max = want.to_f64_vec().iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+            let atol = t.atol.max(t.atol_of_max * max);
+            kiln::conformance::compare(g, want, t.rtol, atol).err().map(|e| format!("output `{name}`: {e}"))
+        })
+        .collect();
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
 }
 
 /// The input sets of a corpus model, in set order.
@@ -90,11 +139,11 @@ fn every_corpus_model_matches_onnx_runtime_compiled_with_no_interpreter_step() {
             Artifact::write(&lowered, &dir).map_err(|e| format!("artifact: {e}"))?;
             let loaded = Artifact::load(&dir, 2).map_err(|e| format!("artifact load: {e}"))?;
             let sets = sets(case);
+            let tolerance = tolerance(case)?;
             for set in &sets {
                 for (how, program) in [("JIT", &compiled), ("AOT", &loaded)] {
                     let got = program.run(&set.inputs).map_err(|e| format!("set {} ({how}): run: {e}", set.name))?;
-                    common::compare_outputs(got, &set.expected)
-                        .map_err(|e| format!("set {} ({how}): {e}", set.name))?;
+                    compare(got, &set.expected, &tolerance).map_err(|e| format!("set {} ({how}): {e}", set.name))?;
                 }
             }
             Ok(sets.len())

@@ -1,9 +1,10 @@
 //! The f32x4 form of an innermost vectorizable or reduction loop.
 //!
 //! A vectorizable loop qualifies when every statement is an f32 `Let` or a store into an f32 buffer, and every
-//! value is built from f32 constants, f32 loads, f32 variables and accumulators, float unary and arithmetic
-//! binary kinds, and selects whose condition is an f32 comparison; anything else (other dtypes, casts, index
-//! values, bool variables) keeps the whole loop scalar. Four consecutive iterations run as four lanes; the
+//! value is built from f32 constants, f32 loads, i32 loads cast to f32 (an integer product's result being
+//! scaled), f32 variables and accumulators, float unary and arithmetic binary kinds, and selects whose
+//! condition is an f32 comparison; anything else (other dtypes, other casts, index values, bool variables)
+//! keeps the whole loop scalar. Four consecutive iterations run as four lanes; the
 //! iterations left over run through the scalar loop.
 //!
 //! A reduction loop qualifies the same way when every statement is an f32 `Let` or an `Update` of an f32
@@ -35,7 +36,7 @@ use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, UnaryOp};
 
 use super::emit::{EResult, Emitter, mem};
-use crate::kernel::{AccOp, AccVar, Block, Expr, LoopVar, Stmt, Var};
+use crate::kernel::{AccOp, AccVar, ArgId, Block, Expr, IExpr, LoopVar, Stmt, Var};
 
 /// Lanes per vector.
 pub(crate) const LANES: i64 = 4;
@@ -130,6 +131,9 @@ impl Emitter<'_, '_> {
         match e {
             Expr::Const(Scalar::F32(_)) => true,
             Expr::Load { arg, .. } => self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::F32),
+            // An i32 load converted to f32 (an integer product's result, scaled): one vector conversion.
+            Expr::Cast(x, DType::F32) => matches!(&**x, Expr::Load { arg, .. }
+                if self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::I32)),
             Expr::Var(v) => inner.contains(v) || self.lets.get(v).is_some_and(|(_, d)| *d == DType::F32),
             Expr::Acc(a) => self.accs.get(a).is_some_and(|s| !s.op.is_arg() && s.dtype == DType::F32),
             Expr::Unary(k, x) => vector_unary(*k) && self.vector_ok(x, inner),
@@ -200,30 +204,14 @@ impl Emitter<'_, '_> {
                 let c = self.scalar_const(*s);
                 self.splat(c)
             }
-            Expr::Load { arg, index } => match index.stride(var) {
-                Some(1) => {
-                    let addr = self.address(*arg, index, false)?;
-                    self.b.ins().load(types::F32X4, mem(), addr, 0)
-                }
-                Some(0) => {
-                    let addr = self.address(*arg, index, false)?;
-                    let x = self.load_scalar(DType::F32, addr);
-                    self.splat(x)
-                }
-                _ => {
-                    let zero = self.b.ins().f32const(0.0);
-                    let mut v = self.splat(zero);
-                    for lane in 0..LANES {
-                        let li = self.b.ins().iadd_imm_s(i, lane);
-                        self.lane_index.insert(var, li);
-                        let addr = self.address(*arg, index, false);
-                        self.lane_index.remove(&var);
-                        let x = self.load_scalar(DType::F32, addr?);
-                        v = self.b.ins().insertlane(v, x, lane as u8);
-                    }
-                    v
-                }
-            },
+            Expr::Load { arg, index } => self.vload(*arg, index, var, i, DType::F32)?,
+            Expr::Cast(x, DType::F32) => {
+                let Expr::Load { arg, index } = &**x else {
+                    return Err(self.malformed("a vector cast of something other than an i32 load".into()));
+                };
+                let v = self.vload(*arg, index, var, i, DType::I32)?;
+                self.b.ins().fcvt_from_sint(types::F32X4, v)
+            }
             Expr::Var(v) => match vlets.get(v) {
                 Some(x) => *x,
                 None => {
@@ -273,6 +261,38 @@ impl Emitter<'_, '_> {
                 self.select_mask(mask, a, b)
             }
             _ => return Err(self.malformed("an expression the vector form does not take".into())),
+        })
+    }
+
+    /// Four lanes of `arg` (f32 or i32) at `index` for iterations `i..i + 4` of `var`: one vector load at stride
+    /// 1, a splat at stride 0, lane by lane otherwise.
+    fn vload(&mut self, arg: ArgId, index: &IExpr, var: LoopVar, i: Value, dtype: DType) -> EResult<Value> {
+        let ty = if dtype == DType::I32 { types::I32X4 } else { types::F32X4 };
+        Ok(match index.stride(var) {
+            Some(1) => {
+                let addr = self.address(arg, index, false)?;
+                self.b.ins().load(ty, mem(), addr, 0)
+            }
+            Some(0) => {
+                let addr = self.address(arg, index, false)?;
+                let x = self.load_scalar(dtype, addr);
+                self.b.ins().splat(ty, x)
+            }
+            _ => {
+                let mut lanes = Vec::with_capacity(LANES as usize);
+                for lane in 0..LANES {
+                    let li = self.b.ins().iadd_imm_s(i, lane);
+                    self.lane_index.insert(var, li);
+                    let addr = self.address(arg, index, false);
+                    self.lane_index.remove(&var);
+                    lanes.push(self.load_scalar(dtype, addr?));
+                }
+                let mut v = self.b.ins().splat(ty, lanes[0]);
+                for (lane, x) in lanes.into_iter().enumerate().skip(1) {
+                    v = self.b.ins().insertlane(v, x, lane as u8);
+                }
+                v
+            }
         })
     }
 

@@ -569,16 +569,20 @@ pub fn conv_integer(
         })
         .collect();
     let taps = kernel_taps(&g.kernel);
-    let mut col = vec![0i16; kdim * p];
-    for n in 0..g.batch {
-        for (grp, a) in weights.iter().enumerate() {
-            let first_channel = n * g.c + grp * g.cg;
-            im2col_shifted(&g, &taps, x, first_channel, xz, &mut col);
-            let packed = quant::PackedPairs::new(kdim, p, |kk, j| col[kk * p + j]);
-            let out = &mut y[(n * g.m + grp * g.mg) * p..][..g.mg * p];
-            quant::gemm(a, g.mg, &packed, out, par);
+    quant::with_scratch(|[_, col, panels]| {
+        col.resize(kdim * p, 0);
+        for n in 0..g.batch {
+            for (grp, a) in weights.iter().enumerate() {
+                let first_channel = n * g.c + grp * g.cg;
+                im2col_shifted(&g, &taps, x, first_channel, xz, col);
+                let col: &[i16] = col;
+                let packed = quant::PackedPairs::new_in(std::mem::take(panels), kdim, p, |kk, j| col[kk * p + j]);
+                let out = &mut y[(n * g.m + grp * g.mg) * p..][..g.mg * p];
+                quant::gemm(a, g.mg, &packed, out, par);
+                *panels = packed.into_data();
+            }
         }
-    }
+    });
     Ok(())
 }
 

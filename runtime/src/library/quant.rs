@@ -49,9 +49,21 @@ pub(super) struct PackedPairs {
 impl PackedPairs {
     /// Packs `b[kk][j] = value(kk, j)` for `kk < k`, `j < n` (zeros pad the last pair and panel).
     pub(super) fn new(k: usize, n: usize, value: impl Fn(usize, usize) -> i16 + Sync) -> PackedPairs {
+        PackedPairs::new_in(Vec::new(), k, n, value)
+    }
+
+    /// [`PackedPairs::new`] in `data`'s allocation (take it back with [`PackedPairs::into_data`]): a caller that
+    /// packs per call reuses one buffer instead of faulting in fresh pages each time.
+    pub(super) fn new_in(
+        mut data: Vec<i16>,
+        k: usize,
+        n: usize,
+        value: impl Fn(usize, usize) -> i16 + Sync,
+    ) -> PackedPairs {
         let pairs = k.div_ceil(2);
         let panel_len = pairs * 2 * NR;
-        let mut data = vec![0i16; n.div_ceil(NR) * panel_len];
+        data.clear();
+        data.resize(n.div_ceil(NR) * panel_len, 0);
         data.par_chunks_mut(panel_len.max(1)).enumerate().for_each(|(p, panel)| {
             for (pair, row) in panel.chunks_mut(2 * NR).enumerate() {
                 for j in 0..NR.min(n.saturating_sub(p * NR)) {
@@ -66,6 +78,26 @@ impl PackedPairs {
         });
         PackedPairs { pairs, n, data }
     }
+
+    /// The buffer, for reuse.
+    pub(super) fn into_data(self) -> Vec<i16> {
+        self.data
+    }
+}
+
+thread_local! {
+    /// The i16 buffers of the last integer product on this thread (left rows, im2col matrix, packed panels),
+    /// kept to save allocating — and faulting in — them per call.
+    static SCRATCH: std::cell::Cell<[Vec<i16>; 3]> = const { std::cell::Cell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// Runs `f` on this thread's three scratch buffers (any contents, any length), taken out of the thread-local
+/// slot while in use so that a nested call (rayon work stealing) gets fresh ones instead of aliasing them.
+pub(super) fn with_scratch<R>(f: impl FnOnce(&mut [Vec<i16>; 3]) -> R) -> R {
+    let mut bufs = SCRATCH.with(std::cell::Cell::take);
+    let r = f(&mut bufs);
+    SCRATCH.with(|s| s.set(bufs));
+    r
 }
 
 /// `c[m×n] = a · b` with `a` given as rows of `2·b.pairs` i16 (its zero points subtracted, the odd tail padded
@@ -174,15 +206,29 @@ pub(super) fn shifted_rows(
     start: impl Fn(usize) -> usize,
     zero: impl Fn(usize) -> i32,
 ) -> Vec<i16> {
+    let mut out = Vec::new();
+    shifted_rows_into(&mut out, a, rows, k, start, zero);
+    out
+}
+
+/// [`shifted_rows`] into `out` (resized).
+pub(super) fn shifted_rows_into(
+    out: &mut Vec<i16>,
+    a: Int8<'_>,
+    rows: usize,
+    k: usize,
+    start: impl Fn(usize) -> usize,
+    zero: impl Fn(usize) -> i32,
+) {
     let lda = 2 * k.div_ceil(2);
-    let mut out = vec![0i16; rows * lda];
+    out.clear();
+    out.resize(rows * lda, 0);
     for (r, row) in out.chunks_mut(lda.max(1)).enumerate().take(rows) {
         let (s, z) = (start(r), zero(r));
         for (kk, o) in row.iter_mut().enumerate().take(k) {
             *o = (a.get(s + kk) - z) as i16;
         }
     }
-    out
 }
 
 /// A zero point's value for row/column/channel `i`: its only value, or its `i`-th.
@@ -237,8 +283,10 @@ pub fn matmul_integer_packed(
             format!("a result of {} elements or a zero point of {} values", out.len(), a_zero.bytes.len()),
         ));
     }
-    let lhs = shifted_rows(a, rows, ak, |r| r * k, |r| zero_at(a_zero, r % m.max(1)));
-    gemm(&lhs, rows, &b.b, out, par);
+    with_scratch(|[lhs, _, _]| {
+        shifted_rows_into(lhs, a, rows, ak, |r| r * k, |r| zero_at(a_zero, r % m.max(1)));
+        gemm(lhs, rows, &b.b, out, par);
+    });
     Ok(())
 }
 
