@@ -24,6 +24,7 @@ pub mod layout;
 pub mod plan_memory;
 pub mod schedule;
 pub mod simplify_shape_arith;
+pub mod widen_half;
 
 pub use instrument::{Instrumentation, PassSelection, Reproducer, TimingReport};
 pub use kiln_ir as ir;
@@ -91,6 +92,7 @@ declare_passes! {
     cse::Cse,
     dce::Dce,
     decompose::Decompose,
+    widen_half::WidenHalf,
     layout::Layout,
     fuse::Fuse,
     schedule::Schedule,
@@ -122,8 +124,8 @@ declare_pipelines! {
     "O0" = "",
     /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
     "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
-    /// O1's cleanups and batch-norm folding to a fixed point, transposes sunk, fusion groups, schedule, memory plan.
-    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),layout,fixpoint(canonicalize,cse,dce),fuse,schedule,plan-memory",
+    /// O1's cleanups and batch-norm folding to a fixed point, half-precision library ops widened, transposes sunk, fusion groups, schedule, memory plan.
+    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),widen-half,layout,fixpoint(canonicalize,cse,dce),fuse,schedule,plan-memory",
     /// For now the same as O2, so it also ends with schedule and plan-memory.
     "O3" = "O2",
     /// The CPU target's default; for now an alias of O2, so it ends with schedule and plan-memory.
