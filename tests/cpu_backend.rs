@@ -254,3 +254,71 @@ fn nearest_resize_is_compiled_and_exact() {
     let compiled = Model::from_graph(g).unwrap().compile(&CompileOptions::default()).unwrap();
     assert_eq!(kiln::fallback_kinds(compiled.fallbacks()).len(), 1, "{:?}", compiled.fallbacks());
 }
+
+/// The compiled code converts between f16/bf16 and f32 inline, and exactly as the `half` crate (and so the
+/// interpreter) does: every f16 to f32; f32 to f16 and to bf16 for every exponent with assorted mantissas
+/// (ties, the subnormal range, overflow to infinity, NaNs) — bit for bit, NaNs by class.
+#[test]
+fn half_precision_conversions_are_exact() {
+    let compile = |text: &str| {
+        let model = Model::from_graph(kiln_ir::parse(text).unwrap()).unwrap();
+        model.compile(&CompileOptions { fallback: kiln::FallbackPolicy::Deny, ..Default::default() }).unwrap()
+    };
+    let run = |c: &kiln::Compiled, x: Tensor| {
+        let inputs: BTreeMap<String, Tensor> = [("x".to_string(), x)].into();
+        c.run(&inputs).unwrap().remove(0).1
+    };
+    // Every f16 bit pattern, widened.
+    let n = 1 << 16;
+    let widen = compile(&format!(
+        "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f16[{n}]\n  %1 = cast %0 {{to=f32}} : f32[{n}]\n  output \"y\" = %1\n}}\n"
+    ));
+    let all: Vec<half::f16> = (0..n as u32).map(|b| half::f16::from_bits(b as u16)).collect();
+    let got = run(&widen, Tensor::from_vec(vec![n], all.clone()).unwrap());
+    for (h, g) in all.iter().zip(got.as_slice::<f32>().unwrap()) {
+        let want = h.to_f32();
+        assert!(
+            g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+            "f16 {:#06x}: {g} vs {want}",
+            h.to_bits()
+        );
+    }
+    // f32 patterns: every exponent, with mantissas at and around the rounding boundaries of both targets.
+    let mut patterns = Vec::new();
+    for exp in 0u32..256 {
+        for m in [
+            0u32, 1, 0xfff, 0x1000, 0x1001, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001, 0x18000, 0x7f_e000, 0x7f_f000,
+            0x7f_ffff, 0x12_3456,
+        ] {
+            for sign in [0u32, 1 << 31] {
+                patterns.push(f32::from_bits(sign | exp << 23 | m));
+            }
+        }
+    }
+    let len = patterns.len();
+    for (dtype, to_bits) in [
+        ("f16", (|x: f32| half::f16::from_f32(x).to_f32()) as fn(f32) -> f32),
+        ("bf16", |x: f32| half::bf16::from_f32(x).to_f32()),
+    ] {
+        let narrow = compile(&format!(
+            "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[{len}]\n  %1 = cast %0 {{to={dtype}}} : {dtype}[{len}]\n  \
+             %2 = cast %1 {{to=f32}} : f32[{len}]\n  output \"y\" = %2\n  output \"h\" = %1\n}}\n"
+        ));
+        // `y` rounds inside one fused kernel; `h` is stored as the half type and read back here.
+        let inputs: BTreeMap<String, Tensor> =
+            [("x".to_string(), Tensor::from_vec(vec![len], patterns.clone()).unwrap())].into();
+        let outs = narrow.run(&inputs).unwrap();
+        let (y, h) = (&outs[0].1, &outs[1].1);
+        let stored = h.to_f64_vec();
+        for ((x, g), s) in patterns.iter().zip(y.as_slice::<f32>().unwrap()).zip(&stored) {
+            let want = to_bits(*x);
+            for (how, g) in [("rounded", *g), ("stored", *s as f32)] {
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{dtype} of {x:e} ({:#010x}), {how}: {g:e} vs {want:e}",
+                    x.to_bits()
+                );
+            }
+        }
+    }
+}

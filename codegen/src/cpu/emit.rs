@@ -434,7 +434,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
         match d {
             DType::F16 => {
                 let w = self.b.ins().uextend(types::I32, raw);
-                self.call_rt(RtFn::F16ToF32, &[w])
+                self.f16_bits_to_f32(w)
             }
             DType::BF16 => {
                 let w = self.b.ins().uextend(types::I32, raw);
@@ -445,10 +445,90 @@ impl<'k, 'f> Emitter<'k, 'f> {
         }
     }
 
+    /// The f32 of the f16 whose bits are the low 16 of the i32 `h`: exact, inline (no runtime call). Normal
+    /// numbers rebias the exponent; subnormals renormalize through one exact float subtraction; infinities keep
+    /// their sign and NaNs their payload, quieted (as F16C's `vcvtph2ps` and the `half` crate do).
+    pub(crate) fn f16_bits_to_f32(&mut self, h: Value) -> Value {
+        let b = &mut self.b;
+        let sign = b.ins().band_imm_s(h, 0x8000);
+        let sign = b.ins().ishl_imm_s(sign, 16);
+        let magnitude = b.ins().band_imm_s(h, 0x7fff);
+        let o = b.ins().ishl_imm_s(magnitude, 13);
+        let exp = b.ins().band_imm_s(o, 0x0f80_0000);
+        let normal = b.ins().iadd_imm_s(o, (127 - 15) << 23);
+        let special = b.ins().iadd_imm_s(normal, (128 - 16) << 23);
+        let mantissa = b.ins().band_imm_s(h, 0x3ff);
+        let is_nan_payload = b.ins().icmp_imm_s(IntCC::NotEqual, mantissa, 0);
+        let quiet = b.ins().bor_imm_s(special, 0x0040_0000);
+        let special = b.ins().select(is_nan_payload, quiet, special);
+        // Zero and subnormals: 2^-14 · (1 + m/1024) − 2^-14 = m · 2^-24, exactly.
+        let lifted = b.ins().iadd_imm_s(normal, 1 << 23);
+        let lifted = b.ins().bitcast(types::F32, MemFlagsData::new(), lifted);
+        let two_m14 = b.ins().f32const(f32::from_bits(113 << 23));
+        let sub = b.ins().fsub(lifted, two_m14);
+        let sub = b.ins().bitcast(types::I32, MemFlagsData::new(), sub);
+        let is_special = b.ins().icmp_imm_s(IntCC::Equal, exp, 0x0f80_0000);
+        let is_sub = b.ins().icmp_imm_s(IntCC::Equal, exp, 0);
+        let r = b.ins().select(is_special, special, normal);
+        let r = b.ins().select(is_sub, sub, r);
+        let r = b.ins().bor(r, sign);
+        b.ins().bitcast(types::F32, MemFlagsData::new(), r)
+    }
+
+    /// The f16 nearest to the f32 `v` (ties to even), as bits in the low 16 of an i32: inline. Magnitudes from
+    /// 65520 up become infinity; subnormal results round through one float addition (the FPU's nearest-even);
+    /// NaNs keep the top of their payload, quieted (as the `half` crate does).
+    pub(crate) fn f32_to_f16_bits(&mut self, v: Value) -> Value {
+        let b = &mut self.b;
+        let bits = b.ins().bitcast(types::I32, MemFlagsData::new(), v);
+        let sign = b.ins().band_imm_s(bits, i64::from(0x8000_0000u32 as i32));
+        let f = b.ins().bxor(bits, sign);
+        // Too large for a finite f16, infinite, or NaN.
+        let is_big = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, f, 143 << 23);
+        let is_nan = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThan, f, 255 << 23);
+        let payload = b.ins().band_imm_s(f, 0x007f_ffff);
+        let payload = b.ins().ushr_imm_s(payload, 13);
+        let nan = b.ins().bor_imm_s(payload, 0x7e00);
+        let inf = b.ins().iconst(types::I32, 0x7c00);
+        let big = b.ins().select(is_nan, nan, inf);
+        // Results below the smallest normal f16 (2^-14): add 0.5, whose ulp is the f16 subnormal step.
+        let is_small = b.ins().icmp_imm_s(IntCC::UnsignedLessThan, f, 113 << 23);
+        let ff = b.ins().bitcast(types::F32, MemFlagsData::new(), f);
+        let half = b.ins().f32const(0.5);
+        let s = b.ins().fadd(ff, half);
+        let s = b.ins().bitcast(types::I32, MemFlagsData::new(), s);
+        let small = b.ins().iadd_imm_s(s, -(126 << 23));
+        // Normal results: rebias, round the 13 dropped bits to nearest even, shift.
+        let shifted = b.ins().ushr_imm_s(f, 13);
+        let odd = b.ins().band_imm_s(shifted, 1);
+        let n = b.ins().iadd_imm_s(f, ((15 - 127) << 23) + 0xfff);
+        let n = b.ins().iadd(n, odd);
+        let n = b.ins().ushr_imm_s(n, 13);
+        let r = b.ins().select(is_small, small, n);
+        let r = b.ins().select(is_big, big, r);
+        let sign = b.ins().ushr_imm_s(sign, 16);
+        b.ins().bor(r, sign)
+    }
+
+    /// `v` rounded to the nearest bf16 (ties to even), held as f32: inline. NaNs stay NaN, quieted.
+    pub(crate) fn round_bf16_inline(&mut self, v: Value) -> Value {
+        let b = &mut self.b;
+        let bits = b.ins().bitcast(types::I32, MemFlagsData::new(), v);
+        let odd = b.ins().ushr_imm_s(bits, 16);
+        let odd = b.ins().band_imm_s(odd, 1);
+        let r = b.ins().iadd_imm_s(bits, 0x7fff);
+        let r = b.ins().iadd(r, odd);
+        let nan = b.ins().bor_imm_s(bits, 0x0040_0000);
+        let is_nan = b.ins().fcmp(cranelift_codegen::ir::condcodes::FloatCC::Unordered, v, v);
+        let r = b.ins().select(is_nan, nan, r);
+        let r = b.ins().band_imm_s(r, i64::from(0xffff_0000u32 as i32));
+        b.ins().bitcast(types::F32, MemFlagsData::new(), r)
+    }
+
     pub(crate) fn store_scalar(&mut self, v: Value, d: DType, addr: Value) {
         let v = match d {
             DType::F16 => {
-                let bits = self.call_rt(RtFn::F32ToF16, &[v]);
+                let bits = self.f32_to_f16_bits(v);
                 self.b.ins().ireduce(types::I16, bits)
             }
             DType::BF16 => {

@@ -34,8 +34,11 @@ impl Emitter<'_, '_> {
     /// Rounds an f32-held result to its 16-bit dtype; other dtypes pass through.
     pub(crate) fn round_to(&mut self, v: Value, d: DType) -> Value {
         match d {
-            DType::F16 => self.call_rt(RtFn::RoundF16, &[v]),
-            DType::BF16 => self.call_rt(RtFn::RoundBf16, &[v]),
+            DType::F16 => {
+                let bits = self.f32_to_f16_bits(v);
+                self.f16_bits_to_f32(bits)
+            }
+            DType::BF16 => self.round_bf16_inline(v),
             _ => v,
         }
     }
