@@ -1,10 +1,13 @@
 //! The f32x4 form of an innermost vectorizable or reduction loop.
 //!
-//! A vectorizable loop qualifies when every statement is an f32 `Let` or a store into an f32 buffer, and every
-//! value is built from f32 constants, f32 loads, i32 loads cast to f32 (an integer product's result being
-//! scaled), f32 variables and accumulators, float unary and arithmetic binary kinds, and selects whose
-//! condition is an f32 comparison; anything else (other dtypes, other casts, index values, bool variables)
-//! keeps the whole loop scalar. Four consecutive iterations run as four lanes; the
+//! A vectorizable loop qualifies when every statement is a float `Let` or a store into a float buffer (f32, f16
+//! or bf16), and every value is built from float constants, loads and variables, f32 accumulators, i32 loads
+//! cast to f32 (an integer product's result being scaled), casts between the float types, float unary and
+//! arithmetic binary kinds, and selects whose condition is a float comparison; anything else (other dtypes,
+//! other casts, index values, bool variables) keeps the whole loop scalar. Half-precision values live in f32
+//! lanes, exactly; every operation on them rounds its lanes to the type (ties to even, inline integer
+//! arithmetic — the lane-wise twin of the scalar conversions, bit for bit), loads widen four 16-bit values in
+//! one `uload16x4`, and stores narrow four into one 64-bit store. Four consecutive iterations run as four lanes; the
 //! iterations left over run through the scalar loop.
 //!
 //! A reduction loop qualifies the same way when every statement is an f32 `Let` or an `Update` of an f32
@@ -29,14 +32,18 @@
 
 use std::collections::{HashMap, HashSet};
 
-use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::DType;
-use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, UnaryOp};
 
 use super::emit::{EResult, Emitter, mem};
 use crate::kernel::{AccOp, AccVar, ArgId, Block, Expr, IExpr, LoopVar, Stmt, Var};
+
+/// Little-endian flags for the bitcasts between vector types.
+fn little() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little)
+}
 
 /// Lanes per vector.
 pub(crate) const LANES: i64 = 4;
@@ -71,6 +78,12 @@ fn float_cc(k: BinaryOp) -> Option<FloatCC> {
     })
 }
 
+/// The float dtypes whose values the vector form holds as f32 lanes (a half type rounds after every operation,
+/// as the scalar code does).
+fn floatish(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
 /// Whether `e` reads any of `accs`.
 fn reads_acc(e: &Expr, accs: &HashSet<AccVar>) -> bool {
     match e {
@@ -85,15 +98,14 @@ fn reads_acc(e: &Expr, accs: &HashSet<AccVar>) -> bool {
 impl Emitter<'_, '_> {
     /// Whether the loop body qualifies for the f32x4 form (see the module docs).
     pub(crate) fn can_vectorize(&self, body: &Block) -> bool {
-        let mut inner: HashSet<Var> = HashSet::new();
+        let mut inner: HashMap<Var, DType> = HashMap::new();
         for s in &body.0 {
             match s {
-                Stmt::Let { var, dtype: DType::F32, value } if self.vector_ok(value, &inner) => {
-                    inner.insert(*var);
+                Stmt::Let { var, dtype, value } if self.vtype(value, &inner) == Some(*dtype) => {
+                    inner.insert(*var, *dtype);
                 }
                 Stmt::Store { arg, value, .. }
-                    if self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::F32)
-                        && self.vector_ok(value, &inner) => {}
+                    if self.kernel.args.get(arg.0 as usize).map(|a| a.dtype) == self.vtype(value, &inner) => {}
                 _ => return false,
             }
         }
@@ -110,47 +122,60 @@ impl Emitter<'_, '_> {
                 _ => None,
             })
             .collect();
-        let value_ok = |e: &Expr, inner: &HashSet<Var>| self.vector_ok(e, inner) && !reads_acc(e, &folded);
-        let mut inner: HashSet<Var> = HashSet::new();
+        let value_ok =
+            |e: &Expr, inner: &HashMap<Var, DType>, d: DType| self.vtype(e, inner) == Some(d) && !reads_acc(e, &folded);
+        let mut inner: HashMap<Var, DType> = HashMap::new();
         for s in &body.0 {
             match s {
-                Stmt::Let { var, dtype: DType::F32, value } if value_ok(value, &inner) => {
-                    inner.insert(*var);
+                Stmt::Let { var, dtype, value } if value_ok(value, &inner, *dtype) => {
+                    inner.insert(*var, *dtype);
                 }
                 Stmt::Update { acc, value, position: None }
                     if self.accs.get(acc).is_some_and(|a| {
                         a.dtype == DType::F32 && matches!(a.op, AccOp::Sum | AccOp::Prod | AccOp::Max | AccOp::Min)
-                    }) && value_ok(value, &inner) => {}
+                    }) && value_ok(value, &inner, DType::F32) => {}
                 _ => return false,
             }
         }
         !folded.is_empty()
     }
 
-    fn vector_ok(&self, e: &Expr, inner: &HashSet<Var>) -> bool {
+    /// The dtype of `e`'s lanes when the vector form takes it (f32, or f16/bf16 held as f32 lanes), `None` when
+    /// it does not; `inner` holds the dtypes of the loop body's own lets.
+    fn vtype(&self, e: &Expr, inner: &HashMap<Var, DType>) -> Option<DType> {
+        let lanes = |d: DType| floatish(d).then_some(d);
         match e {
-            Expr::Const(Scalar::F32(_)) => true,
-            Expr::Load { arg, .. } => self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::F32),
+            Expr::Const(s) => lanes(s.dtype()),
+            Expr::Load { arg, .. } => self.kernel.args.get(arg.0 as usize).and_then(|a| lanes(a.dtype)),
             // An i32 load converted to f32 (an integer product's result, scaled): one vector conversion.
-            Expr::Cast(x, DType::F32) => matches!(&**x, Expr::Load { arg, .. }
-                if self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::I32)),
-            Expr::Var(v) => inner.contains(v) || self.lets.get(v).is_some_and(|(_, d)| *d == DType::F32),
-            Expr::Acc(a) => self.accs.get(a).is_some_and(|s| !s.op.is_arg() && s.dtype == DType::F32),
-            Expr::Unary(k, x) => vector_unary(*k) && self.vector_ok(x, inner),
-            Expr::Binary(k, a, b) => vector_binary(*k) && self.vector_ok(a, inner) && self.vector_ok(b, inner),
-            Expr::Select(c, a, b) => {
-                matches!(&**c, Expr::Binary(k, x, y) if float_cc(*k).is_some()
-                    && self.vector_ok(x, inner) && self.vector_ok(y, inner))
-                    && self.vector_ok(a, inner)
-                    && self.vector_ok(b, inner)
+            Expr::Cast(x, DType::F32)
+                if matches!(&**x, Expr::Load { arg, .. }
+                    if self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::I32)) =>
+            {
+                Some(DType::F32)
             }
-            _ => false,
+            Expr::Cast(x, to) => self.vtype(x, inner).and(lanes(*to)),
+            Expr::Var(v) => inner.get(v).copied().or_else(|| self.lets.get(v).and_then(|(_, d)| lanes(*d))),
+            Expr::Acc(a) => self.accs.get(a).filter(|s| !s.op.is_arg() && s.dtype == DType::F32).map(|_| DType::F32),
+            Expr::Unary(k, x) if vector_unary(*k) => self.vtype(x, inner),
+            Expr::Binary(k, a, b) if vector_binary(*k) => {
+                let d = self.vtype(a, inner)?;
+                (self.vtype(b, inner) == Some(d)).then_some(d)
+            }
+            Expr::Select(c, a, b) => {
+                let Expr::Binary(k, x, y) = &**c else { return None };
+                let cd = self.vtype(x, inner)?;
+                let d = self.vtype(a, inner)?;
+                (float_cc(*k).is_some() && self.vtype(y, inner) == Some(cd) && self.vtype(b, inner) == Some(d))
+                    .then_some(d)
+            }
+            _ => None,
         }
     }
 
     /// One group of four iterations starting at `i`; updates fold their four lanes in order.
     pub(crate) fn vector_body(&mut self, var: LoopVar, i: Value, body: &Block) -> EResult<()> {
-        let mut vlets: HashMap<Var, Value> = HashMap::new();
+        let mut vlets: HashMap<Var, (Value, DType)> = HashMap::new();
         for s in &body.0 {
             match s {
                 Stmt::Let { var: v, value, .. } => {
@@ -158,10 +183,29 @@ impl Emitter<'_, '_> {
                     vlets.insert(*v, x);
                 }
                 Stmt::Store { arg, index, value } => {
-                    let x = self.vexpr(value, var, i, &vlets)?;
+                    let (x, d) = self.vexpr(value, var, i, &vlets)?;
                     if index.stride(var) == Some(1) {
                         let addr = self.address(*arg, index, true)?;
-                        self.b.ins().store(mem(), x, addr, 0);
+                        if d == DType::F32 {
+                            self.b.ins().store(mem(), x, addr, 0);
+                        } else {
+                            // Four 16-bit values: narrowed into the low half of a vector, stored as one i64.
+                            let bits = self.vhalf_bits(x, d);
+                            let narrow = self.b.ins().unarrow(bits, bits);
+                            let wide = self.b.ins().bitcast(types::I64X2, little(), narrow);
+                            let low = self.b.ins().extractlane(wide, 0);
+                            self.b.ins().store(mem(), low, addr, 0);
+                        }
+                    } else if d != DType::F32 {
+                        for lane in 0..LANES {
+                            let li = self.b.ins().iadd_imm_s(i, lane);
+                            self.lane_index.insert(var, li);
+                            let addr = self.address(*arg, index, true);
+                            self.lane_index.remove(&var);
+                            let addr = addr?;
+                            let x = self.b.ins().extractlane(x, lane as u8);
+                            self.store_scalar(x, d, addr);
+                        }
                     } else {
                         for lane in 0..LANES {
                             let li = self.b.ins().iadd_imm_s(i, lane);
@@ -175,7 +219,7 @@ impl Emitter<'_, '_> {
                     }
                 }
                 Stmt::Update { acc, value, .. } => {
-                    let x = self.vexpr(value, var, i, &vlets)?;
+                    let (x, _) = self.vexpr(value, var, i, &vlets)?;
                     let slot = *self
                         .accs
                         .get(acc)
@@ -198,47 +242,71 @@ impl Emitter<'_, '_> {
         self.b.ins().splat(types::F32X4, x)
     }
 
-    fn vexpr(&mut self, e: &Expr, var: LoopVar, i: Value, vlets: &HashMap<Var, Value>) -> EResult<Value> {
+    /// The four lanes of `e` for iterations `i..i + 4` of `var`, and their dtype: f32 lanes (f16/bf16 values held
+    /// exactly as f32, each result rounded to its type as the scalar code rounds it).
+    fn vexpr(
+        &mut self,
+        e: &Expr,
+        var: LoopVar,
+        i: Value,
+        vlets: &HashMap<Var, (Value, DType)>,
+    ) -> EResult<(Value, DType)> {
         Ok(match e {
             Expr::Const(s) => {
                 let c = self.scalar_const(*s);
-                self.splat(c)
+                (self.splat(c), s.dtype())
             }
-            Expr::Load { arg, index } => self.vload(*arg, index, var, i, DType::F32)?,
-            Expr::Cast(x, DType::F32) => {
-                let Expr::Load { arg, index } = &**x else {
-                    return Err(self.malformed("a vector cast of something other than an i32 load".into()));
-                };
+            Expr::Load { arg, index } => {
+                let d = self.kernel.arg(*arg).dtype;
+                (self.vload(*arg, index, var, i, d)?, d)
+            }
+            Expr::Cast(x, DType::F32) if matches!(&**x, Expr::Load { arg, .. } if self.kernel.arg(*arg).dtype == DType::I32) =>
+            {
+                let Expr::Load { arg, index } = &**x else { unreachable!("matched above") };
                 let v = self.vload(*arg, index, var, i, DType::I32)?;
-                self.b.ins().fcvt_from_sint(types::F32X4, v)
+                (self.b.ins().fcvt_from_sint(types::F32X4, v), DType::F32)
+            }
+            Expr::Cast(x, to) => {
+                let (v, from) = self.vexpr(x, var, i, vlets)?;
+                // A half value is exact in f32; narrowing rounds once.
+                let v = if *to == DType::F32 || *to == from { v } else { self.vround(v, *to) };
+                (v, *to)
             }
             Expr::Var(v) => match vlets.get(v) {
                 Some(x) => *x,
                 None => {
-                    let (x, _) = self.expr(e)?;
-                    self.splat(x)
+                    let (x, d) = self.expr(e)?;
+                    (self.splat(x), d)
                 }
             },
             Expr::Acc(_) => {
-                let (x, _) = self.expr(e)?;
-                self.splat(x)
+                let (x, d) = self.expr(e)?;
+                (self.splat(x), d)
             }
             Expr::Unary(k, x) => {
-                let x = self.vexpr(x, var, i, vlets)?;
-                self.vunary(*k, x)?
+                let (x, d) = self.vexpr(x, var, i, vlets)?;
+                let v = self.vunary(*k, x)?;
+                (self.vround(v, d), d)
             }
             Expr::Binary(BinaryOp::Pow, a, b) if b.small_power().is_some() => {
-                let x = self.vexpr(a, var, i, vlets)?;
-                let mut acc = x;
-                for _ in 1..b.small_power().unwrap_or(1) {
-                    acc = self.b.ins().fmul(acc, x);
-                }
-                acc
+                let (x, d) = self.vexpr(a, var, i, vlets)?;
+                let v = if d == DType::F32 {
+                    let mut acc = x;
+                    for _ in 1..b.small_power().unwrap_or(1) {
+                        acc = self.b.ins().fmul(acc, x);
+                    }
+                    acc
+                } else {
+                    // The scalar code calls pow for half types: the same, lane by lane.
+                    let (y, _) = self.vexpr(b, var, i, vlets)?;
+                    self.per_lane2(|e, x, y| Ok(e.binary(BinaryOp::Pow, x, y, DType::F32)?.0), x, y)?
+                };
+                (self.vround(v, d), d)
             }
             Expr::Binary(k, a, b) => {
-                let a = self.vexpr(a, var, i, vlets)?;
-                let b = self.vexpr(b, var, i, vlets)?;
-                match k {
+                let (a, d) = self.vexpr(a, var, i, vlets)?;
+                let (b, _) = self.vexpr(b, var, i, vlets)?;
+                let v = match k {
                     BinaryOp::Add => self.b.ins().fadd(a, b),
                     BinaryOp::Sub => self.b.ins().fsub(a, b),
                     BinaryOp::Mul => self.b.ins().fmul(a, b),
@@ -246,29 +314,153 @@ impl Emitter<'_, '_> {
                     BinaryOp::Max => self.b.ins().fmax(a, b),
                     BinaryOp::Min => self.b.ins().fmin(a, b),
                     _ => self.per_lane2(|e, x, y| Ok(e.binary(*k, x, y, DType::F32)?.0), a, b)?,
-                }
+                };
+                (self.vround(v, d), d)
             }
             Expr::Select(c, a, b) => {
                 let Expr::Binary(k, x, y) = &**c else {
                     return Err(self.malformed("vector select without a comparison".into()));
                 };
                 let cc = float_cc(*k).ok_or_else(|| self.malformed("vector select without a comparison".into()))?;
-                let x = self.vexpr(x, var, i, vlets)?;
-                let y = self.vexpr(y, var, i, vlets)?;
+                let (x, _) = self.vexpr(x, var, i, vlets)?;
+                let (y, _) = self.vexpr(y, var, i, vlets)?;
                 let mask = self.b.ins().fcmp(cc, x, y);
-                let a = self.vexpr(a, var, i, vlets)?;
-                let b = self.vexpr(b, var, i, vlets)?;
-                self.select_mask(mask, a, b)
+                let (a, d) = self.vexpr(a, var, i, vlets)?;
+                let (b, _) = self.vexpr(b, var, i, vlets)?;
+                (self.select_mask(mask, a, b), d)
             }
             _ => return Err(self.malformed("an expression the vector form does not take".into())),
         })
     }
 
-    /// Four lanes of `arg` (f32 or i32) at `index` for iterations `i..i + 4` of `var`: one vector load at stride
+    /// f32 lanes rounded to `d` (f16 or bf16: to the nearest value of the type, ties to even, held as f32);
+    /// f32 lanes as they are.
+    fn vround(&mut self, v: Value, d: DType) -> Value {
+        match d {
+            DType::F16 => {
+                let bits = self.vhalf_bits(v, d);
+                self.vf16_to_f32(bits)
+            }
+            DType::BF16 => {
+                let bits = self.vhalf_bits(v, d);
+                let bits = self.b.ins().ishl_imm_s(bits, 16);
+                self.b.ins().bitcast(types::F32X4, little(), bits)
+            }
+            _ => v,
+        }
+    }
+
+    fn isplat(&mut self, k: i64) -> Value {
+        let c = self.b.ins().iconst(types::I32, k);
+        self.b.ins().splat(types::I32X4, c)
+    }
+
+    /// The f16 (or bf16) bits, in the low 16 of each i32 lane, of the type's value nearest each f32 lane (ties
+    /// to even): the lane-wise form of `Emitter::f32_to_f16_bits` / `round_bf16_inline`, bit for bit.
+    fn vhalf_bits(&mut self, v: Value, d: DType) -> Value {
+        let bits = self.b.ins().bitcast(types::I32X4, little(), v);
+        if d == DType::BF16 {
+            let odd = self.b.ins().ushr_imm_s(bits, 16);
+            let one = self.isplat(1);
+            let odd = self.b.ins().band(odd, one);
+            let bias = self.isplat(0x7fff);
+            let r = self.b.ins().iadd(bits, bias);
+            let r = self.b.ins().iadd(r, odd);
+            let quiet = self.isplat(0x0040_0000);
+            let nan = self.b.ins().bor(bits, quiet);
+            let is_nan = self.b.ins().fcmp(FloatCC::Unordered, v, v);
+            let r = self.b.ins().bitselect(is_nan, nan, r);
+            return self.b.ins().ushr_imm_s(r, 16);
+        }
+        let sign_mask = self.isplat(i64::from(0x8000_0000u32 as i32));
+        let sign = self.b.ins().band(bits, sign_mask);
+        let f = self.b.ins().bxor(bits, sign);
+        // |v| < 2^31 as an integer, so signed comparisons serve.
+        let max = self.isplat(143 << 23);
+        let is_big = self.b.ins().icmp(IntCC::SignedGreaterThanOrEqual, f, max);
+        let inf_bits = self.isplat(255 << 23);
+        let is_nan = self.b.ins().icmp(IntCC::SignedGreaterThan, f, inf_bits);
+        let payload_mask = self.isplat(0x007f_ffff);
+        let payload = self.b.ins().band(f, payload_mask);
+        let payload = self.b.ins().ushr_imm_s(payload, 13);
+        let qnan = self.isplat(0x7e00);
+        let nan = self.b.ins().bor(payload, qnan);
+        let inf = self.isplat(0x7c00);
+        let big = self.b.ins().bitselect(is_nan, nan, inf);
+        let min_normal = self.isplat(113 << 23);
+        let is_small = self.b.ins().icmp(IntCC::SignedLessThan, f, min_normal);
+        let ff = self.b.ins().bitcast(types::F32X4, little(), f);
+        let half = self.b.ins().f32const(0.5);
+        let half = self.splat(half);
+        let s = self.b.ins().fadd(ff, half);
+        let s = self.b.ins().bitcast(types::I32X4, little(), s);
+        let unbias = self.isplat(-(126 << 23));
+        let small = self.b.ins().iadd(s, unbias);
+        let shifted = self.b.ins().ushr_imm_s(f, 13);
+        let one = self.isplat(1);
+        let odd = self.b.ins().band(shifted, one);
+        let rebias = self.isplat(((15 - 127) << 23) + 0xfff);
+        let n = self.b.ins().iadd(f, rebias);
+        let n = self.b.ins().iadd(n, odd);
+        let n = self.b.ins().ushr_imm_s(n, 13);
+        let r = self.b.ins().bitselect(is_small, small, n);
+        let r = self.b.ins().bitselect(is_big, big, r);
+        let sign = self.b.ins().ushr_imm_s(sign, 16);
+        self.b.ins().bor(r, sign)
+    }
+
+    /// f16 bits in the low 16 of each i32 lane as f32 lanes: the lane-wise form of `Emitter::f16_bits_to_f32`.
+    fn vf16_to_f32(&mut self, h: Value) -> Value {
+        let sign_mask = self.isplat(0x8000);
+        let sign = self.b.ins().band(h, sign_mask);
+        let sign = self.b.ins().ishl_imm_s(sign, 16);
+        let magnitude_mask = self.isplat(0x7fff);
+        let magnitude = self.b.ins().band(h, magnitude_mask);
+        let o = self.b.ins().ishl_imm_s(magnitude, 13);
+        let exp_mask = self.isplat(0x0f80_0000);
+        let exp = self.b.ins().band(o, exp_mask);
+        let rebias = self.isplat((127 - 15) << 23);
+        let normal = self.b.ins().iadd(o, rebias);
+        let rebias2 = self.isplat((128 - 16) << 23);
+        let special = self.b.ins().iadd(normal, rebias2);
+        let mantissa_mask = self.isplat(0x3ff);
+        let mantissa = self.b.ins().band(h, mantissa_mask);
+        let zero = self.isplat(0);
+        let no_payload = self.b.ins().icmp(IntCC::Equal, mantissa, zero);
+        let quiet_bit = self.isplat(0x0040_0000);
+        let quiet = self.b.ins().bor(special, quiet_bit);
+        let special = self.b.ins().bitselect(no_payload, special, quiet);
+        let one_exp = self.isplat(1 << 23);
+        let lifted = self.b.ins().iadd(normal, one_exp);
+        let lifted = self.b.ins().bitcast(types::F32X4, little(), lifted);
+        let two_m14 = self.b.ins().f32const(f32::from_bits(113 << 23));
+        let two_m14 = self.splat(two_m14);
+        let sub = self.b.ins().fsub(lifted, two_m14);
+        let sub = self.b.ins().bitcast(types::I32X4, little(), sub);
+        let is_special = self.b.ins().icmp(IntCC::Equal, exp, exp_mask);
+        let is_sub = self.b.ins().icmp(IntCC::Equal, exp, zero);
+        let r = self.b.ins().bitselect(is_special, special, normal);
+        let r = self.b.ins().bitselect(is_sub, sub, r);
+        let r = self.b.ins().bor(r, sign);
+        self.b.ins().bitcast(types::F32X4, little(), r)
+    }
+
+    /// Four lanes of `arg` (f32, f16/bf16 as f32 lanes, or i32) at `index` for iterations `i..i + 4` of `var`: one vector load at stride
     /// 1, a splat at stride 0, lane by lane otherwise.
     fn vload(&mut self, arg: ArgId, index: &IExpr, var: LoopVar, i: Value, dtype: DType) -> EResult<Value> {
         let ty = if dtype == DType::I32 { types::I32X4 } else { types::F32X4 };
         Ok(match index.stride(var) {
+            Some(1) if matches!(dtype, DType::F16 | DType::BF16) => {
+                // Four 16-bit values widened to i32 lanes in one load, then converted.
+                let addr = self.address(arg, index, false)?;
+                let bits = self.b.ins().uload16x4(mem(), addr, 0);
+                if dtype == DType::F16 {
+                    self.vf16_to_f32(bits)
+                } else {
+                    let bits = self.b.ins().ishl_imm_s(bits, 16);
+                    self.b.ins().bitcast(types::F32X4, little(), bits)
+                }
+            }
             Some(1) => {
                 let addr = self.address(arg, index, false)?;
                 self.b.ins().load(ty, mem(), addr, 0)
