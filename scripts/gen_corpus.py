@@ -13,6 +13,10 @@ on, each with input sets and ONNX Runtime's outputs for them.
   DequantizeLinear around every op, calibrated on inputs the generator draws) of mlp and resnet18 — with the
   reference model's input set. Their outputs are compared within 1% of the output's largest magnitude
   (`tolerance.json`): rounding a value on a quantization boundary the other way moves it by a whole step.
+- fp16_*: half-precision variants by onnxconverter-common's `convert_float_to_float16` of the shared mlp,
+  resnet18 and bert_small (inputs and outputs kept f32), and of mlp with f16 inputs and
+  outputs (`fp16_io_mlp`), compared within 1% of the output's largest magnitude: every intermediate rounds to
+  11 bits, where kiln's and ONNX Runtime's kernels round differently.
 - sym_*: copies of the shared reference models (../shared/models, when present) whose batch and image/sequence
   input dims are made symbolic (the graph inputs' dims edited, stale value_info dropped, ONNX shape inference run
   again), each with input sets at two different shapes.
@@ -35,7 +39,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 4"
+VERSION = "corpus 5"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -164,8 +168,16 @@ QUANTIZED_TOLERANCE = {
 }
 
 
+HALF_TOLERANCE = {
+    "rtol": 0.0,
+    "atol_of_max": 0.01,
+    "why": "fp16: every intermediate rounds to 11 bits, in different places in kiln's and ONNX Runtime's kernels",
+}
+
+
 def quantized_models(out, shared, rng, scratch):
-    """int8 variants written by ONNX Runtime's quantizer (dynamic, and static QDQ with a drawn calibration set)."""
+    """int8 variants written by ONNX Runtime's quantizer (dynamic, and static QDQ with a drawn calibration set), and
+    fp16 variants written by onnxconverter-common."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     def write(name, path, feeds):
@@ -214,6 +226,22 @@ def quantized_models(out, shared, rng, scratch):
 
         def get_next(self):
             return next(self.sets, None)
+
+    from onnxconverter_common import float16
+
+    for name, src, feeds in sources:
+        # (light_squeezenet is left out: the converter writes an invalid model of it, which ONNX Runtime refuses.)
+        if name not in ("mlp", "resnet18", "bert_small"):
+            continue
+        for io in (["f32", "f16"] if name == "mlp" else ["f32"]):
+            model = float16.convert_float_to_float16(onnx.load(src), keep_io_types=io == "f32")
+            case = f"fp16_{name}" if io == "f32" else f"fp16_io_{name}"
+            path = os.path.join(scratch, f"{case}.onnx")
+            onnx.save(model, path)
+            half_feeds = {k: v.astype(np.float16) if io == "f16" and v.dtype == np.float32 else v for k, v in feeds.items()}
+            write_case(out, case, path, [half_feeds])
+            with open(os.path.join(out, case, "tolerance.json"), "w") as f:
+                json.dump(HALF_TOLERANCE, f, indent=1)
 
     for name, src, feeds in sources:
         if name not in ("mlp", "resnet18"):

@@ -33,16 +33,18 @@ echo "== ONNX node conformance (reference interpreter)"
 # ONNX ships its node tests as Python definitions; generate the data once into .cache (about 10 s).
 ONNX_VERSION=1.23.2
 ORT_VERSION=1.32.0
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import onnx, onnxruntime, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION' or onnxruntime.__version__ != '$ORT_VERSION')" 2>/dev/null; then
+CONVERTER_VERSION=1.16.0
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import onnx, onnxruntime, onnxconverter_common, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION' or onnxruntime.__version__ != '$ORT_VERSION' or onnxconverter_common.__version__ != '$CONVERTER_VERSION')" 2>/dev/null; then
   python3 -m venv .venv
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check "onnx==$ONNX_VERSION" "onnxruntime==$ORT_VERSION" numpy
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "onnx==$ONNX_VERSION" "onnxruntime==$ORT_VERSION" \
+    "onnxconverter-common==$CONVERTER_VERSION" numpy
 fi
 cases=.cache/onnx-node-tests
 if ! grep -q "onnx $ONNX_VERSION" "$cases/VERSION" 2>/dev/null; then
   mkdir -p .cache
   .venv/bin/python -W ignore scripts/gen_onnx_node_tests.py "$cases"
 fi
-# The public model corpus (light model zoo, symbolic copies of ../shared/models) with ONNX Runtime's outputs, for
+# The public model corpus (light model zoo, symbolic copies of ../shared/models, int8 and fp16 variants) with ONNX Runtime's outputs, for
 # tests/corpus.rs; regenerated only when its versions change.
 .venv/bin/python -W ignore scripts/gen_corpus.py .cache/corpus
 # Debug build: kiln-ir and every dependency are optimized in dev builds, so this is fast and shares nextest's.
