@@ -517,6 +517,8 @@ fn matmul_integer_is_exact() {
         (&[2, 1, 5, 8], &[3, 8, 18]),
         (&[0, 4], &[4, 3]),
         (&[9, 300], &[300, 31]),
+        (&[5, 7], &[7, 48]),
+        (&[3, 40000], &[40000, 2]),
     ];
     for (i, (sa, sb)) in shapes.iter().enumerate() {
         for (ta, tb) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::U8)]
@@ -538,11 +540,17 @@ fn matmul_integer_is_exact() {
                         .unwrap_or_else(|e| panic!("{case}: {e}"));
                     assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case}");
                     if sb.len() == 2 {
-                        let packed = library::PackedInt8::pack(int8(&b), sb, int8(&bz)).expect("packs");
-                        let mut out = vec![i32::MIN; want.len()];
-                        library::matmul_integer_packed(int8(&a), sa, int8(&az), &packed, &mut out, par)
-                            .unwrap_or_else(|e| panic!("{case} (packed): {e}"));
-                        assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case} (packed)");
+                        // Packed for this CPU's best kernel (AVX-512 VNNI where present), and for the pair kernel.
+                        for (how, packed) in [
+                            ("packed", library::PackedInt8::pack(int8(&b), sb, int8(&bz))),
+                            ("packed in pairs", library::PackedInt8::pack_pairs(int8(&b), sb, int8(&bz))),
+                        ] {
+                            let packed = packed.expect("packs");
+                            let mut out = vec![i32::MIN; want.len()];
+                            library::matmul_integer_packed(int8(&a), sa, int8(&az), &packed, &mut out, par)
+                                .unwrap_or_else(|e| panic!("{case} ({how}): {e}"));
+                            assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case} ({how})");
+                        }
                     }
                 });
             }

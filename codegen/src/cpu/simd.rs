@@ -106,6 +106,11 @@ impl Emitter<'_, '_> {
                 }
                 Stmt::Store { arg, value, .. }
                     if self.kernel.args.get(arg.0 as usize).map(|a| a.dtype) == self.vtype(value, &inner) => {}
+                // A float value saturated into an 8-bit buffer (quantization's last step).
+                Stmt::Store { arg, value: Expr::Cast(x, to), .. }
+                    if matches!(to, DType::U8 | DType::I8)
+                        && self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == *to)
+                        && self.vtype(x, &inner) == Some(DType::F32) => {}
                 _ => return false,
             }
         }
@@ -181,6 +186,40 @@ impl Emitter<'_, '_> {
                 Stmt::Let { var: v, value, .. } => {
                     let x = self.vexpr(value, var, i, &vlets)?;
                     vlets.insert(*v, x);
+                }
+                Stmt::Store { arg, index, value: Expr::Cast(x, to) } if matches!(to, DType::U8 | DType::I8) => {
+                    let (x, _) = self.vexpr(x, var, i, &vlets)?;
+                    if index.stride(var) == Some(1) {
+                        // Truncate and saturate to i32 (NaN → 0), clamp to the 8-bit range, narrow twice, store
+                        // four bytes: the scalar cast's result lane by lane.
+                        let v = self.b.ins().fcvt_to_sint_sat(types::I32X4, x);
+                        let (lo, hi) = if *to == DType::U8 { (0, 255) } else { (-128, 127) };
+                        let lo = self.isplat(lo);
+                        let hi = self.isplat(hi);
+                        let v = self.b.ins().smax(v, lo);
+                        let v = self.b.ins().smin(v, hi);
+                        let v16 = self.b.ins().snarrow(v, v);
+                        let v8 = if *to == DType::U8 {
+                            self.b.ins().unarrow(v16, v16)
+                        } else {
+                            self.b.ins().snarrow(v16, v16)
+                        };
+                        let words = self.b.ins().bitcast(types::I32X4, little(), v8);
+                        let low = self.b.ins().extractlane(words, 0);
+                        let addr = self.address(*arg, index, true)?;
+                        self.b.ins().store(mem(), low, addr, 0);
+                    } else {
+                        for lane in 0..LANES {
+                            let li = self.b.ins().iadd_imm_s(i, lane);
+                            self.lane_index.insert(var, li);
+                            let addr = self.address(*arg, index, true);
+                            self.lane_index.remove(&var);
+                            let addr = addr?;
+                            let v = self.b.ins().extractlane(x, lane as u8);
+                            let v = self.cast(v, DType::F32, *to);
+                            self.store_scalar(v, *to, addr);
+                        }
+                    }
                 }
                 Stmt::Store { arg, index, value } => {
                     let (x, d) = self.vexpr(value, var, i, &vlets)?;

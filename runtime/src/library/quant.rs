@@ -5,7 +5,9 @@
 //! *k-pairs* over panels of [`NR`] columns (`[b[2p][j], b[2p+1][j]]` side by side), the left in rows of i16 padded
 //! to an even length, and the kernel multiplies a broadcast pair of the left row by a panel row of pairs — one
 //! AVX2 `vpmaddwd` per eight columns and two contraction steps, when the CPU has AVX2, or the same arithmetic in
-//! portable code. Accumulation is i32 and wraps, exactly as the interpreter's (ONNX's) integer semantics.
+//! portable code. A constant right operand of a matmul packed at load ([`PackedInt8`]) uses AVX-512 VNNI
+//! (`vpdpbusd`, u8 × s8 four at a time, zero points as row- and column-sum corrections; module `vnni`) where the
+//! CPU has it. Accumulation is i32 and wraps, exactly as the interpreter's (ONNX's) integer semantics.
 
 use rayon::prelude::*;
 
@@ -240,12 +242,32 @@ pub(super) fn zero_at(z: Int8<'_>, i: usize) -> i32 {
 /// [`matmul_integer_packed`].
 pub struct PackedInt8 {
     k: usize,
-    b: PackedPairs,
+    n: usize,
+    b: Packing,
+}
+
+/// How a [`PackedInt8`] holds its operand.
+enum Packing {
+    /// Less its zero points, as i16 k-pairs for [`gemm`] (AVX2 `vpmaddwd` or portable code).
+    Pairs(PackedPairs),
+    /// As s8 k-quads for AVX-512 VNNI (`vpdpbusd`), with the zero-point corrections' column terms.
+    #[cfg(target_arch = "x86_64")]
+    Quads(vnni::PackedQuads),
 }
 
 impl PackedInt8 {
-    /// Packs `b` (`shape` `[k, n]`) less `b_zero` (one value, or one per column).
+    /// Packs `b` (`shape` `[k, n]`) with its zero point `b_zero` (one value, or one per column): for AVX-512 VNNI
+    /// when the CPU has it, else for the pair kernel.
     pub fn pack(b: Int8<'_>, shape: &[usize], b_zero: Int8<'_>) -> Result<PackedInt8, LibraryError> {
+        PackedInt8::pack_for(b, shape, b_zero, vnni::available())
+    }
+
+    /// [`PackedInt8::pack`] for the pair kernel whatever the CPU (tests use it to cover both paths).
+    pub fn pack_pairs(b: Int8<'_>, shape: &[usize], b_zero: Int8<'_>) -> Result<PackedInt8, LibraryError> {
+        PackedInt8::pack_for(b, shape, b_zero, false)
+    }
+
+    fn pack_for(b: Int8<'_>, shape: &[usize], b_zero: Int8<'_>, quads: bool) -> Result<PackedInt8, LibraryError> {
         let [k, n] = shape[..] else {
             return Err(LibraryError::shape(OP, format!("packs a 2-D operand, not {shape:?}")));
         };
@@ -256,7 +278,13 @@ impl PackedInt8 {
                 format!("b's zero point has {} values, not 1 or {n}", b_zero.bytes.len()),
             ));
         }
-        Ok(PackedInt8 { k, b: PackedPairs::new(k, n, |kk, j| (b.get(kk * n + j) - zero_at(b_zero, j)) as i16) })
+        #[cfg(target_arch = "x86_64")]
+        if quads {
+            return Ok(PackedInt8 { k, n, b: Packing::Quads(vnni::PackedQuads::new(b, k, n, b_zero)) });
+        }
+        let _ = quads;
+        let pairs = PackedPairs::new(k, n, |kk, j| (b.get(kk * n + j) - zero_at(b_zero, j)) as i16);
+        Ok(PackedInt8 { k, n, b: Packing::Pairs(pairs) })
     }
 }
 
@@ -271,7 +299,7 @@ pub fn matmul_integer_packed(
     par: Par,
 ) -> Result<(), LibraryError> {
     check_len(OP, "a", a.bytes.len(), a_shape)?;
-    let (k, n) = (b.k, b.b.n);
+    let (k, n) = (b.k, b.n);
     let Some((&ak, batch)) = a_shape.split_last().filter(|(ak, b)| **ak == k && !b.is_empty()) else {
         return Err(LibraryError::shape(OP, format!("a of shape {a_shape:?} does not multiply a packed [{k}, {n}]")));
     };
@@ -283,11 +311,187 @@ pub fn matmul_integer_packed(
             format!("a result of {} elements or a zero point of {} values", out.len(), a_zero.bytes.len()),
         ));
     }
-    with_scratch(|[lhs, _, _]| {
-        shifted_rows_into(lhs, a, rows, ak, |r| r * k, |r| zero_at(a_zero, r % m.max(1)));
-        gemm(lhs, rows, &b.b, out, par);
-    });
+    match &b.b {
+        Packing::Pairs(pairs) => with_scratch(|[lhs, _, _]| {
+            shifted_rows_into(lhs, a, rows, ak, |r| r * k, |r| zero_at(a_zero, r % m.max(1)));
+            gemm(lhs, rows, pairs, out, par);
+        }),
+        #[cfg(target_arch = "x86_64")]
+        Packing::Quads(q) => vnni::gemm(a, rows, |r| zero_at(a_zero, r % m.max(1)), q, out, par),
+    }
     Ok(())
+}
+
+/// The AVX-512 VNNI kernel: `vpdpbusd` multiplies u8 by s8 four at a time into i32. Every operand pairing maps
+/// onto it: an s8 left operand becomes u8 by adding 128 (to its zero point too), a u8 right operand becomes s8 by
+/// subtracting 128; then `Σ (a − za)(b − zb) = Σ ab − zb·Σa − za·Σb + k·za·zb`, every term in wrapping i32 —
+/// exactly the wrapped exact sum. The column sums `Σb` are taken when packing, the row sums `Σa` when the left
+/// rows are laid out.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use rayon::prelude::*;
+
+    use super::{Int8, NR, PARALLEL_WORK, Par};
+
+    /// Rows per register tile.
+    const MR: usize = 4;
+
+    /// Whether the CPU runs the VNNI kernel.
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// The right operand as s8 k-quads over panels of 16 columns: panel `p`, quad `q` holds
+    /// `[b[4q][j], b[4q+1][j], b[4q+2][j], b[4q+3][j]]` for its 16 columns `j` (zeros pad k and n).
+    pub(in super::super) struct PackedQuads {
+        quads: usize,
+        k: usize,
+        n: usize,
+        data: Vec<i8>,
+        /// Per column: `Σ_k b'` (b' the s8 value).
+        col_sums: Vec<i32>,
+        /// Per column: the zero point in s8 terms.
+        zero: Vec<i32>,
+    }
+
+    impl PackedQuads {
+        pub(super) fn new(b: Int8<'_>, k: usize, n: usize, b_zero: Int8<'_>) -> PackedQuads {
+            let shift = if b.signed { 0 } else { 128 };
+            let quads = k.div_ceil(4);
+            let panel_len = quads * 4 * NR;
+            let mut data = vec![0i8; n.div_ceil(NR) * panel_len];
+            data.par_chunks_mut(panel_len.max(1)).enumerate().for_each(|(p, panel)| {
+                for j in 0..NR.min(n.saturating_sub(p * NR)) {
+                    for kk in 0..k {
+                        panel[(kk / 4) * 4 * NR + 4 * j + kk % 4] = (b.get(kk * n + p * NR + j) - shift) as i8;
+                    }
+                }
+            });
+            let col_sums =
+                (0..n).map(|j| (0..k).fold(0i32, |s, kk| s.wrapping_add(b.get(kk * n + j) - shift))).collect();
+            let zero = (0..n).map(|j| super::zero_at(b_zero, j) - shift).collect();
+            PackedQuads { quads, k, n, data, col_sums, zero }
+        }
+    }
+
+    /// `c[rows×n] = (a − za) · (b − zb)` for `a` rows of `k` values (`za(r)` the zero point of row `r`).
+    pub(super) fn gemm(
+        a: Int8<'_>,
+        rows: usize,
+        za: impl Fn(usize) -> i32 + Sync,
+        b: &PackedQuads,
+        c: &mut [i32],
+        par: Par,
+    ) {
+        let (k, n) = (b.k, b.n);
+        if rows == 0 || n == 0 {
+            return;
+        }
+        let shift = if a.signed { 128 } else { 0 };
+        let lda = 4 * b.quads;
+        // The left rows as u8, padded to whole quads, and their sums.
+        let mut lhs = vec![0u8; rows * lda];
+        let mut row_sums = vec![0i32; rows];
+        for (r, (row, sum)) in lhs.chunks_mut(lda.max(1)).zip(row_sums.iter_mut()).enumerate() {
+            for (kk, v) in row.iter_mut().enumerate().take(k) {
+                let x = a.get(r * k + kk) + shift;
+                *v = x as u8;
+                *sum = sum.wrapping_add(x);
+            }
+        }
+        let work = rows.saturating_mul(n).saturating_mul(k);
+        let rows_per_task = if par.parallel() && work >= PARALLEL_WORK {
+            rows.div_ceil(par.threads * 4).next_multiple_of(MR)
+        } else {
+            rows
+        };
+        let run = |(t, block): (usize, &mut [i32])| {
+            let first = t * rows_per_task;
+            let count = block.len() / n;
+            for r0 in (0..count).step_by(MR) {
+                let m = MR.min(count - r0);
+                let row = first + r0;
+                let panel_len = b.quads * 4 * NR;
+                for (p, panel) in b.data.chunks(panel_len.max(1)).enumerate() {
+                    let mut acc = [[0i32; NR]; MR];
+                    // SAFETY: VNNI is present (the operand was packed for it); the rows and the panel hold
+                    // `m · lda` and `quads · 4·NR` values.
+                    unsafe { tile(&lhs[row * lda..(row + m) * lda], m, b.quads, panel, &mut acc) };
+                    let cols = NR.min(n - p * NR);
+                    for (i, acc_row) in acc.iter().enumerate().take(m) {
+                        let r = row + i;
+                        let (za, ra) = (za(r) + shift, row_sums[r]);
+                        let out = &mut block[(r0 + i) * n + p * NR..][..cols];
+                        for (j, o) in out.iter_mut().enumerate() {
+                            let col = p * NR + j;
+                            let zb = b.zero[col];
+                            *o = acc_row[j]
+                                .wrapping_sub(zb.wrapping_mul(ra))
+                                .wrapping_sub(za.wrapping_mul(b.col_sums[col]))
+                                .wrapping_add((k as i32).wrapping_mul(za).wrapping_mul(zb));
+                        }
+                    }
+                }
+            }
+        };
+        if rows_per_task >= rows {
+            run((0, &mut c[..rows * n]));
+        } else {
+            c[..rows * n].par_chunks_mut(rows_per_task * n).enumerate().for_each(run);
+        }
+    }
+
+    /// `acc[i][j] = Σ_q Σ_t a[i][4q+t] · panel[q][j][t]` for `rows ≤ MR` rows: one `vpdpbusd` per row and quad.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and VNNI; `a` holds `rows · 4·quads` values and `panel` `quads · 4·NR`.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn tile(a: &[u8], rows: usize, quads: usize, panel: &[i8], acc: &mut [[i32; NR]; MR]) {
+        assert!(a.len() >= rows * 4 * quads && panel.len() >= quads * 4 * NR && rows <= MR);
+        // SAFETY: as this function's; the lengths were checked above.
+        unsafe {
+            match rows {
+                4 => tile_rows::<4>(a, quads, panel, acc),
+                3 => tile_rows::<3>(a, quads, panel, acc),
+                2 => tile_rows::<2>(a, quads, panel, acc),
+                _ => tile_rows::<1>(a, quads, panel, acc),
+            }
+        }
+    }
+
+    /// [`tile`] for exactly `R` rows, the accumulators in registers.
+    ///
+    /// # Safety
+    /// As [`tile`]'s, with `rows == R`.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn tile_rows<const R: usize>(a: &[u8], quads: usize, panel: &[i8], acc: &mut [[i32; NR]; MR]) {
+        use std::arch::x86_64::*;
+        let mut v = [_mm512_setzero_si512(); R];
+        let lda = 4 * quads;
+        let (a, b) = (a.as_ptr(), panel.as_ptr());
+        for q in 0..quads {
+            // SAFETY: q < quads: the 64 bytes from q·4·NR are in the panel, and each row's 4 bytes from
+            // i·lda + 4q are in `a` (the caller checked both lengths).
+            unsafe {
+                let bq = _mm512_loadu_si512(b.add(q * 4 * NR).cast());
+                for (i, vi) in v.iter_mut().enumerate() {
+                    let quad = a.add(i * lda + 4 * q).cast::<i32>().read_unaligned();
+                    *vi = _mm512_dpbusd_epi32(*vi, _mm512_set1_epi32(quad), bq);
+                }
+            }
+        }
+        for (out, vi) in acc.iter_mut().zip(&v) {
+            // SAFETY: a row of `acc` holds 16 i32s, one 512-bit store.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), *vi) };
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod vnni {
+    pub(super) fn available() -> bool {
+        false
+    }
 }
 
 /// ONNX MatMulInteger: `out = (a − a_zero) · (b − b_zero)` in i32 with numpy matmul shapes (batch dims broadcast),
