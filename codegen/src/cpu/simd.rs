@@ -209,16 +209,11 @@ impl Emitter<'_, '_> {
                         let addr = self.address(*arg, index, true)?;
                         self.b.ins().store(mem(), low, addr, 0);
                     } else {
-                        for lane in 0..LANES {
-                            let li = self.b.ins().iadd_imm_s(i, lane);
-                            self.lane_index.insert(var, li);
-                            let addr = self.address(*arg, index, true);
-                            self.lane_index.remove(&var);
-                            let addr = addr?;
-                            let v = self.b.ins().extractlane(x, lane as u8);
-                            let v = self.cast(v, DType::F32, *to);
-                            self.store_scalar(v, *to, addr);
-                        }
+                        let to = *to;
+                        self.store_lanes(*arg, index, var, i, x, |e, v, addr| {
+                            let v = e.cast(v, DType::F32, to);
+                            e.store_scalar(v, to, addr);
+                        })?;
                     }
                 }
                 Stmt::Store { arg, index, value } => {
@@ -235,26 +230,9 @@ impl Emitter<'_, '_> {
                             let low = self.b.ins().extractlane(wide, 0);
                             self.b.ins().store(mem(), low, addr, 0);
                         }
-                    } else if d != DType::F32 {
-                        for lane in 0..LANES {
-                            let li = self.b.ins().iadd_imm_s(i, lane);
-                            self.lane_index.insert(var, li);
-                            let addr = self.address(*arg, index, true);
-                            self.lane_index.remove(&var);
-                            let addr = addr?;
-                            let x = self.b.ins().extractlane(x, lane as u8);
-                            self.store_scalar(x, d, addr);
-                        }
                     } else {
-                        for lane in 0..LANES {
-                            let li = self.b.ins().iadd_imm_s(i, lane);
-                            self.lane_index.insert(var, li);
-                            let addr = self.address(*arg, index, true);
-                            self.lane_index.remove(&var);
-                            let addr = addr?;
-                            let x = self.b.ins().extractlane(x, lane as u8);
-                            self.b.ins().store(mem(), x, addr, 0);
-                        }
+                        // `store_scalar` converts half types and stores f32 as it is.
+                        self.store_lanes(*arg, index, var, i, x, |e, v, addr| e.store_scalar(v, d, addr))?;
                     }
                 }
                 Stmt::Update { acc, value, .. } => {
@@ -370,6 +348,29 @@ impl Emitter<'_, '_> {
             }
             _ => return Err(self.malformed("an expression the vector form does not take".into())),
         })
+    }
+
+    /// Stores the four lanes of `x` one by one, each at `index` for its own iteration of `var` (from `i`), through
+    /// `store(emitter, lane value, address)`: the form of a store whose index does not move by one per iteration.
+    fn store_lanes(
+        &mut self,
+        arg: ArgId,
+        index: &IExpr,
+        var: LoopVar,
+        i: Value,
+        x: Value,
+        mut store: impl FnMut(&mut Self, Value, Value),
+    ) -> EResult<()> {
+        for lane in 0..LANES {
+            let li = self.b.ins().iadd_imm_s(i, lane);
+            self.lane_index.insert(var, li);
+            let addr = self.address(arg, index, true);
+            self.lane_index.remove(&var);
+            let addr = addr?;
+            let v = self.b.ins().extractlane(x, lane as u8);
+            store(self, v, addr);
+        }
+        Ok(())
     }
 
     /// f32 lanes rounded to `d` (f16 or bf16: to the nearest value of the type, ties to even, held as f32);
