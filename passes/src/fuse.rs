@@ -8,7 +8,10 @@
 //! Library groups are formed first. Loop groups grow greedily in topological order: a node joins the group of
 //! the first operand producer (in operand order) whose group stays **convex** (no path from the group through
 //! a node outside it back into it, with other groups counted as one node each, since each becomes one node) and
-//! no larger than `max-ops` ops. Convexity is what keeps the graph acyclic once each group is one node.
+//! no larger than `max-ops` ops. Convexity is what keeps the graph acyclic once each group is one node. One
+//! exception: a whole-tensor reduction does not join the group of a value it would make the kernel evaluate again
+//! — one with other uses whose producers in the group include a transcendental op (`recomputed_at_cost`) — but a
+//! group already reducing that same value, so the value is stored once and its reductions share a pass.
 //!
 //! Nothing expensive is duplicated: every grouped node moves into exactly one body, and a value used outside
 //! its group (or a graph output) becomes a result of the fusion node instead of being recomputed. Only `constant`
@@ -19,7 +22,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kiln_ir::fusion::FusionBody;
-use kiln_ir::op::{Fusion, FusionKind, Input};
+use kiln_ir::op::{BinaryOp, Fusion, FusionKind, Input, UnaryOp};
 use kiln_ir::{Graph, Node, NodeId, Op, Value};
 
 use crate::declare_pass;
@@ -161,15 +164,34 @@ fn form_groups(
             continue;
         }
         let mut joined = None;
+        let mut refused = None;
         for v in &node.inputs {
             let Some(&gi) = group_of.get(&v.node) else { continue };
             if gi < first_loop || loop_groups[gi - first_loop].len() >= max_ops {
+                continue;
+            }
+            if recomputed_at_cost(g, &node.op, *v, &loop_groups[gi - first_loop]) {
+                refused = Some(*v);
                 continue;
             }
             if convex_with(g, &pos, &group_of, &groups, &loop_groups, first_loop, gi, id) {
                 joined = Some(gi);
                 break;
             }
+        }
+        // A reduction kept out of its operand's group joins a group already reducing the same value, so that
+        // value's reductions (dynamic quantization's min and max) still share one pass over it.
+        if let (None, Some(v)) = (joined, refused) {
+            joined = g
+                .uses(v)
+                .iter()
+                .filter(|(user, _)| *user != id && matches!(g.node(*user).op, Op::Reduce(_)))
+                .filter_map(|(user, _)| group_of.get(user).copied())
+                .find(|&gi| {
+                    gi >= first_loop
+                        && loop_groups[gi - first_loop].len() < max_ops
+                        && convex_with(g, &pos, &group_of, &groups, &loop_groups, first_loop, gi, id)
+                });
         }
         let gi = joined.unwrap_or_else(|| {
             loop_groups.push(Vec::new());
@@ -180,6 +202,65 @@ fn form_groups(
     }
     groups.extend(loop_groups.into_iter().filter(|m| m.len() > 1).map(|m| (FusionKind::Loop, m)));
     groups
+}
+
+/// Whether a whole-tensor reduction `op` of `v` joining `v`'s group would recompute costly arithmetic: the kernel
+/// evaluates a value once per loop nest that reads it, and a reduction over every axis reads `v` in a nest of its
+/// own that must finish before any consumer of its result starts another pass over the whole tensor. When `v` has
+/// another use as well (an output, or an elementwise consumer after the reduction — dynamic quantization's min
+/// and max before its quantize, say) and its producer cone in the group `members` holds a transcendental op, the
+/// group would evaluate that op two or more times per element where storing `v` once costs a write and a read.
+/// `v` then ends its group and the reduction starts the next. (A row reduction — a softmax written out — keeps
+/// recomputing within the row, whose inputs are still in cache.)
+fn recomputed_at_cost(g: &Graph, op: &Op, v: Value, members: &[NodeId]) -> bool {
+    let rank = g.value_type(v).map_or(0, |t| t.shape.rank());
+    let whole = match op {
+        Op::Reduce(r) => {
+            let axes: HashSet<usize> =
+                r.axes.iter().filter_map(|&a| kiln_ir::types::normalize_axis(a, rank).ok()).collect();
+            rank > 0 && axes.len() == rank
+        }
+        _ => false,
+    };
+    if !whole || (g.uses(v).len() < 2 && !is_output(g, v)) {
+        return false;
+    }
+    let member: HashSet<NodeId> = members.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let mut work = vec![v.node];
+    while let Some(id) = work.pop() {
+        if !member.contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        let costly = match &g.node(id).op {
+            Op::Unary(k) => matches!(
+                k,
+                UnaryOp::Exp
+                    | UnaryOp::Log
+                    | UnaryOp::Tanh
+                    | UnaryOp::Sigmoid
+                    | UnaryOp::Erf
+                    | UnaryOp::Sin
+                    | UnaryOp::Cos
+                    | UnaryOp::Tan
+                    | UnaryOp::Asin
+                    | UnaryOp::Acos
+                    | UnaryOp::Atan
+                    | UnaryOp::Sinh
+                    | UnaryOp::Cosh
+                    | UnaryOp::Asinh
+                    | UnaryOp::Acosh
+                    | UnaryOp::Atanh
+            ),
+            Op::Binary(BinaryOp::Pow) | Op::Gelu(_) | Op::Softmax(_) | Op::LogSoftmax(_) | Op::LayerNorm(_) => true,
+            _ => false,
+        };
+        if costly {
+            return true;
+        }
+        work.extend(g.node(id).inputs.iter().map(|i| i.node));
+    }
+    false
 }
 
 /// Whether group `gi` plus node `n` is convex: no path leaves it and comes back, where reaching any member of
