@@ -117,11 +117,7 @@ pub enum Error {
     #[error(transparent)]
     Run(#[from] kiln_runtime::RunError),
     /// Nodes would run on the reference interpreter, and the policy is [`FallbackPolicy::Deny`].
-    #[error(
-        "{} node(s) would run on the reference interpreter (fallback policy `deny`): {}",
-        .0.len(),
-        fallback_kinds(.0).iter().map(|(op, n, why)| format!("{n} `{op}` ({why})")).collect::<Vec<_>>().join("; ")
-    )]
+    #[error("{}", kiln_plan::exec::fallback_refusal(.0))]
     Fallback(Vec<Fallback>),
 }
 
@@ -278,14 +274,7 @@ impl std::str::FromStr for FallbackPolicy {
     }
 }
 
-/// The nodes of `fallbacks` grouped by op kind, in op order: `(op, how many, why the first was not compiled)`.
-pub fn fallback_kinds(fallbacks: &[Fallback]) -> Vec<(&str, usize, &str)> {
-    let mut kinds: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
-    for f in fallbacks {
-        kinds.entry(f.op.as_str()).or_insert((0, f.why.as_str())).0 += 1;
-    }
-    kinds.into_iter().map(|(op, (n, why))| (op, n, why)).collect()
-}
+pub use kiln_plan::exec::fallback_kinds;
 
 /// How to compile a model ([`Model::compile`]).
 #[derive(Clone, Debug)]

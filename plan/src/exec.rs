@@ -131,6 +131,36 @@ pub struct Fallback {
     pub why: String,
 }
 
+/// The nodes of `fallbacks` grouped by op kind, in op order: `(op, how many, why the first was not compiled)`.
+pub fn fallback_kinds(fallbacks: &[Fallback]) -> Vec<(&str, usize, &str)> {
+    let mut kinds: std::collections::BTreeMap<&str, (usize, &str)> = std::collections::BTreeMap::new();
+    for f in fallbacks {
+        kinds.entry(f.op.as_str()).or_insert((0, f.why.as_str())).0 += 1;
+    }
+    kinds.into_iter().map(|(op, (n, why))| (op, n, why)).collect()
+}
+
+/// One line per op kind of `fallbacks`, as the CLIs print them (`fallback: N `op` node(s) run on the reference
+/// interpreter: why`); none when everything is compiled.
+pub fn fallback_lines(fallbacks: &[Fallback]) -> Vec<String> {
+    fallback_kinds(fallbacks)
+        .into_iter()
+        .map(|(op, n, why)| format!("fallback: {n} `{op}` node(s) run on the reference interpreter: {why}"))
+        .collect()
+}
+
+/// The refusal of a program with `fallbacks` under a policy that denies them: `N node(s) would run on the reference
+/// interpreter (fallback policy `deny`): n `op` (why); …`.
+pub fn fallback_refusal(fallbacks: &[Fallback]) -> String {
+    let kinds: Vec<String> =
+        fallback_kinds(fallbacks).iter().map(|(op, n, why)| format!("{n} `{op}` ({why})")).collect();
+    format!(
+        "{} node(s) would run on the reference interpreter (fallback policy `deny`): {}",
+        fallbacks.len(),
+        kinds.join("; ")
+    )
+}
+
 impl std::fmt::Display for Fallback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.node, self.why)

@@ -58,6 +58,11 @@ struct ArtifactArgs {
     /// Seed of the pseudo-random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Nodes the artifact runs on the reference interpreter (correct, slow): `warn` runs them and prints one
+    /// `fallback:` line per op kind, `allow` runs them without the lines, `deny` refuses the artifact (exit 1,
+    /// naming them) — as `kiln run` does.
+    #[arg(long, value_name = "POLICY", default_value = "warn", value_parser = ["allow", "warn", "deny"])]
+    fallback: String,
 }
 
 #[derive(Args, Debug)]
@@ -120,6 +125,8 @@ struct Loaded {
     program: Box<dyn Program>,
     inputs: Vec<(String, kiln_ir::TensorType)>,
     load: Duration,
+    /// The `fallback:` lines to print (the policy applied): never a silent slow path.
+    fallback_lines: Vec<String>,
 }
 
 /// Loads the artifact (manifest, digests, weights, code) with the plugins `KILN_BACKEND_PLUGINS` lists.
@@ -137,8 +144,13 @@ fn load(a: &ArtifactArgs) -> Result<Loaded> {
         }
     };
     let exe = program.executable();
+    if a.fallback == "deny" && !exe.fallbacks.is_empty() {
+        bail!("{}", kiln_plan::exec::fallback_refusal(&exe.fallbacks));
+    }
+    let fallback_lines =
+        if a.fallback == "warn" { kiln_plan::exec::fallback_lines(&exe.fallbacks) } else { Vec::new() };
     let inputs = exe.inputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect();
-    Ok(Loaded { program, inputs, load: t0.elapsed() })
+    Ok(Loaded { program, inputs, load: t0.elapsed(), fallback_lines })
 }
 
 /// The inputs given with `--input`, completed with pseudo-random values.
@@ -179,6 +191,9 @@ fn run(a: RunArgs) -> Result<()> {
         loaded.program.backend(),
         loaded.load.as_secs_f64() * 1e3
     );
+    for line in &loaded.fallback_lines {
+        println!("{line}");
+    }
     for (name, t) in &outputs {
         println!("  {name}: {} {}", t.tensor_type(), npy::summary(t));
     }
@@ -217,6 +232,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             "min_ms": ms(times[0]),
             "mean_ms": mean,
             "peak_rss_kib": peak_rss_kib,
+            "fallbacks": loaded.fallback_lines,
         });
         println!("{v}");
     } else {
@@ -229,6 +245,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             ms(times[0]),
             peak_rss_kib.map_or("?".to_string(), |k| k.to_string())
         );
+        for line in &loaded.fallback_lines {
+            println!("{line}");
+        }
     }
     Ok(())
 }

@@ -190,10 +190,7 @@ impl FallbackArgs {
 /// (how many nodes, and why; left out without `fallbacks`, for `--fallback allow`) — nothing when everything is
 /// compiled. Never a silent slow path.
 pub fn placement_lines(report: &kiln::CompileReport, fallbacks: bool) -> Vec<String> {
-    let fallback_lines = kiln::fallback_kinds(&report.fallbacks)
-        .into_iter()
-        .filter(|_| fallbacks)
-        .map(|(op, n, why)| format!("fallback: {n} `{op}` node(s) run on the reference interpreter: {why}"));
+    let fallback_lines = kiln_plan::exec::fallback_lines(&report.fallbacks).into_iter().filter(|_| fallbacks);
     report
         .placement
         .iter()
