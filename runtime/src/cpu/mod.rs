@@ -170,6 +170,10 @@ pub struct CpuProgram {
     /// The workers a run actually uses: 1 for programs too small to gain from the pool (see `SMALL_PROGRAM`).
     workers: usize,
     arenas: Mutex<Vec<AlignedBuf>>,
+    /// The per-run buffers outside the arena (a library group's intermediate of another dtype than its result,
+    /// say) of finished runs, kept for the next: allocating and faulting them in every run cost more than the
+    /// arithmetic of a small model. Like the arena, their contents are never read before a step writes them.
+    spare: Mutex<Vec<Vec<AlignedBuf>>>,
     /// The registry backends the executable's [`Step::Backend`]s run on.
     placed: PlacedBackends,
 }
@@ -229,6 +233,7 @@ impl CpuProgram {
             threads,
             workers: threads,
             arenas: Mutex::new(Vec::new()),
+            spare: Mutex::new(Vec::new()),
             placed,
         };
         if program.static_work().is_some_and(|w| w < SMALL_PROGRAM) {
@@ -292,7 +297,7 @@ impl CpuProgram {
             storage.push(AlignedBuf::zeroed(self.bytes(b, &dims))?);
         }
         if !self.exe.prepare.is_empty() {
-            let ptrs = self.pointers(set, &[], &symbols, None, &storage, &mut Vec::new(), None)?;
+            let ptrs = self.pointers(set, &[], &symbols, None, &storage, &mut Vec::new(), &mut Vec::new(), None)?;
             let sym_values = self.symbol_values(&symbols);
             for step in &self.exe.prepare {
                 self.step(set, step, Ptrs(&ptrs), &symbols, &sym_values)?;
@@ -493,10 +498,12 @@ impl CpuProgram {
         let set = self.weight_set();
         let set = set.as_ref();
         let arena = self.take_arena()?;
+        let mut spare = self.spare.lock().ok().and_then(|mut s| s.pop()).unwrap_or_default();
         let mut dynamic = Vec::new();
         let result = (|| {
             let mut results = HashMap::new();
-            let ptrs = self.pointers(set, &given, &symbols, Some(&arena), &[], &mut dynamic, Some(&mut results))?;
+            let ptrs =
+                self.pointers(set, &given, &symbols, Some(&arena), &[], &mut spare, &mut dynamic, Some(&mut results))?;
             let sym_values = self.symbol_values(&symbols);
             let shared = Ptrs(&ptrs);
             let mut steps = || -> Result<(), RunError> {
@@ -536,6 +543,9 @@ impl CpuProgram {
             Ok(out)
         })();
         self.return_arena(arena);
+        if let Ok(mut s) = self.spare.lock() {
+            s.push(dynamic);
+        }
         result
     }
 
@@ -567,7 +577,9 @@ impl CpuProgram {
         }
     }
 
-    /// A pointer for every buffer of the executable.
+    /// A pointer for every buffer of the executable; per-run buffers outside the arena come from `spare` (an
+    /// earlier run's, same size) or are allocated, and end in `dynamic`.
+    #[allow(clippy::too_many_arguments)]
     fn pointers(
         &self,
         set: &WeightSet,
@@ -575,6 +587,7 @@ impl CpuProgram {
         symbols: &HashMap<String, u64>,
         arena: Option<&AlignedBuf>,
         prepared: &[AlignedBuf],
+        spare: &mut Vec<AlignedBuf>,
         dynamic: &mut Vec<AlignedBuf>,
         mut results: Option<&mut HashMap<BufferId, Tensor>>,
     ) -> Result<Vec<*mut u8>, RunError> {
@@ -617,7 +630,12 @@ impl CpuProgram {
                             p
                         }
                         (Ok(dims), _) => {
-                            let buf = AlignedBuf::zeroed(self.bytes(BufferId(i as u32), &dims))?;
+                            // A buffer of this size from an earlier run, or a fresh one.
+                            let len = self.bytes(BufferId(i as u32), &dims);
+                            let buf = match spare.iter().position(|b| b.len == len) {
+                                Some(k) => spare.swap_remove(k),
+                                None => AlignedBuf::zeroed(len)?,
+                            };
                             let p = buf.as_ptr();
                             dynamic.push(buf);
                             p
