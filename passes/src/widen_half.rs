@@ -50,13 +50,16 @@ fn add(g: &mut Graph, op: Op, inputs: Vec<Value>, outputs: Vec<TensorType>, name
     Value::new(g.add_node(Node { op, inputs, outputs, name }), 0)
 }
 
-/// Rewrites node `id` (a half-precision library op) to compute in f32 between casts.
+/// Rewrites node `id` (a half-precision library op) to compute in f32 between casts; a node whose operands do not
+/// all exist (an unverified graph) is left for the verifier to report.
 fn widen(g: &mut Graph, id: NodeId) {
     let node = g.node(id).clone();
     let half = node.outputs[0].dtype;
+    let Some(types) = node.inputs.iter().map(|&v| g.value_type(v).cloned()).collect::<Option<Vec<_>>>() else {
+        return;
+    };
     let mut inputs = Vec::with_capacity(node.inputs.len());
-    for &v in &node.inputs {
-        let ty = g.value_type(v).expect("a verified graph's operands exist").clone();
+    for (&v, ty) in node.inputs.iter().zip(types) {
         inputs.push(if ty.dtype == half {
             let wide = TensorType::new(DType::F32, ty.shape.clone());
             add(g, Op::Cast(Cast { to: DType::F32 }), vec![v], vec![wide], None)

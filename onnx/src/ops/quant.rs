@@ -55,9 +55,7 @@ fn granular(cx: &mut Ctx<'_>, p: &Val, x: &Val, axis_attr: i64, block: i64, what
         if p.rank() != 1 || &p.ty.shape.0[0] != along {
             return Err(format!("{what} has shape {}; per-axis quantization needs [{along}] (axis {a})", p.ty.shape));
         }
-        let mut dims = vec![Dim::Static(1); x.rank() - a];
-        dims[0] = along.clone();
-        return reshape(cx, p, dims);
+        return leading(cx, p, x.rank() - a - 1);
     }
     if block < 0 {
         return Err(format!("block_size {block} must be positive"));
@@ -221,19 +219,12 @@ fn zero_or_default(cx: &mut Ctx<'_>, z: Option<&Val>, like: &Val) -> Result<Val,
     }
 }
 
-/// A per-row scale or zero point of a matmul operand (`[M]`) as `[M, 1]`; others as they are.
-fn per_row(cx: &mut Ctx<'_>, p: &Val) -> Result<Val, String> {
-    match p.ty.shape.0.as_slice() {
-        [d] if *d != Dim::Static(1) => reshape(cx, p, vec![d.clone(), Dim::Static(1)]),
-        _ => Ok(p.clone()),
-    }
-}
-
-/// A per-output-channel parameter of a conv (`[M]`) as `[M, 1, …]` (spatial rank `k`); others as they are.
-fn per_channel(cx: &mut Ctx<'_>, p: &Val, k: usize) -> Result<Val, String> {
+/// A per-row, per-channel or per-axis parameter (`[D]`, D ≠ 1) as `[D, 1, …]` with `trailing` ones, so that it
+/// broadcasts along its operand's dim; a scalar or `[1]` as it is.
+fn leading(cx: &mut Ctx<'_>, p: &Val, trailing: usize) -> Result<Val, String> {
     match p.ty.shape.0.as_slice() {
         [d] if *d != Dim::Static(1) => {
-            let mut dims = vec![Dim::Static(1); k + 1];
+            let mut dims = vec![Dim::Static(1); trailing + 1];
             dims[0] = d.clone();
             reshape(cx, p, dims)
         }
@@ -280,7 +271,7 @@ pub(crate) fn qlinear_matmul(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
     }
     range(yz.dtype())?;
     let acc = cx.op(Op::MatMulInteger, &[a, b, az, bz])?;
-    let a_scale = per_row(cx, a_scale)?;
+    let a_scale = leading(cx, a_scale, 1)?;
     let m = multiplier(cx, &a_scale, b_scale, y_scale)?;
     Ok(vec![requantize(cx, &acc, &m, yz)?])
 }
@@ -300,10 +291,10 @@ pub(crate) fn qlinear_conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val
         if bias.dtype() != DType::I32 {
             return Err(format!("the bias must be i32, got {}", bias.dtype()));
         }
-        let bias = per_channel(cx, bias, k)?;
+        let bias = leading(cx, bias, k)?;
         acc = bin(cx, B::Add, &acc, &bias)?;
     }
-    let w_scale = per_channel(cx, w_scale, k)?;
+    let w_scale = leading(cx, w_scale, k)?;
     let m = multiplier(cx, x_scale, &w_scale, y_scale)?;
     Ok(vec![requantize(cx, &acc, &m, yz)?])
 }
