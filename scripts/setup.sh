@@ -9,8 +9,9 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 # LLVM 19 for the NVPTX backend (inkwell). Debian's /usr/bin/llvm-config may be an older LLVM, so point
 # llvm-sys at LLVM 19 explicitly; static linking needs Polly.
 # OpenMPI and libclang (bindgen) for the MPI collectives (kiln-runtime feature `mpi`, tested under mpirun).
+# A C compiler and valgrind for the C API's example and misuse checks (python/tests/test_capi.py).
 APT_PACKAGES=(llvm-19-dev libpolly-19-dev libzstd-dev zlib1g-dev python3-venv pkg-config
-  openmpi-bin libopenmpi-dev libclang-dev)
+  openmpi-bin libopenmpi-dev libclang-dev gcc valgrind)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -34,10 +34,12 @@ echo "== ONNX node conformance (reference interpreter)"
 ONNX_VERSION=1.23.2
 ORT_VERSION=1.32.0
 CONVERTER_VERSION=1.16.0
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import onnx, onnxruntime, onnxconverter_common, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION' or onnxruntime.__version__ != '$ORT_VERSION' or onnxconverter_common.__version__ != '$CONVERTER_VERSION')" 2>/dev/null; then
+MATURIN_VERSION=1.16.0
+PYTEST_VERSION=8.4.2
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import onnx, onnxruntime, onnxconverter_common, pytest, sys; from importlib.metadata import version; sys.exit(onnx.__version__ != '$ONNX_VERSION' or onnxruntime.__version__ != '$ORT_VERSION' or onnxconverter_common.__version__ != '$CONVERTER_VERSION' or pytest.__version__ != '$PYTEST_VERSION' or version('maturin') != '$MATURIN_VERSION')" 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "onnx==$ONNX_VERSION" "onnxruntime==$ORT_VERSION" \
-    "onnxconverter-common==$CONVERTER_VERSION" numpy
+    "onnxconverter-common==$CONVERTER_VERSION" "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" numpy
 fi
 cases=.cache/onnx-node-tests
 if ! grep -q "onnx $ONNX_VERSION" "$cases/VERSION" 2>/dev/null; then
@@ -75,6 +77,12 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest"
   cargo install cargo-nextest --locked --quiet
 fi
+echo "== Python package and C API: built into .venv (maturin) and target/debug (libkiln_c.so), then pytest"
+# The dev profile shares nextest's build (dependencies optimized); `pip install ./python` (the README's) builds release.
+PATH="$PWD/.venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation ./python
+cargo build --quiet -p kiln-capi
+KILN_MODELS_DIR="$models" .venv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider
 # Doc tests first (nextest does not run them), so the run closes on nextest's summary line.
 cargo test --workspace --doc --quiet
 cargo nextest run --workspace --no-fail-fast --failure-output final

@@ -31,6 +31,7 @@ pub mod difftest;
 pub mod dot;
 pub mod generate;
 pub mod parameters;
+pub mod session;
 
 pub use artifact::Artifact;
 pub use kiln_plan::exec::Fallback;
@@ -40,6 +41,7 @@ pub use kiln_runtime::cpu::WeightLoadReport;
 pub use kiln_runtime::registry::BackendRegistry;
 pub use kiln_runtime::{npy, weights};
 pub use parameters::WeightProvenance;
+pub use session::{Session, SessionOptions};
 
 /// Errors a kiln user can see.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +95,14 @@ pub enum Error {
         /// Why it cannot run.
         message: String,
     },
+    /// A device backend has no usable device on this machine (no driver, no GPU).
+    #[error("backend `{backend}`: {reason}")]
+    NoDevice {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is missing.
+        reason: String,
+    },
     /// Execution failed.
     #[error("execution failed at {0}")]
     Exec(#[from] kiln_ir::interp::InterpError),
@@ -119,6 +129,47 @@ pub enum Error {
     /// Nodes would run on the reference interpreter, and the policy is [`FallbackPolicy::Deny`].
     #[error("{}", kiln_plan::exec::fallback_refusal(.0))]
     Fallback(Vec<Fallback>),
+}
+
+/// What kind of failure an [`Error`] is: what a caller branches on (the Python package's exception classes, the C
+/// API's status codes, the CLI's exit codes).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A file could not be read or written (missing, unreadable, a directory).
+    Io,
+    /// The model, weights or artifact is malformed.
+    InvalidModel,
+    /// The model is valid but uses something kiln does not support (an op, a dtype, a backend without a device,
+    /// interpreter fallbacks refused).
+    Unsupported,
+    /// The inputs do not fit the model (names, dtypes, shapes, `.npy` files).
+    InvalidInput,
+    /// Running failed.
+    Runtime,
+}
+
+impl Error {
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Io { .. } | Error::Onnx(kiln_onnx::ImportError::Io { .. }) => ErrorKind::Io,
+            Error::OnnxAt(kiln_onnx::ImportError::Io { .. }, _) => ErrorKind::Io,
+            Error::Format { .. }
+            | Error::Parse(..)
+            | Error::Invalid { .. }
+            | Error::Weights { .. }
+            | Error::MissingWeights(_)
+            | Error::Artifact { .. }
+            | Error::OnnxAt(..)
+            | Error::Onnx(kiln_onnx::ImportError::Decode(_) | kiln_onnx::ImportError::Invalid(_)) => {
+                ErrorKind::InvalidModel
+            }
+            Error::Onnx(kiln_onnx::ImportError::Unsupported(_)) | Error::Fallback(_) => ErrorKind::Unsupported,
+            Error::NoDevice { .. } | Error::Run(kiln_runtime::RunError::NoDevice { .. }) => ErrorKind::Unsupported,
+            Error::Input(_) | Error::Npy(_) | Error::Run(kiln_runtime::RunError::Input(_)) => ErrorKind::InvalidInput,
+            Error::Backend { .. } | Error::Exec(_) | Error::Run(_) => ErrorKind::Runtime,
+        }
+    }
 }
 
 impl From<kiln_runtime::weights::WeightsError> for Error {
@@ -252,6 +303,15 @@ pub enum FallbackPolicy {
 }
 
 impl FallbackPolicy {
+    /// The policy to compile with when the caller reports `warn`'s fallbacks itself (the CLI's `fallback:` lines,
+    /// the Python package's warnings): `warn` becomes `allow`, the others stay.
+    pub fn reported_by_caller(self) -> FallbackPolicy {
+        match self {
+            FallbackPolicy::Warn => FallbackPolicy::Allow,
+            p => p,
+        }
+    }
+
     /// `allow`, `warn` or `deny`.
     pub fn name(self) -> &'static str {
         match self {
@@ -274,7 +334,7 @@ impl std::str::FromStr for FallbackPolicy {
     }
 }
 
-pub use kiln_plan::exec::fallback_kinds;
+pub use kiln_plan::exec::{fallback_kinds, fallback_lines};
 
 /// How to compile a model ([`Model::compile`]).
 #[derive(Clone, Debug)]
@@ -404,6 +464,18 @@ impl Compiled {
         kiln_runtime::Program::run(self.program.as_ref(), inputs).map_err(run_error)
     }
 
+    /// Runs the compiled model on borrowed inputs (by name, each once): on the CPU their memory is bound as it is,
+    /// never copied (what the Python package and the C API hand over); outputs come in the model's order.
+    pub fn run_views(&self, inputs: &[(&str, kiln_ir::TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, Error> {
+        self.program.run_views(inputs).map_err(run_error)
+    }
+
+    /// Output names and types, in order.
+    pub fn outputs(&self) -> Vec<(String, kiln_ir::TensorType)> {
+        let exe = self.program.executable();
+        exe.outputs.iter().map(|(n, b)| (n.clone(), exe.buffers[b.0 as usize].ty.clone())).collect()
+    }
+
     /// `count` independent executors (in-order lanes, each its own thread) for serving requests concurrently
     /// with [`Compiled::submit`]. Work on one lane runs in order; lanes run side by side and share the program's
     /// kernels, weights and thread pool.
@@ -486,7 +558,7 @@ impl Request {
 fn run_error(e: kiln_runtime::RunError) -> Error {
     match e {
         kiln_runtime::RunError::Input(m) => Error::Input(m),
-        kiln_runtime::RunError::NoDevice { reason, .. } => Error::Backend { backend: "cuda", message: reason },
+        kiln_runtime::RunError::NoDevice { reason, .. } => Error::NoDevice { backend: "cuda", reason },
         kiln_runtime::RunError::Load { path, message } => Error::Artifact { path, message },
         // They name their backend (a plugin) and the node themselves.
         e @ (kiln_runtime::RunError::Placed { .. }
@@ -573,6 +645,20 @@ impl Model {
             }
         }
         kiln_ir::verify(&graph).map_err(|errs| Error::Invalid { path: shown, errors: kiln_ir::Error::Verify(errs) })?;
+        Ok(Model { graph })
+    }
+
+    /// Imports an ONNX model from its bytes (`shown` names it in messages); external data is refused, having no
+    /// folder to resolve against.
+    pub fn from_onnx_bytes(bytes: &[u8], shown: &str, options: &LoadOptions) -> Result<Model, Error> {
+        let import =
+            kiln_onnx::ImportOptions { shapes: options.shapes.clone(), known_inputs: options.known_inputs.clone() };
+        let graph = kiln_onnx::import_bytes(bytes, None, &import).map_err(|e| match e {
+            e @ kiln_onnx::ImportError::Unsupported(_) => Error::Onnx(e),
+            e => Error::OnnxAt(e, shown.to_string()),
+        })?;
+        kiln_ir::verify(&graph)
+            .map_err(|errs| Error::Invalid { path: shown.to_string(), errors: kiln_ir::Error::Verify(errs) })?;
         Ok(Model { graph })
     }
 

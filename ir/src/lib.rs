@@ -29,7 +29,7 @@ pub use memory::MemoryPlan;
 pub use op::Op;
 pub use parse::{ParseError, parse};
 pub use print::print;
-pub use tensor::{Data, Element, Tensor};
+pub use tensor::{Data, Element, Tensor, TensorView};
 pub use types::{DType, Dim, Shape, TensorType};
 pub use verify::{VerifyError, VerifyErrorKind, verify, verify_weights_bound};
 

@@ -453,6 +453,11 @@ impl Tensor {
         dispatch_data!(&self.data, v => go(v))
     }
 
+    /// A borrowed view of this tensor (what a run reads).
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView { dtype: self.dtype(), shape: &self.shape, bytes: self.as_bytes() }
+    }
+
     /// The elements' bytes, writable (host byte order), for compiled code to write a result in place.
     ///
     /// # Safety
@@ -600,6 +605,23 @@ impl<'de> Deserialize<'de> for Tensor {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn views_check_length_alignment_and_bools() {
+        let t = Tensor::from_vec(vec![2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let v = t.view();
+        assert_eq!((v.dtype(), v.shape(), v.as_bytes().len()), (DType::F32, &[2usize, 2][..], 16));
+        assert_eq!(v.to_tensor(), t);
+        let bytes = t.as_bytes();
+        let short = TensorView::new(DType::F32, &[2, 2], &bytes[..12]).unwrap_err();
+        assert!(short.contains("has 16 bytes, got 12"), "{short}");
+        let misaligned = TensorView::new(DType::F32, &[3], &bytes[1..13]).unwrap_err();
+        assert!(misaligned.contains("not aligned"), "{misaligned}");
+        assert!(TensorView::new(DType::Bool, &[2], &[1, 2]).unwrap_err().contains("0 or 1"));
+        assert!(TensorView::new(DType::F32, &[usize::MAX, 2], &[]).unwrap_err().contains("2^64"));
+        let empty = TensorView::new(DType::I64, &[0, 3], &[]).unwrap();
+        assert_eq!(empty.to_tensor().shape(), &[0, 3]);
+    }
     use super::*;
 
     #[test]
@@ -628,5 +650,56 @@ mod tests {
     fn shape_mismatch_is_an_error() {
         assert!(Tensor::from_vec(vec![2, 2], vec![1i32, 2, 3]).is_err());
         assert_eq!(strides_of(&[2, 3, 4]), vec![12, 4, 1]);
+    }
+}
+
+/// A tensor borrowed from memory someone else owns (a NumPy array, a C caller's buffer): dtype, extents and the
+/// row-major element bytes. Runs read their inputs through views, so a caller's buffer is bound without a copy.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorView<'a> {
+    dtype: DType,
+    shape: &'a [usize],
+    bytes: &'a [u8],
+}
+
+impl<'a> TensorView<'a> {
+    /// A view of `bytes` as a `dtype` tensor of `shape`: the length must be exactly the elements' bytes, the
+    /// address aligned for the dtype, and a `bool` tensor's bytes 0 or 1 (anything else is not a `bool`).
+    pub fn new(dtype: DType, shape: &'a [usize], bytes: &'a [u8]) -> Result<TensorView<'a>, String> {
+        let want = shape
+            .iter()
+            .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| format!("a {dtype} tensor of shape {shape:?} has more than 2^64 bytes"))?;
+        if bytes.len() != want {
+            return Err(format!("a {dtype} tensor of shape {shape:?} has {want} bytes, got {}", bytes.len()));
+        }
+        if !bytes.is_empty() && !(bytes.as_ptr() as usize).is_multiple_of(dtype.size_bytes()) {
+            return Err(format!("the data of a {dtype} tensor is not aligned to {} bytes", dtype.size_bytes()));
+        }
+        if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
+            return Err("a bool tensor holds a byte other than 0 or 1".into());
+        }
+        Ok(TensorView { dtype, shape, bytes })
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The extents.
+    pub fn shape(&self) -> &'a [usize] {
+        self.shape
+    }
+
+    /// The elements' bytes (host byte order).
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// An owned copy.
+    pub fn to_tensor(&self) -> Tensor {
+        // `new` checked the length and the bool bytes, which is all `from_bytes` can refuse.
+        Tensor::from_bytes(self.dtype, self.shape.to_vec(), self.bytes).expect("a checked view converts")
     }
 }

@@ -3,20 +3,29 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kiln_ir::{Dim, Shape, Tensor, TensorType};
+use kiln_ir::{Dim, Shape, Tensor, TensorType, TensorView};
 use kiln_plan::exec::Executable;
 
 use crate::RunError;
 
-/// The inputs in executable order, checked for name, dtype and rank.
-pub fn check_inputs<'a>(exe: &Executable, inputs: &'a BTreeMap<String, Tensor>) -> Result<Vec<&'a Tensor>, RunError> {
+/// Named inputs as views, for [`check_inputs`].
+pub fn views(inputs: &BTreeMap<String, Tensor>) -> Vec<(&str, TensorView<'_>)> {
+    inputs.iter().map(|(n, t)| (n.as_str(), t.view())).collect()
+}
+
+/// The inputs in executable order, checked for name, dtype and rank (each name given once).
+pub fn check_inputs<'a>(exe: &Executable, inputs: &[(&str, TensorView<'a>)]) -> Result<Vec<TensorView<'a>>, RunError> {
     let names = || exe.inputs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-    if let Some(extra) = inputs.keys().find(|k| !exe.inputs.iter().any(|(n, _)| n == *k)) {
+    if let Some((extra, _)) = inputs.iter().find(|(k, _)| !exe.inputs.iter().any(|(n, _)| n == k)) {
         return Err(RunError::Input(format!("the model has no input `{extra}` (inputs: {})", names())));
     }
     let mut out = Vec::with_capacity(exe.inputs.len());
     for (name, b) in &exe.inputs {
-        let t = inputs.get(name).ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
+        let mut given = inputs.iter().filter(|(n, _)| n == name);
+        let (_, t) = given.next().ok_or_else(|| RunError::Input(format!("input `{name}` is missing")))?;
+        if given.next().is_some() {
+            return Err(RunError::Input(format!("input `{name}` is given twice")));
+        }
         let ty = &exe.buffers[b.0 as usize].ty;
         if t.dtype() != ty.dtype {
             return Err(RunError::Input(format!("input `{name}` should be {}, got {}", ty.dtype, t.dtype())));
@@ -24,7 +33,7 @@ pub fn check_inputs<'a>(exe: &Executable, inputs: &'a BTreeMap<String, Tensor>) 
         if t.shape().len() != ty.shape.0.len() {
             return Err(RunError::Input(format!("input `{name}` should have shape {}, got {:?}", ty.shape, t.shape())));
         }
-        out.push(t);
+        out.push(*t);
     }
     Ok(out)
 }
@@ -32,10 +41,11 @@ pub fn check_inputs<'a>(exe: &Executable, inputs: &'a BTreeMap<String, Tensor>) 
 /// Symbolic dims bound from the inputs' shapes, static dims checked; then the value of every derived dim
 /// (`kiln_ir::dim`: an expression over symbols, such as a convolution's output extent) the program's buffers
 /// use, evaluated from them. A derived dim that comes out negative (inputs too small for a window) is an error.
-pub fn bind_symbols(exe: &Executable, given: &[&Tensor]) -> Result<HashMap<String, u64>, RunError> {
+pub fn bind_symbols(exe: &Executable, given: &[TensorView<'_>]) -> Result<HashMap<String, u64>, RunError> {
     let mut symbols: HashMap<String, u64> = HashMap::new();
     // Plain symbols first: a derived dim of an input is checked once they are all bound.
-    let mut order: Vec<(&(String, kiln_plan::exec::BufferId), &&Tensor)> = exe.inputs.iter().zip(given).collect();
+    let mut order: Vec<(&(String, kiln_plan::exec::BufferId), &TensorView<'_>)> =
+        exe.inputs.iter().zip(given).collect();
     order.sort_by_key(|((_, b), _)| exe.buffers[b.0 as usize].ty.shape.0.iter().any(Dim::is_derived));
     for ((name, b), t) in order {
         let ty = &exe.buffers[b.0 as usize].ty;

@@ -26,7 +26,7 @@ pub mod weights;
 use std::collections::BTreeMap;
 
 pub use kiln_ir as ir;
-use kiln_ir::Tensor;
+use kiln_ir::{Tensor, TensorView};
 pub use kiln_plan as plan;
 
 /// Why a run failed.
@@ -135,7 +135,13 @@ pub trait Program: Send + Sync {
     fn executable(&self) -> &kiln_plan::exec::Executable;
 
     /// Runs the program.
-    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError>;
+    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run_views(&bind::views(inputs))
+    }
+
+    /// Runs the program on borrowed inputs (by name, each once): a caller's memory is read where it is (on the
+    /// CPU, bound without a copy).
+    fn run_views(&self, inputs: &[(&str, TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, RunError>;
 
     /// Runs once, timing each step of the executable (in order); an error where the backend cannot time steps.
     fn run_profiled(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Profiled, RunError> {
@@ -180,8 +186,8 @@ impl Program for cpu::CpuProgram {
         cpu::CpuProgram::executable(self)
     }
 
-    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
-        cpu::CpuProgram::run(self, inputs)
+    fn run_views(&self, inputs: &[(&str, TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        cpu::CpuProgram::run_views(self, inputs)
     }
 
     fn run_profiled(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Profiled, RunError> {
@@ -202,8 +208,8 @@ impl<G: cuda::Gpu + 'static> Program for cuda::GpuProgram<G> {
         cuda::GpuProgram::executable(self)
     }
 
-    fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
-        cuda::GpuProgram::run(self, inputs)
+    fn run_views(&self, inputs: &[(&str, TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        cuda::GpuProgram::run_views(self, inputs)
     }
 
     fn device(&self) -> Option<&dyn DeviceProgram> {

@@ -165,10 +165,7 @@ pub struct FallbackArgs {
 impl FallbackArgs {
     /// The policy the library gets: `warn`'s lines are printed by the CLI ([`placement_lines`]), not logged.
     pub fn library(&self) -> kiln::FallbackPolicy {
-        match self.policy {
-            kiln::FallbackPolicy::Warn => kiln::FallbackPolicy::Allow,
-            p => p,
-        }
+        self.policy.reported_by_caller()
     }
 
     /// `deny` on a program compiled before (an artifact): refused when it runs nodes on the interpreter.

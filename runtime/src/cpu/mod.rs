@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::library::{self, Par};
-use kiln_ir::Tensor;
+use kiln_ir::{Tensor, TensorView};
 use kiln_plan::exec::{BufferId, Executable, Home, LibraryOp, Step};
 use kiln_plan::kernel::{ArgRole, Extent, Kernel};
 
@@ -472,6 +472,11 @@ impl CpuProgram {
 
     /// Runs the program on `inputs` (by name) and returns its outputs, in order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.execute(&crate::bind::views(inputs), None)
+    }
+
+    /// Runs the program on borrowed inputs (by name): their memory is bound as it is, never copied.
+    pub fn run_views(&self, inputs: &[(&str, TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, RunError> {
         self.execute(inputs, None)
     }
 
@@ -483,13 +488,13 @@ impl CpuProgram {
         inputs: &BTreeMap<String, Tensor>,
     ) -> Result<(Vec<(String, Tensor)>, Vec<std::time::Duration>), RunError> {
         let mut times = Vec::with_capacity(self.exe.steps.len());
-        let out = self.execute(inputs, Some(&mut times))?;
+        let out = self.execute(&crate::bind::views(inputs), Some(&mut times))?;
         Ok((out, times))
     }
 
     fn execute(
         &self,
-        inputs: &BTreeMap<String, Tensor>,
+        inputs: &[(&str, TensorView<'_>)],
         mut times: Option<&mut Vec<std::time::Duration>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let given = crate::bind::check_inputs(&self.exe, inputs)?;
@@ -583,7 +588,7 @@ impl CpuProgram {
     fn pointers(
         &self,
         set: &WeightSet,
-        given: &[&Tensor],
+        given: &[TensorView<'_>],
         symbols: &HashMap<String, u64>,
         arena: Option<&AlignedBuf>,
         prepared: &[AlignedBuf],

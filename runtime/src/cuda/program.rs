@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::library::batch_plan;
-use kiln_ir::{DType, Tensor};
+use kiln_ir::{DType, Tensor, TensorView};
 use kiln_plan::device::{DevicePlan, DeviceStep, PtxKernelInfo, PtxParam, conv_gemm_shape};
 use kiln_plan::exec::{BufferId, Executable, Home};
 
@@ -184,6 +184,11 @@ impl<G: Gpu> GpuProgram<G> {
     /// Runs the program on `inputs` (by name) on the program's own queue, with its cached arena; outputs come in
     /// order.
     pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run_views(&crate::bind::views(inputs))
+    }
+
+    /// Runs on borrowed inputs (by name), uploaded straight from their memory.
+    pub fn run_views(&self, inputs: &[(&str, TensorView<'_>)]) -> Result<Vec<(String, Tensor)>, RunError> {
         let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         if arena.is_none() {
             *arena = Some(self.gpu.alloc((self.exe.arena_bytes as usize).max(1))?);
@@ -195,13 +200,13 @@ impl<G: Gpu> GpuProgram<G> {
     /// arena of its own, and returns at once (unless a step must come back to the host: an interpreter fallback,
     /// a gather's index check). The run's memory is freed once it has completed.
     pub fn enqueue(&self, gpu: &G, inputs: &BTreeMap<String, Tensor>) -> Result<PendingRun<G>, RunError> {
-        self.queue_run(gpu, inputs, None)
+        self.queue_run(gpu, &crate::bind::views(inputs), None)
     }
 
     fn queue_run(
         &self,
         gpu: &G,
-        inputs: &BTreeMap<String, Tensor>,
+        inputs: &[(&str, TensorView<'_>)],
         arena: Option<DevPtr>,
     ) -> Result<PendingRun<G>, RunError> {
         let given = crate::bind::check_inputs(&self.exe, inputs)?;
@@ -242,7 +247,7 @@ impl<G: Gpu> GpuProgram<G> {
     fn place(
         &self,
         gpu: &G,
-        given: &[&Tensor],
+        given: &[TensorView<'_>],
         symbols: &HashMap<String, u64>,
         arena: DevPtr,
         owned: &mut Vec<DevPtr>,
@@ -280,7 +285,8 @@ impl<G: Gpu> GpuProgram<G> {
         warmup: usize,
         runs: usize,
     ) -> Result<Vec<std::time::Duration>, RunError> {
-        let given = crate::bind::check_inputs(&self.exe, inputs)?;
+        let views = crate::bind::views(inputs);
+        let given = crate::bind::check_inputs(&self.exe, &views)?;
         let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
         let gpu = self.gpu.as_ref();
         let mut owned = Vec::new();
