@@ -66,7 +66,11 @@ impl Artifact {
     /// Writes `lowered` as an artifact into `dir` (created if missing): emits object code for the host CPU and
     /// links it with the C compiler driver. Returns the artifact as written.
     pub fn write(lowered: &Lowered, dir: &Path) -> Result<Artifact, Error> {
-        std::fs::create_dir_all(dir).map_err(|e| artifact_error(dir, format!("cannot create the directory: {e}")))?;
+        let manifest = write_atomically(dir, |staging| Artifact::write_cpu_files(lowered, staging))?;
+        Ok(Artifact { dir: dir.to_path_buf(), manifest })
+    }
+
+    fn write_cpu_files(lowered: &Lowered, dir: &Path) -> Result<ArtifactManifest, Error> {
         let options = CpuOptions::default();
         let fail = |e: cpu::CpuError| Error::Backend { backend: "cpu", message: e.to_string() };
         let target = cpu::cpu_target(&options).map_err(fail)?;
@@ -77,14 +81,18 @@ impl Artifact {
         let mut manifest =
             ArtifactManifest::Cpu(CpuManifest { common: common(lowered, dir, LIBRARY_FILE)?, target, kernels });
         kiln_plan::artifact::write_manifest(dir, &mut manifest)?;
-        Ok(Artifact { dir: dir.to_path_buf(), manifest })
+        Ok(manifest)
     }
 
     #[cfg(feature = "ptx")]
     /// Writes `lowered` as a CUDA artifact into `dir` (created if missing): the kernels compiled to PTX for
     /// `options.arch`, the weights, and a [`CudaManifest`], written last. Returns the manifest.
     pub fn write_cuda(lowered: &Lowered, dir: &Path, options: &PtxOptions) -> Result<CudaManifest, Error> {
-        std::fs::create_dir_all(dir).map_err(|e| artifact_error(dir, format!("cannot create the directory: {e}")))?;
+        write_atomically(dir, |staging| Artifact::write_cuda_files(lowered, staging, options))
+    }
+
+    #[cfg(feature = "ptx")]
+    fn write_cuda_files(lowered: &Lowered, dir: &Path, options: &PtxOptions) -> Result<CudaManifest, Error> {
         let exe = &lowered.executable;
         let crate::cuda::DeviceCode { plan, module } = crate::cuda::compile_device(exe, options)?;
         let ptx_path = dir.join(PTX_FILE);
@@ -239,6 +247,51 @@ fn common(lowered: &Lowered, dir: &Path, code: &str) -> Result<ManifestCommon, E
         placement: lowered.placement.clone(),
         digest: String::new(),
     })
+}
+
+/// Writes an artifact into `dir` all at once: `write` fills a fresh staging directory beside it, which then
+/// takes `dir`'s place. A failure (a compiler driver that is missing, a full disk) leaves no half-written
+/// artifact, and an artifact already at `dir` stays until the new one is complete. `dir` must be missing, empty,
+/// or an artifact: other files are never overwritten.
+fn write_atomically<T>(dir: &Path, write: impl FnOnce(&Path) -> Result<T, Error>) -> Result<T, Error> {
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+        if !dir.is_dir() || !(empty || Artifact::is_artifact(dir)) {
+            return Err(artifact_error(
+                dir,
+                "exists and is not an artifact (nor an empty directory): choose another output directory",
+            ));
+        }
+    }
+    std::fs::create_dir_all(parent).map_err(|e| artifact_error(parent, format!("cannot create the directory: {e}")))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".kiln-artifact-")
+        .tempdir_in(parent)
+        .map_err(|e| artifact_error(parent, format!("cannot create a staging directory: {e}")))?;
+    let out = write(staging.path())?;
+    // The old artifact (or empty directory) moves aside, the new one takes its name, then the old one goes.
+    let old = if dir.exists() {
+        let aside = tempfile::Builder::new()
+            .prefix(".kiln-old-artifact-")
+            .tempdir_in(parent)
+            .map_err(|e| artifact_error(parent, format!("cannot create a staging directory: {e}")))?;
+        let target = aside.path().join("old");
+        std::fs::rename(dir, &target).map_err(|e| artifact_error(dir, format!("cannot replace it: {e}")))?;
+        Some(aside)
+    } else {
+        None
+    };
+    let staged = staging.keep();
+    if let Err(e) = std::fs::rename(&staged, dir) {
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(artifact_error(dir, format!("cannot move the new artifact into place: {e}")));
+    }
+    drop(old);
+    Ok(out)
 }
 
 /// The inputs and outputs of `lowered` as manifests list them.

@@ -151,23 +151,34 @@ pub enum ErrorKind {
 impl Error {
     /// The kind of failure.
     pub fn kind(&self) -> ErrorKind {
+        use kiln_onnx::ImportError;
+        let import = match self {
+            Error::Onnx(e) | Error::OnnxAt(e, _) => Some(e),
+            _ => None,
+        };
+        if let Some(e) = import {
+            return match e {
+                ImportError::Io { .. } => ErrorKind::Io,
+                ImportError::Decode(_) | ImportError::Invalid(_) => ErrorKind::InvalidModel,
+                ImportError::Unsupported(_) => ErrorKind::Unsupported,
+                ImportError::Input(_) => ErrorKind::InvalidInput,
+            };
+        }
         match self {
-            Error::Io { .. } | Error::Onnx(kiln_onnx::ImportError::Io { .. }) => ErrorKind::Io,
-            Error::OnnxAt(kiln_onnx::ImportError::Io { .. }, _) => ErrorKind::Io,
+            Error::Io { .. } | Error::Npy(npy::NpyError::Io { .. }) => ErrorKind::Io,
             Error::Format { .. }
             | Error::Parse(..)
             | Error::Invalid { .. }
             | Error::Weights { .. }
             | Error::MissingWeights(_)
-            | Error::Artifact { .. }
-            | Error::OnnxAt(..)
-            | Error::Onnx(kiln_onnx::ImportError::Decode(_) | kiln_onnx::ImportError::Invalid(_)) => {
-                ErrorKind::InvalidModel
+            | Error::Artifact { .. } => ErrorKind::InvalidModel,
+            Error::Fallback(_) | Error::NoDevice { .. } | Error::Run(kiln_runtime::RunError::NoDevice { .. }) => {
+                ErrorKind::Unsupported
             }
-            Error::Onnx(kiln_onnx::ImportError::Unsupported(_)) | Error::Fallback(_) => ErrorKind::Unsupported,
-            Error::NoDevice { .. } | Error::Run(kiln_runtime::RunError::NoDevice { .. }) => ErrorKind::Unsupported,
             Error::Input(_) | Error::Npy(_) | Error::Run(kiln_runtime::RunError::Input(_)) => ErrorKind::InvalidInput,
-            Error::Backend { .. } | Error::Exec(_) | Error::Run(_) => ErrorKind::Runtime,
+            Error::Onnx(_) | Error::OnnxAt(..) | Error::Backend { .. } | Error::Exec(_) | Error::Run(_) => {
+                ErrorKind::Runtime
+            }
         }
     }
 }
@@ -498,9 +509,21 @@ impl Compiled {
         &self,
         inputs: &BTreeMap<String, Tensor>,
     ) -> Result<Vec<(String, std::time::Duration)>, Error> {
+        Ok(self.profile_steps(inputs)?.into_iter().map(|p| (p.what, p.time)).collect())
+    }
+
+    /// Runs once and returns every step in execution order: what it is, the model nodes it computes, and its
+    /// wall time (`kiln bench --profile` and `--trace`).
+    pub fn profile_steps(&self, inputs: &BTreeMap<String, Tensor>) -> Result<Vec<StepProfile>, Error> {
         let (_, times) = self.program.run_profiled(inputs).map_err(run_error)?;
         let exe = self.program.executable();
-        Ok(exe.steps.iter().zip(times).map(|(s, t)| (exe.describe(s), t)).collect())
+        Ok(exe
+            .steps
+            .iter()
+            .zip(times)
+            .enumerate()
+            .map(|(i, (s, time))| StepProfile { what: exe.describe(s), source: exe.source(i), time })
+            .collect())
     }
 
     /// Runs once and returns each step's description and wall time, slowest first (`kiln bench --profile`).
@@ -535,6 +558,17 @@ impl Compiled {
     pub fn inputs(&self) -> &[(String, kiln_ir::TensorType)] {
         &self.inputs
     }
+}
+
+/// One step of a profiled run ([`Compiled::profile_steps`]).
+#[derive(Clone, Debug)]
+pub struct StepProfile {
+    /// What the step is (`library matmul + epilogue -> f32[1,512]`, `kernel k3_loop -> …`).
+    pub what: String,
+    /// The model nodes it computes (empty for an artifact written before kiln recorded them).
+    pub source: kiln_plan::exec::StepSource,
+    /// Its wall time.
+    pub time: std::time::Duration,
 }
 
 /// A run submitted with [`Compiled::submit`].
@@ -631,7 +665,9 @@ impl Model {
             _ => {
                 return Err(Error::Format {
                     path: shown,
-                    message: "unknown model format (expected a .kir file or a kiln graph .json)".into(),
+                    message: "unknown model format (expected an .onnx, .kir or kiln graph .json file, or an artifact \
+                              directory of `kiln compile`)"
+                        .into(),
                 });
             }
         };

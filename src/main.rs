@@ -1,7 +1,8 @@
 //! The `kiln` command-line tool: `run`, `opt`, `inspect`.
 //!
-//! Every user error becomes one readable line on stderr and exit code 1 (usage errors: 2, from clap). A panic is
-//! a kiln bug; the hook turns it into a one-line report instead of a backtrace.
+//! Every user error becomes one readable line on stderr and an exit code by its kind (`cli::exit_code`: 3 could
+//! not read, 4 unsupported, 5 invalid input, 1 anything else; usage errors: 2, from clap). A panic is a kiln bug;
+//! the hook turns it into a one-line report instead of a backtrace.
 
 mod cli;
 
@@ -38,7 +39,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(cli::exit_code(&e))
         }
     }
 }

@@ -26,10 +26,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A failed command: exit code 1, one `error:` line first, and nothing that looks like a panic.
+/// A failed command: a user-error exit code (1, or 3–5 by kind: see docs/cli.md), one `error:` line first, and
+/// nothing that looks like a panic.
 fn assert_clean_failure(o: &Output, needle: &str) {
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "expected exit 1, stderr:\n{err}");
+    assert!(matches!(o.status.code(), Some(1 | 3 | 4 | 5)), "expected a user-error exit code, stderr:\n{err}");
     assert!(err.starts_with("error: "), "stderr should start with `error: `:\n{err}");
     assert!(!err.contains("panicked") && !err.contains("internal error") && !err.contains("RUST_BACKTRACE"), "{err}");
     assert!(err.contains(needle), "stderr should mention `{needle}`:\n{err}");
@@ -370,7 +371,7 @@ fn bad_input_is_one_clear_error() {
         BadCase {
             name: "input without =",
             args: s(&["run", &p("ok.kir"), "--input", "x", "--output-dir", &out]),
-            needle: "NAME=VALUE",
+            needle: "expected --input as NAME=FILE.npy",
         },
         BadCase {
             name: "symbolic dim without shape",
@@ -461,8 +462,10 @@ fn logging_is_off_by_default_and_follows_verbosity_and_kiln_log() {
         cmd.output().unwrap()
     };
     // The fixture holds a linear resize, which runs on the interpreter: logged at -v, silent by default.
+    // Nothing is logged by default: stderr holds only the note saying which inputs were made up.
     let quiet = run(&[], None);
-    assert!(quiet.status.success() && stderr(&quiet).is_empty(), "{}", stderr(&quiet));
+    let only_note = stderr(&quiet).lines().all(|l| l.starts_with("note: inputs not given"));
+    assert!(quiet.status.success() && only_note, "{}", stderr(&quiet));
     // The fallback itself is always said, once per op kind, with how many and why.
     let said = String::from_utf8_lossy(&quiet.stdout);
     assert!(said.contains("fallback: 1 `resize` node(s) run on the reference interpreter: "), "{said}");
@@ -635,4 +638,239 @@ fn missing_files_directories_and_artifacts_are_described_plainly() {
     let o = kiln(&["inspect", art.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json of an artifact is JSON");
     assert_eq!(v["kind"], "cpu");
+}
+
+/// A two-input model for the CLI friction tests: y = tanh(x + b), x f32[2,3], b f32[3].
+fn two_input_model(dir: &Path) -> PathBuf {
+    let path = dir.join("two.kir");
+    std::fs::write(
+        &path,
+        "graph \"two\" {\n  %0 = input {name=\"x\"} : f32[2,3]\n  %1 = input {name=\"b\"} : f32[3]\n  \
+         %2 = add %0, %1 : f32[2,3]\n  %3 = tanh %2 : f32[2,3]\n  output \"y\" = %3\n}\n",
+    )
+    .unwrap();
+    path
+}
+
+/// A failure with exit code `code` (docs/cli.md's table) and one clean `error:` line saying `needle`.
+fn assert_exit(o: &Output, code: i32, needle: &str) {
+    assert_clean_failure(o, needle);
+    assert_eq!(o.status.code(), Some(code), "{}", stderr(o));
+}
+
+/// Inputs that are not given are filled, and said so on stderr; `--require-inputs` refuses; `--inputs DIR` reads the
+/// manifest format `run` writes, so one run's outputs feed the next.
+#[test]
+fn inputs_not_given_are_said_and_folders_of_inputs_are_read() {
+    let root = tempfile::tempdir().unwrap();
+    let model = two_input_model(root.path());
+    let m = model.to_str().unwrap();
+    let out = root.path().join("out");
+    let o = kiln(&["run", m, "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("note: inputs not given, filled with pseudo-random values (seed 0): x, b"),
+        "{}",
+        stderr(&o)
+    );
+    let o = kiln(&["bench", m, "--runs", "1", "--seed", "3"]);
+    assert!(o.status.success() && stderr(&o).contains("(seed 3): x, b"), "{}", stderr(&o));
+    for cmd in ["run", "bench"] {
+        assert_exit(&kiln(&[cmd, m, "--require-inputs"]), 5, "inputs not given: x, b (--require-inputs)");
+    }
+    // A folder in the manifest format of `run`'s outputs.
+    let inputs = root.path().join("inputs");
+    let x = Tensor::from_vec(vec![2, 3], vec![0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6]).unwrap();
+    let b = Tensor::from_vec(vec![3], vec![1.0f32, 0.0, -1.0]).unwrap();
+    kiln::npy::write_output_dir(&inputs, &[("x".to_string(), x.clone()), ("b".to_string(), b.clone())]).unwrap();
+    let o =
+        kiln(&["run", m, "--inputs", inputs.to_str().unwrap(), "--require-inputs", "--output", out.to_str().unwrap()]);
+    assert!(o.status.success() && !stderr(&o).contains("note:"), "{}", stderr(&o));
+    let y = kiln::npy::read(&out.join("y.npy")).unwrap();
+    let want: Vec<f32> = [1.1f32, 0.2, -0.7, 1.4, 0.5, -0.4].iter().map(|v| v.tanh()).collect();
+    for (g, w) in y.as_slice::<f32>().unwrap().iter().zip(&want) {
+        assert!((g - w).abs() < 1e-6, "{g} vs {w}");
+    }
+    // `--input` adds to the folder; naming one input twice is an error.
+    let o =
+        kiln(&["run", m, "--inputs", inputs.to_str().unwrap(), "-i", &format!("x={}", inputs.join("x.npy").display())]);
+    assert_clean_failure(&o, "--input `x` is given twice");
+    assert_exit(&kiln(&["run", m, "--inputs", root.path().to_str().unwrap()]), 3, "manifest.json");
+}
+
+/// Messages that misled a new user: an unknown input lists the valid ones; a file that is no model names ONNX
+/// among the formats; a rank mismatch is an input error, not an "unsupported feature"; nothing suggests a flag
+/// the command lacks; exit codes say the kind (3 could not read, 4 unsupported, 5 invalid input).
+#[test]
+fn misleading_messages_are_fixed_and_exit_codes_say_the_kind() {
+    let root = tempfile::tempdir().unwrap();
+    let model = two_input_model(root.path());
+    let m = model.to_str().unwrap();
+    let npy = root.path().join("x.npy");
+    kiln::npy::write(&npy, &Tensor::zeros(DType::F32, vec![6])).unwrap();
+    let o = kiln(&["run", m, "-i", &format!("nope={}", npy.display())]);
+    assert_exit(&o, 5, "the model has no input `nope` (inputs: `x`, `b`)");
+    let o = kiln(&["run", m, "-i", &format!("x={}", npy.display())]);
+    assert_exit(&o, 5, "input `x`");
+    assert!(!stderr(&o).contains("unsupported"), "{}", stderr(&o));
+    let text = root.path().join("hostname");
+    std::fs::write(&text, "myhost\n").unwrap();
+    let o = kiln(&["run", text.to_str().unwrap()]);
+    assert_exit(&o, 3, "expected an .onnx, .kir or kiln graph .json file");
+    assert_exit(&kiln(&["run", root.path().join("nope.onnx").to_str().unwrap()]), 3, "No such file");
+    let o = kiln(&["backends"]);
+    assert!(!stderr(&o).contains("--backend"), "`kiln backends` has no --backend flag: {}", stderr(&o));
+}
+
+/// Flags mean the same on every command: `-o`/`--output`, `--threads` (all cores by default), `-O`/`--pipeline`
+/// wherever a model is compiled; `compile --help` states the defaults it has.
+#[test]
+fn flags_are_consistent_across_commands() {
+    let root = tempfile::tempdir().unwrap();
+    let model = two_input_model(root.path());
+    let m = model.to_str().unwrap();
+    let (out, art, kir) = (root.path().join("out"), root.path().join("art"), root.path().join("o.kir"));
+    let o = kiln(&["run", m, "--output", out.to_str().unwrap(), "-O", "2"]);
+    assert!(o.status.success() && out.join("y.npy").exists(), "{}", stderr(&o));
+    let o = kiln(&["run", m, "--output-dir", out.to_str().unwrap(), "--pipeline", "canonicalize"]);
+    assert!(o.status.success(), "--output-dir stays an alias: {}", stderr(&o));
+    let o = kiln(&["opt", m, "--output", kir.to_str().unwrap()]);
+    assert!(o.status.success() && kir.exists(), "{}", stderr(&o));
+    let o = kiln(&["bench", m, "--runs", "1", "-O", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let last = String::from_utf8_lossy(&o.stdout).lines().last().unwrap().to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(v["threads"], cores, "bench uses all cores by default, as run does");
+    assert!(v["io_bytes"].as_u64() == Some(6 * 4 + 3 * 4 + 6 * 4), "io_bytes is real on the cpu backend: {v}");
+    assert_clean_failure(&kiln(&["run", m, "-O", "9"]), "optimization levels are 0 to 3");
+    if have_cc() {
+        let o = kiln(&["compile", m, "--output", art.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_clean_failure(&kiln(&["run", art.to_str().unwrap(), "-O", "2"]), "passes ran when it was compiled");
+    }
+    let help = String::from_utf8_lossy(&kiln(&["compile", "--help"]).stdout).into_owned();
+    assert!(!help.contains("default O0"), "compile's default pipeline is the target's, not O0:\n{help}");
+}
+
+/// `check --json`, `inspect --json` with the ONNX op types beside the IR ops, `bench --profile` naming steps by the
+/// model's nodes with a per-kind table, and `--trace` writing a Chrome trace.
+#[test]
+fn machine_readable_output_and_profiles_that_map_back_to_the_model() {
+    let root = tempfile::tempdir().unwrap();
+    let model = two_input_model(root.path());
+    let m = model.to_str().unwrap();
+    let o = kiln(&["bench", m, "--runs", "1", "--profile", "--trace", root.path().join("t.json").to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("by kind of step (its ops):") && out.contains("add+tanh"), "{out}");
+    assert!(out.contains("[add ") || out.contains("[add `"), "steps name their nodes: {out}");
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.path().join("t.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(!events.is_empty() && events.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().is_some()), "{trace}");
+    assert_eq!(events[0]["cat"], "add+tanh");
+    // ONNX: op types and check --json (a supported model: exit 0).
+    let onnx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile/onnx");
+    let any_onnx = std::fs::read_dir(&onnx)
+        .ok()
+        .and_then(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.join("model.onnx").exists()));
+    let _ = any_onnx;
+    let bad = root.path().join("bad.kir");
+    std::fs::write(&bad, "graph \"g\" {\n").unwrap();
+    assert_exit(&kiln(&["inspect", bad.to_str().unwrap(), "--json"]), 3, "bad.kir");
+}
+
+/// A failed `compile` leaves no half-written artifact directory; an existing directory that is not an artifact
+/// is never overwritten; an artifact is replaced only once the new one is complete.
+#[test]
+fn a_failed_compile_leaves_nothing_behind() {
+    if !have_cc() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let model = two_input_model(root.path());
+    let m = model.to_str().unwrap();
+    let art = root.path().join("art");
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["compile", m, "-o", art.to_str().unwrap()])
+        .env("CC", "false")
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, "art");
+    assert!(!art.exists(), "a failed compile left {}", art.display());
+    let leftovers: Vec<_> =
+        std::fs::read_dir(root.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "only the model remains: {leftovers:?}");
+    let ok = kiln(&["compile", m, "-o", art.to_str().unwrap()]);
+    assert!(ok.status.success() && art.join("manifest.json").exists(), "{}", stderr(&ok));
+    // Failing again over a good artifact keeps the good one.
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["compile", m, "-o", art.to_str().unwrap()])
+        .env("CC", "false")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(kiln(&["run", art.to_str().unwrap(), "-o", root.path().join("out").to_str().unwrap()]).status.success());
+    // A folder with other files is refused, untouched.
+    let other = root.path().join("notes");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("todo.txt"), "keep me").unwrap();
+    assert_exit(&kiln(&["compile", m, "-o", other.to_str().unwrap()]), 3, "exists and is not an artifact");
+    assert_eq!(std::fs::read_to_string(other.join("todo.txt")).unwrap(), "keep me");
+}
+
+/// docs/cli.md documents every option each subcommand's `--help` shows, in the command's section or a shared
+/// section naming the command; and every option its tables list exists.
+#[test]
+fn cli_docs_match_help() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md")).unwrap();
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for part in doc.split("\n## ").skip(1) {
+        let (head, body) = part.split_once('\n').unwrap_or((part, ""));
+        sections.push((head.to_string(), body.to_string()));
+    }
+    let flags = |text: &str| -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let b = text.as_bytes();
+        let mut i = 0;
+        while let Some(k) = text[i..].find("--") {
+            let start = i + k;
+            let mut end = start + 2;
+            while end < b.len() && (b[end].is_ascii_lowercase() || b[end].is_ascii_digit() || b[end] == b'-') {
+                end += 1;
+            }
+            let prev_ok = start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'-');
+            if end > start + 2 && prev_ok {
+                out.insert(text[start..end].trim_end_matches('-').to_string());
+            }
+            i = end.max(start + 2);
+        }
+        out
+    };
+    let global = ["--help", "--version", "--verbose", "--quiet"];
+    for sub in ["run", "compile", "bench", "opt", "inspect", "check", "conformance", "backends", "generate"] {
+        let help = String::from_utf8_lossy(&kiln(&[sub, "--help"]).stdout).into_owned();
+        let documented: String = sections
+            .iter()
+            .filter(|(h, _)| h.starts_with(&format!("`kiln {sub}")) || h.contains(&format!("`{sub}`")))
+            .map(|(h, b)| format!("{h}\n{b}"))
+            .collect();
+        assert!(!documented.is_empty(), "docs/cli.md has no section for `kiln {sub}`");
+        let in_help = flags(&help);
+        let in_doc = flags(&documented);
+        let undocumented: Vec<&String> =
+            in_help.iter().filter(|f| !global.contains(&f.as_str()) && !in_doc.contains(*f)).collect();
+        assert!(
+            undocumented.is_empty(),
+            "kiln {sub}: --help shows {undocumented:?}, docs/cli.md does not document them"
+        );
+        // The option tables of the command's own section name only options it has.
+        if let Some((_, body)) = sections.iter().find(|(h, _)| h.starts_with(&format!("`kiln {sub}"))) {
+            let table: String =
+                body.lines().filter(|l| l.starts_with("| `-")).map(|l| l.split(" | ").next().unwrap_or("")).collect();
+            let stale: Vec<String> = flags(&table).into_iter().filter(|f| !in_help.contains(f)).collect();
+            assert!(stale.is_empty(), "kiln {sub}: docs/cli.md lists {stale:?}, which --help does not have");
+        }
+    }
 }

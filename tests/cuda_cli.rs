@@ -12,7 +12,8 @@ fn cuda_without_a_usable_device_is_one_clear_line() {
         .output()
         .expect("the kiln binary runs");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    // Exit 4: no device is "unsupported here", as docs/cli.md says.
+    assert_eq!(out.status.code(), Some(4), "{err}");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     assert!(err.starts_with("error: backend `cuda`: "), "{err}");
     assert!(err.contains("no NVIDIA driver") || err.contains("no device") || err.contains("not built yet"), "{err}");

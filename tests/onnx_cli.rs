@@ -166,11 +166,11 @@ fn check_reports_a_supported_model() {
 }
 
 #[test]
-fn check_names_every_unsupported_op_and_exits_1() {
+fn check_names_every_unsupported_op_and_exits_4() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, bad) = write_models(tmp.path());
     let o = kiln(&["check", &bad]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert_no_panic(&o);
     let out = stdout(&o);
     assert!(out.contains("unsupported: NonZero (node `nz`)"), "{out}");
@@ -179,7 +179,7 @@ fn check_names_every_unsupported_op_and_exits_1() {
     assert!(stderr(&o).starts_with("error: ") && stderr(&o).contains("2 unsupported feature(s)"), "{}", stderr(&o));
     // Other commands refuse it with the same list.
     let o = kiln(&["run", &bad, "--output-dir", tmp.path().join("out").to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4));
     assert_no_panic(&o);
     assert!(
         stderr(&o).contains("NonZero (node `nz`)") && stderr(&o).contains("Unique (node `uniq`)"),
@@ -195,7 +195,8 @@ fn check_on_unreadable_files_is_one_error() {
     std::fs::write(&garbage, b"\xff\xff\xff not protobuf").unwrap();
     for (path, needle) in [(garbage, "not a valid ONNX model"), (tmp.path().join("absent.onnx"), "absent.onnx")] {
         let o = kiln(&["check", path.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        // Exit 3: could not read.
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
         assert_no_panic(&o);
         assert!(stderr(&o).starts_with("error: ") && stderr(&o).contains(needle), "{}", stderr(&o));
     }
@@ -230,7 +231,8 @@ fn run_takes_npy_inputs_and_shapes_for_symbolic_dims() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(kiln::npy::read(&out.join("y.npy")).unwrap().shape(), &[5, 3]);
     let o = kiln(&["run", &mlp, "--output-dir", out.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(1));
+    // Exit 5: the input (its shape) is missing.
+    assert_eq!(o.status.code(), Some(5));
     assert_no_panic(&o);
     assert!(stderr(&o).contains("--shape x="), "{}", stderr(&o));
 }

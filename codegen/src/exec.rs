@@ -105,6 +105,7 @@ impl<'g> Builder<'g> {
                 kernels: Vec::new(),
                 weights: g.weights.clone(),
                 fallbacks: Vec::new(),
+                sources: Vec::new(),
             },
             buffer_of: HashMap::new(),
             kernel_index: HashMap::new(),
@@ -132,6 +133,9 @@ impl<'g> Builder<'g> {
                 _ => {
                     let dst = self.add_buffer(self.exe.buffers[b.0 as usize].ty.clone(), Home::Dynamic);
                     self.exe.steps.push(Step::Copy { src: b, dst });
+                    self.exe
+                        .sources
+                        .push(StepSource { nodes: vec![format!("output `{name}`")], ops: vec!["copy".into()] });
                     dst
                 }
             };
@@ -216,7 +220,8 @@ impl<'g> Builder<'g> {
         if prepared {
             self.exe.prepare.push(step)
         } else {
-            self.exe.steps.push(step)
+            self.exe.steps.push(step);
+            self.exe.sources.push(source_of(g, id));
         }
         Ok(())
     }
@@ -543,4 +548,29 @@ fn builtin_kernel(name: &str, op: &Op, tys: &[TensorType], out: &TensorType) -> 
         _ => return Err(NotCompiled::Bug(format!("`{}` without its operands", op.mnemonic()))),
     };
     built.map_err(NotCompiled::from)
+}
+
+/// The model nodes node `id` computes: itself, or the nodes of its fusion body (inputs and constants aside).
+fn source_of(g: &Graph, id: NodeId) -> StepSource {
+    fn add(g: &Graph, id: NodeId, out: &mut StepSource) {
+        let node = g.node(id);
+        if let Op::Fusion(f) = &node.op {
+            let body = &f.body.0;
+            for inner in body.node_ids() {
+                add(body, inner, out);
+            }
+            return;
+        }
+        if node.op.is_source() {
+            return;
+        }
+        out.nodes.push(node.name.clone().unwrap_or_else(|| g.describe(id)));
+        let op = node.op.mnemonic();
+        if !out.ops.iter().any(|o| o == op) {
+            out.ops.push(op.to_string());
+        }
+    }
+    let mut out = StepSource::default();
+    add(g, id, &mut out);
+    out
 }

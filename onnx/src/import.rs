@@ -475,9 +475,15 @@ pub fn import_model(
         });
     }
     let initializer_names: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-    for name in options.shapes.keys() {
+    for name in options.shapes.keys().chain(options.known_inputs.keys()) {
         if !g.input.iter().any(|i| &i.name == name && !initializer_names.contains(i.name.as_str())) {
-            return Err(ImportError::Invalid(format!("the model has no input `{name}` to give a shape to")));
+            let inputs: Vec<String> = g
+                .input
+                .iter()
+                .filter(|i| !initializer_names.contains(i.name.as_str()))
+                .map(|i| format!("`{}`", i.name))
+                .collect();
+            return Err(ImportError::Input(format!("the model has no input `{name}` (inputs: {})", inputs.join(", "))));
         }
     }
     for vi in g.input.iter().filter(|i| !initializer_names.contains(i.name.as_str())) {
@@ -487,7 +493,7 @@ pub fn import_model(
                 if let Some(k) = &known
                     && k.tensor_type() != ty
                 {
-                    return Err(ImportError::Invalid(format!(
+                    return Err(ImportError::Input(format!(
                         "the known value of input `{}` is {}, but the input is declared {ty}",
                         vi.name,
                         k.tensor_type()
@@ -507,7 +513,7 @@ pub fn import_model(
                 cx.define(&vi.name, Some(val));
             }
             Err(InputTypeError::Contradicted(message)) => {
-                return Err(ImportError::Invalid(format!("graph input `{}` {message}", vi.name)));
+                return Err(ImportError::Input(format!("input `{}` {message}", vi.name)));
             }
             Err(InputTypeError::Unsupported(message)) => {
                 cx.problems.push(Unsupported { node: vi.name.clone(), op_type: "graph input".into(), message });

@@ -66,6 +66,10 @@ pub enum ImportError {
     /// The model is malformed (undefined values, inconsistent initializers…).
     #[error("invalid model: {0}")]
     Invalid(String),
+    /// The shapes or values given for the model's inputs (`ImportOptions`) do not fit them: an unknown name, a
+    /// rank or static extent that contradicts the declaration.
+    #[error("{0}")]
+    Input(String),
     /// Every unsupported op, attribute value and dtype, by node.
     #[error("the model uses {} unsupported feature(s):\n{}", .0.len(), .0.iter().map(|u| format!("  {u}")).collect::<Vec<_>>().join("\n"))]
     Unsupported(Vec<Unsupported>),
@@ -101,6 +105,38 @@ pub fn port_names(path: &Path) -> Result<(Vec<String>, Vec<String>), ImportError
     let init: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
     let inputs = g.input.iter().filter(|i| !init.contains(i.name.as_str())).map(|i| i.name.clone()).collect();
     Ok((inputs, g.output.iter().map(|o| o.name.clone()).collect()))
+}
+
+/// How many nodes of each ONNX op type the model's graph holds (with the domain when not the default one, as
+/// `com.microsoft.QGemm`), nodes of subgraphs (an `If`'s branches, a `Loop`'s body) included: what `kiln inspect`
+/// shows beside the IR ops.
+pub fn op_types(path: &Path) -> Result<std::collections::BTreeMap<String, usize>, ImportError> {
+    use protobuf::Message;
+    fn count(g: &onnx_protobuf::GraphProto, out: &mut std::collections::BTreeMap<String, usize>, depth: usize) {
+        for node in &g.node {
+            let op = if node.domain.is_empty() || node.domain == "ai.onnx" {
+                node.op_type.clone()
+            } else {
+                format!("{}.{}", node.domain, node.op_type)
+            };
+            *out.entry(op).or_default() += 1;
+            // Nested graphs are bounded by the protobuf's own recursion limit; this bounds the walk too.
+            if depth < 64 {
+                for a in &node.attribute {
+                    for sub in a.g.iter().chain(&a.graphs) {
+                        count(sub, out, depth + 1);
+                    }
+                }
+            }
+        }
+    }
+    let bytes = kiln_ir::io::read_file(path)
+        .map_err(|e| ImportError::Io { path: path.display().to_string(), message: e.to_string() })?;
+    let model = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).map_err(|e| ImportError::Decode(e.to_string()))?;
+    let g = model.graph.as_ref().ok_or_else(|| ImportError::Invalid("the model has no graph".into()))?;
+    let mut out = std::collections::BTreeMap::new();
+    count(g, &mut out, 0);
+    Ok(out)
 }
 
 /// Every unsupported feature of a model (empty when it imports), or an error for unreadable/invalid models.

@@ -223,6 +223,28 @@ pub struct Executable {
     pub weights: Weights,
     /// Nodes run by the interpreter fallback, with why they were not compiled.
     pub fallbacks: Vec<Fallback>,
+    /// What model nodes each step of [`Executable::steps`] computes, by step (empty in artifacts written before
+    /// kiln recorded it): how profiles name steps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<StepSource>,
+}
+
+/// The model nodes a step computes: their names (as the model names them; `<op> <id>` for unnamed nodes) and
+/// their ops, for profiles (`kiln bench --profile`, `--trace`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StepSource {
+    /// The nodes, in graph order.
+    pub nodes: Vec<String>,
+    /// Their distinct op mnemonics, in first-seen order.
+    pub ops: Vec<String>,
+}
+
+impl StepSource {
+    /// The step's kind for aggregate profiles: its ops joined by `+` (`matmul+add+gelu`), or `what` when the
+    /// step has no recorded source.
+    pub fn kind(&self, what: &str) -> String {
+        if self.ops.is_empty() { what.to_string() } else { self.ops.join("+") }
+    }
 }
 
 impl Executable {
@@ -240,7 +262,13 @@ impl Executable {
             kernels: Vec::new(),
             weights: Weights::default(),
             fallbacks: Vec::new(),
+            sources: Vec::new(),
         }
+    }
+
+    /// The source of step `i` of [`Executable::steps`] (an empty one where none is recorded).
+    pub fn source(&self, i: usize) -> StepSource {
+        self.sources.get(i).cloned().unwrap_or_default()
     }
 
     /// The extents of buffer `b` with `symbols` bound; `Err` names an unbound symbol, or says that the buffer's

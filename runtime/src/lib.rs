@@ -12,6 +12,8 @@ pub mod checkpoint;
 pub mod contract;
 pub mod cpu;
 pub mod cuda;
+#[cfg(feature = "cli")]
+pub mod inputs;
 pub mod library;
 pub mod log;
 pub mod npy;

@@ -296,6 +296,23 @@ pub fn write_output_dir(dir: &Path, outputs: &[(String, Tensor)]) -> Result<(), 
     std::fs::write(&path, text + "\n").map_err(io_err(&path))
 }
 
+/// The `(name, file)` pairs a folder's `manifest.json` lists, files resolved against the folder: the list of
+/// `{"name", "file", …}` objects [`write_output_dir`] writes (and the reference models' `inputs/` folders hold).
+/// A missing or malformed manifest is an error naming it.
+pub fn read_manifest(dir: &Path) -> Result<Vec<(String, std::path::PathBuf)>, NpyError> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        name: String,
+        file: String,
+    }
+    let path = dir.join("manifest.json");
+    let fail = |error: io::Error| NpyError::Io { path: path.display().to_string(), error };
+    let text = kiln_ir::io::read_text(&path).map_err(fail)?;
+    let entries: Vec<Entry> = serde_json::from_str(&text)
+        .map_err(|e| fail(io::Error::other(format!("expected a list of {{\"name\": …, \"file\": …}} entries: {e}"))))?;
+    Ok(entries.into_iter().map(|e| (e.name, dir.join(e.file))).collect())
+}
+
 /// A one-line look at a tensor: a few leading values and, for numbers, min/max/mean.
 pub fn summary(t: &Tensor) -> String {
     if t.is_empty() {

@@ -6,7 +6,7 @@
 //! Every user error is one line on stderr and exit code 1 (usage errors: 2, from clap).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -46,18 +46,14 @@ enum Command {
 struct ArtifactArgs {
     /// The artifact directory `kiln compile` wrote.
     artifact: PathBuf,
-    /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
-    #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
-    inputs: Vec<String>,
+    #[command(flatten)]
+    inputs: kiln_runtime::inputs::InputArgs,
     /// Extents of a pseudo-random input with symbolic dims: NAME=DxD (repeatable).
     #[arg(long = "shape", value_name = "NAME=DxD")]
     shapes: Vec<String>,
     /// Worker threads of a CPU artifact (0: all cores; at most 4 per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Seed of the pseudo-random inputs.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// Nodes the artifact runs on the reference interpreter (correct, slow): `warn` runs them and prints one
     /// `fallback:` line per op kind, `allow` runs them without the lines, `deny` refuses the artifact (exit 1,
     /// naming them) — as `kiln run` does.
@@ -69,8 +65,8 @@ struct ArtifactArgs {
 struct RunArgs {
     #[command(flatten)]
     artifact: ArtifactArgs,
-    /// Where to write the outputs.
-    #[arg(long, short = 'o', value_name = "DIR", default_value = "kiln-out")]
+    /// Where to write the outputs (`--output-dir` is an alias).
+    #[arg(long = "output", short = 'o', alias = "output-dir", value_name = "DIR", default_value = "kiln-out")]
     output_dir: PathBuf,
 }
 
@@ -153,16 +149,10 @@ fn load(a: &ArtifactArgs) -> Result<Loaded> {
     Ok(Loaded { program, inputs, load: t0.elapsed(), fallback_lines })
 }
 
-/// The inputs given with `--input`, completed with pseudo-random values.
+/// The inputs given with `--input` and `--inputs`, completed with pseudo-random values (said on stderr).
 fn inputs(a: &ArtifactArgs, declared: &[(String, kiln_ir::TensorType)]) -> Result<BTreeMap<String, Tensor>> {
-    let mut given = BTreeMap::new();
-    for spec in &a.inputs {
-        let (name, file) =
-            spec.rsplit_once('=').with_context(|| format!("--input `{spec}`: expected NAME=FILE.npy"))?;
-        if given.insert(name.to_string(), npy::read(Path::new(file))?).is_some() {
-            bail!("--input `{name}` is given twice");
-        }
-    }
+    let given = a.inputs.given()?;
+    let missing = a.inputs.missing(&given, declared)?;
     let mut shapes = BTreeMap::new();
     for spec in &a.shapes {
         let (name, dims) = spec.rsplit_once('=').with_context(|| format!("--shape `{spec}`: expected NAME=DxD"))?;
@@ -175,7 +165,9 @@ fn inputs(a: &ArtifactArgs, declared: &[(String, kiln_ir::TensorType)]) -> Resul
         };
         shapes.insert(name.to_string(), dims);
     }
-    Ok(kiln_runtime::bind::complete_inputs(declared, given, &shapes, a.seed)?)
+    let all = kiln_runtime::bind::complete_inputs(declared, given, &shapes, a.inputs.seed)?;
+    a.inputs.note(&missing);
+    Ok(all)
 }
 
 fn run(a: RunArgs) -> Result<()> {

@@ -6,16 +6,16 @@
 //! `peak_rss_bytes`, …) for scripts such as `scripts/bench_vs_ort.py`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use kiln::{Backend, CompileOptions, npy};
+use kiln::{Backend, CompileOptions};
 use kiln_ir::Tensor;
 use serde::Serialize;
 
-use super::{ModelArgs, split_assignment};
+use super::ModelArgs;
 
 /// Arguments of `kiln bench`.
 #[derive(Args, Debug)]
@@ -24,18 +24,16 @@ pub struct BenchArgs {
     model: ModelArgs,
     #[command(flatten)]
     fallback: super::FallbackArgs,
-    /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
-    #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
-    inputs: Vec<String>,
+    #[command(flatten)]
+    input: kiln_runtime::inputs::InputArgs,
     /// The backend to compile for (cpu; cuda on a GPU; interp times the reference interpreter). A compiled
     /// artifact runs on the backend it was compiled for.
     #[arg(long, default_value = "cpu", value_parser = super::run::parse_backend)]
     backend: Backend,
-    /// The pass pipeline before code generation.
-    #[arg(long, default_value = "cpu-default")]
-    pipeline: String,
-    /// Worker threads (0: all cores).
-    #[arg(long, default_value_t = 1)]
+    #[command(flatten)]
+    passes: super::opt::PipelineChoice,
+    /// Worker threads (0: all cores, as for `run`).
+    #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Untimed runs before timing.
     #[arg(long, default_value_t = 3)]
@@ -46,13 +44,18 @@ pub struct BenchArgs {
     /// End with one line of JSON holding the results.
     #[arg(long)]
     json: bool,
-    /// After timing, print the slowest steps of one run (compiled backends).
+    /// After timing, profile one run (compiled cpu backend): the slowest steps, each with the model nodes it
+    /// computes, and the time per kind of step (its ops, as `matmul+add`).
     #[arg(long)]
     profile: bool,
+    /// Write the profiled run as a Chrome trace (open it in chrome://tracing or Perfetto): one event per step,
+    /// named by its nodes, with its kind and step description.
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
 }
 
-/// Runs once and returns each step's description and time.
-type Profiler = dyn Fn() -> Result<Vec<(String, std::time::Duration)>>;
+/// Runs once and returns each step's profile, in execution order.
+type Profiler = dyn Fn() -> Result<Vec<kiln::StepProfile>>;
 
 /// The JSON line.
 #[derive(Serialize)]
@@ -98,31 +101,29 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.runs == 0 || a.runs > MAX_RUNS || a.warmup > MAX_RUNS {
         bail!("--runs must be 1 to {MAX_RUNS} and --warmup at most {MAX_RUNS}");
     }
-    let mut given = BTreeMap::new();
-    for spec in &a.inputs {
-        let (name, file) = split_assignment(spec, "--input")?;
-        if given.insert(name.to_string(), npy::read(Path::new(file))?).is_some() {
-            bail!("--input `{name}` is given twice");
-        }
-    }
+    let given = a.input.given()?;
+    let shapes = a.model.shapes()?;
     let threads = kiln::resolve_threads(a.threads)?;
     let backends = super::registry()?;
     let is_artifact = kiln::Artifact::is_artifact(&a.model.model);
     if is_artifact {
         a.model.check_no_random_weights()?;
+        if !a.passes.is_default() {
+            bail!("-O/--pipeline: a compiled artifact's passes ran when it was compiled");
+        }
     }
-    type Runner = Box<dyn Fn() -> Result<()>>;
+    // A run, returning the bytes its inputs and outputs hold.
+    type Runner = Box<dyn Fn() -> Result<u64>>;
     // An artifact reports its load time (manifest, weights, kernel library); a model its compile time, from after
     // loading it and making its inputs.
     let mut profile: Option<Box<Profiler>> = None;
     let mut profiled = |compiled: kiln::Compiled, ins: BTreeMap<String, Tensor>| -> Runner {
         let compiled = std::sync::Arc::new(compiled);
         let (c, i) = (std::sync::Arc::clone(&compiled), ins.clone());
-        profile = Some(Box::new(move || c.profile(&i).map_err(Into::into)));
-        Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into))
+        profile = Some(Box::new(move || c.profile_steps(&i).map_err(Into::into)));
+        Box::new(move || compiled.run(&ins).map(|o| moved_bytes(&ins, &o)).map_err(Into::into))
     };
     let mut device: Option<(String, f64, f64)> = None;
-    let mut io_bytes = 0u64;
     let (warmup, runs) = (a.warmup, a.runs);
     let mut cuda_runner = |compiled: kiln::Compiled, ins: BTreeMap<String, Tensor>| -> Result<Runner> {
         let Some(dev) = compiled.device() else { bail!("the {} backend has no device to time", compiled.backend()) };
@@ -131,11 +132,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         resident.sort();
         let resident_ms = resident[resident.len() / 2].as_secs_f64() * 1e3;
         device = Some((dev.device_name(), copy_gbps, resident_ms));
-        let outputs = compiled.run(&ins)?;
-        io_bytes = ins.values().chain(outputs.iter().map(|(_, t)| t)).map(|t| t.as_bytes().len() as u64).sum();
-        Ok(Box::new(move || compiled.run(&ins).map(drop).map_err(Into::into)))
+        Ok(Box::new(move || compiled.run(&ins).map(|o| moved_bytes(&ins, &o)).map_err(Into::into)))
     };
     let is_cuda_artifact = is_artifact && kiln::Artifact::is_cuda(&a.model.model);
+    // `filled`: the inputs given pseudo-random values, said once the model is ready to run.
+    let filled: Vec<String>;
     let (runner, report, compile_ms): (Runner, Option<kiln::CompileReport>, f64) = if is_cuda_artifact {
         if a.model.weights.is_some() {
             bail!("--weights: a compiled artifact carries its weights ({})", a.model.model.display());
@@ -145,23 +146,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         let compiled = kiln::Artifact::load_cuda_with(&a.model.model, 0, &backends)?;
         let report = compiled.report().clone();
-        let ins = compiled.complete_inputs(given, &a.model.shapes()?, 0)?;
+        let (ins, missing) = super::complete_inputs(&a.input, given, compiled.inputs(), |g, seed| {
+            compiled.complete_inputs(g, &shapes, seed)
+        })?;
+        filled = missing;
         (cuda_runner(compiled, ins)?, Some(report), 0.0)
     } else if is_artifact {
         super::run::check_artifact_options(&a.model, Some(a.backend))?;
         let compiled = kiln::Artifact::load_with(&a.model.model, threads, &backends)?;
         let report = compiled.report().clone();
-        let ins = compiled.complete_inputs(given, &a.model.shapes()?, 0)?;
+        let (ins, missing) = super::complete_inputs(&a.input, given, compiled.inputs(), |g, seed| {
+            compiled.complete_inputs(g, &shapes, seed)
+        })?;
+        filled = missing;
         (profiled(compiled, ins), Some(report), 0.0)
     } else {
         let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
         let model = a.model.load_with(given_shapes)?;
-        let ins = model.complete_inputs(given, &a.model.shapes()?, 0)?;
+        let (ins, missing) = super::complete_inputs(&a.input, given, &model.inputs(), |g, seed| {
+            model.complete_inputs(g, &shapes, seed)
+        })?;
+        filled = missing;
         let t0 = Instant::now();
         match a.backend {
             Backend::Interp => {
                 let opts = kiln::RunOptions { backend: Backend::Interp, threads, ..Default::default() };
-                (Box::new(move || model.run(&ins, &opts).map(drop).map_err(Into::into)), None, 0.0)
+                (Box::new(move || model.run(&ins, &opts).map(|o| moved_bytes(&ins, &o)).map_err(Into::into)), None, 0.0)
             }
             Backend::CudaEmulated => {
                 bail!("--backend cuda-emulated tests the GPU path on the host; it is not timed (bench cpu or cuda)")
@@ -169,7 +179,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             backend => {
                 let compiled = model.compile(&CompileOptions {
                     backend,
-                    pipeline: a.pipeline.clone(),
+                    pipeline: a.passes.text_or(backend.info().pipeline.unwrap_or("cpu-default"))?,
                     threads,
                     backends: backends.clone(),
                     fallback: a.fallback.library(),
@@ -216,7 +226,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for f in &r.fallbacks {
         println!("  interpreter fallback: {f}");
     }
-    for _ in 0..a.warmup {
+    a.input.note(&filled);
+    // The first untimed run (one of the warmup runs, when there are any) measures the bytes a run moves.
+    let io_bytes = runner()?;
+    for _ in 1..a.warmup {
         runner()?;
     }
     let mut times = Vec::with_capacity(a.runs);
@@ -236,18 +249,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pick(0.9),
         times[times.len() - 1],
     );
-    if a.profile
-        && let Some(profile) = &profile
-    {
+    if a.profile || a.trace.is_some() {
+        let Some(profile) = &profile else {
+            bail!("--profile/--trace: the {} backend does not time single steps", a.backend.name());
+        };
         let steps = profile()?;
-        let total: f64 = steps.iter().map(|(_, t)| t.as_secs_f64()).sum();
-        println!("profile of one run ({:.3} ms in {} steps), slowest first:", total * 1e3, steps.len());
-        for (what, t) in steps.iter().take(25) {
-            println!(
-                "  {:>9.3} ms {:>5.1}%  {what}",
-                t.as_secs_f64() * 1e3,
-                100.0 * t.as_secs_f64() / total.max(1e-12)
-            );
+        if a.profile {
+            print_profile(&steps);
+        }
+        if let Some(path) = &a.trace {
+            write_trace(path, &a.model.model.display().to_string(), &steps)?;
+            println!("wrote a Chrome trace of one run ({} steps) to {}", steps.len(), path.display());
         }
     }
     let peak_rss_bytes = peak_rss_bytes();
@@ -299,6 +311,71 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     }
     Ok(())
+}
+
+/// The nodes of a step, for one line: the first three names and how many more.
+fn nodes_line(source: &kiln_plan::exec::StepSource) -> String {
+    let mut line = source.nodes.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+    if source.nodes.len() > 3 {
+        line.push_str(&format!(" (+{} more)", source.nodes.len() - 3));
+    }
+    line
+}
+
+/// `--profile`: the slowest steps with their nodes, then the time per kind of step.
+fn print_profile(steps: &[kiln::StepProfile]) {
+    let total: f64 = steps.iter().map(|p| p.time.as_secs_f64()).sum();
+    let pct = |t: f64| 100.0 * t / total.max(1e-12);
+    let mut slowest: Vec<&kiln::StepProfile> = steps.iter().collect();
+    slowest.sort_by_key(|p| std::cmp::Reverse(p.time));
+    println!("profile of one run ({:.3} ms in {} steps), slowest first:", total * 1e3, steps.len());
+    for p in slowest.iter().take(25) {
+        let t = p.time.as_secs_f64();
+        let nodes = nodes_line(&p.source);
+        let nodes = if nodes.is_empty() { String::new() } else { format!("  [{nodes}]") };
+        println!("  {:>9.3} ms {:>5.1}%  {}{nodes}", t * 1e3, pct(t), p.what);
+    }
+    let mut kinds: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for p in steps {
+        let e = kinds.entry(p.source.kind(&p.what)).or_default();
+        e.0 += p.time.as_secs_f64();
+        e.1 += 1;
+    }
+    let mut kinds: Vec<(String, (f64, usize))> = kinds.into_iter().collect();
+    kinds.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    println!("by kind of step (its ops):");
+    for (kind, (t, n)) in kinds.iter().take(25) {
+        println!("  {:>9.3} ms {:>5.1}%  {n:>4}x  {kind}", t * 1e3, pct(*t));
+    }
+}
+
+/// `--trace FILE.json`: the profiled run in the Chrome trace event format (complete events, microseconds; steps
+/// run one after another, so each starts where the one before ended).
+fn write_trace(path: &std::path::Path, model: &str, steps: &[kiln::StepProfile]) -> Result<()> {
+    let mut start = 0.0f64;
+    let mut events = Vec::with_capacity(steps.len());
+    for (i, p) in steps.iter().enumerate() {
+        let dur = p.time.as_secs_f64() * 1e6;
+        let name = p.source.nodes.first().cloned().unwrap_or_else(|| p.what.clone());
+        events.push(serde_json::json!({
+            "name": name,
+            "cat": p.source.kind(&p.what),
+            "ph": "X",
+            "ts": start,
+            "dur": dur,
+            "pid": 1,
+            "tid": 1,
+            "args": {"step": i, "what": p.what, "nodes": p.source.nodes},
+        }));
+        start += dur;
+    }
+    let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"model": model}});
+    std::fs::write(path, serde_json::to_string(&trace)?).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The bytes a run's inputs and outputs hold: what a memory-bound model must move at least.
+fn moved_bytes(inputs: &BTreeMap<String, Tensor>, outputs: &[(String, Tensor)]) -> u64 {
+    inputs.values().chain(outputs.iter().map(|(_, t)| t)).map(|t| t.as_bytes().len() as u64).sum()
 }
 
 /// The process's peak resident set size (`getrusage`), 0 where the platform does not report it.

@@ -16,6 +16,10 @@ pub struct CheckArgs {
     /// Specialize on an input's value, as `run --fix-input` does: NAME=FILE.npy (repeatable).
     #[arg(long = "fix-input", value_name = "NAME=FILE.npy")]
     fix_inputs: Vec<String>,
+    /// Print one JSON object instead of text: `{"model", "supported", "unsupported": [{"op_type", "node",
+    /// "message"}]}` (the exit code is the same: 4 when anything is unsupported).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(a: CheckArgs) -> Result<()> {
@@ -29,15 +33,32 @@ pub fn run(a: CheckArgs) -> Result<()> {
     }
     let problems = kiln_onnx::check(&a.model, &options).map_err(|e| match e {
         // An I/O error names the file it could not read already.
-        e @ kiln_onnx::ImportError::Io { .. } => anyhow::anyhow!("{e}"),
-        e => anyhow::anyhow!("{}: {e}", a.model.display()),
+        e @ kiln_onnx::ImportError::Io { .. } => kiln::Error::Onnx(e),
+        e => kiln::Error::OnnxAt(e, a.model.display().to_string()),
     })?;
-    if problems.is_empty() {
+    if a.json {
+        let v = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "supported": problems.is_empty(),
+            "unsupported": problems
+                .iter()
+                .map(|p| serde_json::json!({"op_type": p.op_type, "node": p.node, "message": p.message}))
+                .collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else if problems.is_empty() {
         println!("{}: supported (every op, attribute and dtype imports)", a.model.display());
+    } else {
+        for p in &problems {
+            println!("unsupported: {p}");
+        }
+    }
+    if problems.is_empty() {
         return Ok(());
     }
-    for p in &problems {
-        println!("unsupported: {p}");
+    Err(super::Exit {
+        code: super::EXIT_UNSUPPORTED,
+        message: format!("{}: {} unsupported feature(s), listed above", a.model.display(), problems.len()),
     }
-    bail!("{}: {} unsupported feature(s), listed above", a.model.display(), problems.len())
+    .into())
 }

@@ -45,7 +45,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     exact_shapes: bool,
     /// Worker threads (0: all cores).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 0)]
     threads: usize,
 }
 

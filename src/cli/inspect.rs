@@ -52,6 +52,17 @@ pub fn run(a: InspectArgs) -> Result<()> {
         .map(|(n, v)| (n.clone(), g.value_type(*v).map(|t| t.to_string()).unwrap_or_else(|| "?".into())))
         .collect();
     let inputs: Vec<(String, String)> = model.inputs().into_iter().map(|(n, t)| (n, t.to_string())).collect();
+    // An ONNX model's own op types, beside the IR ops they became.
+    let onnx_ops: Option<Vec<(String, usize)>> = if a.model.model.extension().is_some_and(|e| e == "onnx") {
+        let mut v: Vec<(String, usize)> = kiln_onnx::op_types(&a.model.model)
+            .map_err(|e| kiln::Error::OnnxAt(e, a.model.model.display().to_string()))?
+            .into_iter()
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Some(v)
+    } else {
+        None
+    };
     if a.json {
         let v = serde_json::json!({
             "graph": g.name(),
@@ -59,6 +70,9 @@ pub fn run(a: InspectArgs) -> Result<()> {
             "inputs": inputs.iter().map(|(n, t)| serde_json::json!({"name": n, "type": t})).collect::<Vec<_>>(),
             "outputs": outputs.iter().map(|(n, t)| serde_json::json!({"name": n, "type": t})).collect::<Vec<_>>(),
             "ops": ops.iter().map(|(m, c)| serde_json::json!({"op": m, "count": c})).collect::<Vec<_>>(),
+            "onnx_ops": onnx_ops.as_ref().map(|v| {
+                v.iter().map(|(m, c)| serde_json::json!({"op_type": m, "count": c})).collect::<Vec<_>>()
+            }),
             "parameters": params,
             "parameter_elements": param_elems,
             "parameter_bytes": param_bytes,
@@ -75,7 +89,13 @@ pub fn run(a: InspectArgs) -> Result<()> {
     for (n, t) in &outputs {
         println!("  {n}: {t}");
     }
-    println!("ops:");
+    if let Some(onnx_ops) = &onnx_ops {
+        println!("ONNX ops:");
+        for (m, c) in onnx_ops {
+            println!("  {c:>6}  {m}");
+        }
+    }
+    println!("ops (kiln IR):");
     for (m, c) in &ops {
         println!("  {c:>6}  {m}");
     }

@@ -74,6 +74,22 @@ pub struct ModelArgs {
     pub random_weights: Option<u64>,
 }
 
+/// The input options of `run` and `bench` (shared with `kiln-serve`), completed by a model's own rule; also the
+/// names that got pseudo-random values, for `InputArgs::note` once the model is compiled and about to run (so a
+/// model that fails to compile gets its one error line, not a note first).
+pub fn complete_inputs(
+    args: &kiln_runtime::inputs::InputArgs,
+    given: BTreeMap<String, kiln_ir::Tensor>,
+    declared: &[(String, kiln_ir::TensorType)],
+    complete: impl FnOnce(
+        BTreeMap<String, kiln_ir::Tensor>,
+        u64,
+    ) -> std::result::Result<BTreeMap<String, kiln_ir::Tensor>, kiln::Error>,
+) -> Result<(BTreeMap<String, kiln_ir::Tensor>, Vec<String>)> {
+    let missing = args.missing(&given, declared)?;
+    Ok((complete(given, args.seed)?, missing))
+}
+
 impl ModelArgs {
     fn load(&self) -> Result<kiln::Model> {
         self.load_with(BTreeMap::new())
@@ -206,6 +222,60 @@ pub fn placement_lines(report: &kiln::CompileReport, fallbacks: bool) -> Vec<Str
         })
         .chain(fallback_lines)
         .collect()
+}
+
+/// A failure that chooses its exit code (`kiln check` finding unsupported features).
+#[derive(Debug)]
+pub struct Exit {
+    /// The exit code.
+    pub code: u8,
+    /// The one-line message.
+    pub message: String,
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Exit code 3: a file could not be read, or the model, weights or artifact is malformed.
+pub const EXIT_UNREADABLE: u8 = 3;
+/// Exit code 4: the model uses something kiln does not support (or fallbacks were denied).
+pub const EXIT_UNSUPPORTED: u8 = 4;
+/// Exit code 5: the inputs do not fit the model.
+pub const EXIT_INVALID_INPUT: u8 = 5;
+
+/// The exit code of a failed command: by the kind of the kiln error in its chain (1 when there is none).
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if let Some(exit) = cause.downcast_ref::<Exit>() {
+            return exit.code;
+        }
+        if let Some(e) = cause.downcast_ref::<kiln::Error>() {
+            return match e.kind() {
+                kiln::ErrorKind::Io | kiln::ErrorKind::InvalidModel => EXIT_UNREADABLE,
+                kiln::ErrorKind::Unsupported => EXIT_UNSUPPORTED,
+                kiln::ErrorKind::InvalidInput => EXIT_INVALID_INPUT,
+                kiln::ErrorKind::Runtime => 1,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<kiln_runtime::inputs::InputsError>() {
+            return match e {
+                kiln_runtime::inputs::InputsError::Npy(kiln::npy::NpyError::Io { .. }) => EXIT_UNREADABLE,
+                _ => EXIT_INVALID_INPUT,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<kiln::npy::NpyError>() {
+            return match e {
+                kiln::npy::NpyError::Io { .. } => EXIT_UNREADABLE,
+                _ => EXIT_INVALID_INPUT,
+            };
+        }
+    }
+    1
 }
 
 /// Runs the parsed command.

@@ -21,15 +21,40 @@ pub struct OptArgs {
     passes: PipelineArgs,
 }
 
-/// Pipeline selection and instrumentation, shared by every command that runs passes.
+/// The pass pipeline a command runs: `-O LEVEL` or `--pipeline TEXT` (shared by `opt`, `compile`, `run`, `bench`).
 #[derive(Args, Debug)]
-pub struct PipelineArgs {
-    /// Optimization level: a named pipeline O0..O3 (default O0: print the model as it is).
+pub struct PipelineChoice {
+    /// Optimization level: the named pipeline O0..O3. Default: the target's own pipeline (cpu-default,
+    /// cuda-default) for run, bench and compile; O0 (the model as it is) for opt.
     #[arg(short = 'O', value_name = "LEVEL", conflicts_with = "pipeline")]
     level: Option<u8>,
-    /// A pipeline in text form, e.g. `canonicalize,cse,fixpoint(fold-constants,dce)`.
+    /// A pipeline in text form, e.g. `canonicalize,cse,fixpoint(fold-constants,dce)` (default as for -O).
     #[arg(long, value_name = "PIPELINE")]
     pipeline: Option<String>,
+}
+
+impl PipelineChoice {
+    /// The pipeline text chosen, or `default` when neither option is given.
+    pub fn text_or(&self, default: &str) -> Result<String> {
+        match (&self.pipeline, self.level) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(l @ 0..=3)) => Ok(format!("O{l}")),
+            (None, Some(l)) => bail!("-O{l}: optimization levels are 0 to 3"),
+            (None, None) => Ok(default.into()),
+        }
+    }
+
+    /// True when neither -O nor --pipeline is given.
+    pub fn is_default(&self) -> bool {
+        self.level.is_none() && self.pipeline.is_none()
+    }
+}
+
+/// Pipeline selection and instrumentation, shared by every command that runs passes itself.
+#[derive(Args, Debug)]
+pub struct PipelineArgs {
+    #[command(flatten)]
+    choice: PipelineChoice,
     /// Print the IR (to stderr) before this pass (repeatable).
     #[arg(long, value_name = "PASS")]
     print_before: Vec<String>,
@@ -59,17 +84,12 @@ pub struct PipelineArgs {
 impl PipelineArgs {
     /// The pipeline text these options select.
     pub fn pipeline_text(&self) -> Result<String> {
-        match (&self.pipeline, self.level) {
-            (Some(p), _) => Ok(p.clone()),
-            (None, Some(l @ 0..=3)) => Ok(format!("O{l}")),
-            (None, Some(l)) => bail!("-O{l}: optimization levels are 0 to 3"),
-            (None, None) => Ok("O0".into()),
-        }
+        self.choice.text_or("O0")
     }
 
     /// True when neither -O nor --pipeline is given (each command then picks its own default pipeline).
     pub fn is_default(&self) -> bool {
-        self.level.is_none() && self.pipeline.is_none()
+        self.choice.is_default()
     }
 
     /// Runs the selected pipeline over `g` with the requested instrumentation (dumps and timing to stderr).

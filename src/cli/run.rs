@@ -9,7 +9,7 @@ use clap::Args;
 use kiln::{Backend, RunOptions, npy};
 use kiln_ir::Tensor;
 
-use super::{ModelArgs, split_assignment};
+use super::ModelArgs;
 
 /// Arguments of `kiln run`.
 #[derive(Args, Debug)]
@@ -18,11 +18,10 @@ pub struct RunArgs {
     model: ModelArgs,
     #[command(flatten)]
     fallback: super::FallbackArgs,
-    /// An input value: NAME=FILE.npy (repeatable). Inputs not given get deterministic pseudo-random values.
-    #[arg(long = "input", short = 'i', value_name = "NAME=FILE.npy")]
-    inputs: Vec<String>,
-    /// Where to write `<output>.npy` files and `manifest.json`.
-    #[arg(long, short = 'o', value_name = "DIR", default_value = "kiln-out")]
+    #[command(flatten)]
+    input: kiln_runtime::inputs::InputArgs,
+    /// Where to write `<output>.npy` files and `manifest.json` (`--output-dir` is an alias).
+    #[arg(long = "output", short = 'o', alias = "output-dir", value_name = "DIR", default_value = "kiln-out")]
     output_dir: PathBuf,
     /// The executor: cpu (compiled with Cranelift, the default), interp (reference interpreter) or cuda. A
     /// compiled artifact runs on the backend it was compiled for.
@@ -31,9 +30,8 @@ pub struct RunArgs {
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Seed for pseudo-random inputs.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    passes: super::opt::PipelineChoice,
 }
 
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
@@ -41,35 +39,42 @@ pub fn parse_backend(s: &str) -> Result<Backend, String> {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let mut given = BTreeMap::new();
-    for spec in &a.inputs {
-        let (name, file) = split_assignment(spec, "--input")?;
-        let t = npy::read(Path::new(file))?;
-        if given.insert(name.to_string(), t).is_some() {
-            bail!("--input `{name}` is given twice");
-        }
-    }
+    let given = a.input.given()?;
     let backends = super::registry()?;
     if kiln::Artifact::is_artifact(&a.model.model) {
         a.model.check_no_random_weights()?;
+        if !a.passes.is_default() {
+            bail!("-O/--pipeline: a compiled artifact's passes ran when it was compiled");
+        }
         return run_artifact(&a, given, &backends);
     }
     let backend = a.backend.unwrap_or_default();
+    if backend != Backend::Cpu && !a.passes.is_default() {
+        bail!("-O/--pipeline choose the cpu backend's passes; --backend {} runs its own", backend.name());
+    }
     let t0 = Instant::now();
     let given_shapes = given.iter().map(|(n, t): (&String, &Tensor)| (n.clone(), t.shape().to_vec())).collect();
     let model = a.model.load_with(given_shapes)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let inputs = model.complete_inputs(given, &a.model.shapes()?, a.seed)?;
+    let shapes = a.model.shapes()?;
+    let (inputs, filled) =
+        super::complete_inputs(&a.input, given, &model.inputs(), |g, seed| model.complete_inputs(g, &shapes, seed))?;
     if backend == Backend::Cpu {
         // Compiled here (rather than inside `Model::run`) so the placement can be reported.
-        let options =
-            kiln::CompileOptions { threads: a.threads, backends, fallback: a.fallback.library(), ..Default::default() };
+        let options = kiln::CompileOptions {
+            pipeline: a.passes.text_or("cpu-default")?,
+            threads: a.threads,
+            backends,
+            fallback: a.fallback.library(),
+            ..Default::default()
+        };
         let compiled = model.compile(&options)?;
         for line in a.fallback.lines(compiled.report()) {
             println!("{line}");
         }
         return run_and_report(
             &a.output_dir,
+            || a.input.note(&filled),
             || Ok(compiled.run(&inputs)?),
             |run_ms| {
                 format!(
@@ -81,6 +86,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     run_and_report(
         &a.output_dir,
+        || a.input.note(&filled),
         || {
             Ok(model
                 .run(&inputs, &RunOptions { backend, threads: a.threads, backends, fallback: a.fallback.library() })?)
@@ -98,12 +104,15 @@ pub fn run(a: RunArgs) -> Result<()> {
 /// Times `run`, writes its outputs into `dir` and prints `header(run time in ms)` and a line per output.
 fn run_and_report(
     dir: &Path,
+    note: impl FnOnce(),
     run: impl FnOnce() -> Result<Vec<(String, Tensor)>>,
     header: impl FnOnce(f64) -> String,
 ) -> Result<()> {
     let t = Instant::now();
     let outputs = run()?;
     let run_ms = t.elapsed().as_secs_f64() * 1e3;
+    // Which inputs were made up, once the run succeeded (a failure is its one error line).
+    note();
     write_outputs(dir, &outputs)?;
     println!("{}", header(run_ms));
     report_outputs(&outputs, dir);
@@ -152,9 +161,13 @@ fn run_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &kiln::B
         );
     }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
+    let shapes = a.model.shapes()?;
+    let (inputs, filled) = super::complete_inputs(&a.input, given, compiled.inputs(), |g, seed| {
+        compiled.complete_inputs(g, &shapes, seed)
+    })?;
     run_and_report(
         &a.output_dir,
+        || a.input.note(&filled),
         || Ok(compiled.run(&inputs)?),
         |run_ms| {
             format!(
@@ -180,9 +193,13 @@ fn run_cuda_artifact(a: &RunArgs, given: BTreeMap<String, Tensor>, backends: &ki
         println!("{line}");
     }
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let inputs = compiled.complete_inputs(given, &a.model.shapes()?, a.seed)?;
+    let shapes = a.model.shapes()?;
+    let (inputs, filled) = super::complete_inputs(&a.input, given, compiled.inputs(), |g, seed| {
+        compiled.complete_inputs(g, &shapes, seed)
+    })?;
     run_and_report(
         &a.output_dir,
+        || a.input.note(&filled),
         || Ok(compiled.run(&inputs)?),
         |run_ms| {
             format!(

@@ -59,13 +59,11 @@ impl CudaDevice {
     pub fn open(ordinal: usize) -> Result<CudaDevice, RunError> {
         // SAFETY: probing only tries to load the driver library; it calls nothing in it.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(unavailable(
-                "no NVIDIA driver on this machine (libcuda.so could not be loaded); use --backend cpu",
-            ));
+            return Err(unavailable("no NVIDIA driver on this machine (libcuda.so could not be loaded)"));
         }
         let count = CudaContext::device_count().map_err(|e| unavailable(format!("the driver fails: {e}")))?;
         if count <= 0 {
-            return Err(unavailable("the NVIDIA driver sees no device; use --backend cpu"));
+            return Err(unavailable("the NVIDIA driver sees no device"));
         }
         if ordinal >= count as usize {
             return Err(unavailable(format!("no device {ordinal}: this machine has {count}")));
