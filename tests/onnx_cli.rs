@@ -165,6 +165,31 @@ fn check_reports_a_supported_model() {
     assert!(stdout(&o).contains("mlp.onnx: supported"), "{}", stdout(&o));
 }
 
+/// Machine-readable output for scripts: `check --json` (same exit code as the text form) and `inspect --json` with
+/// the model's ONNX op types beside the IR ops they became.
+#[test]
+fn check_and_inspect_speak_json_with_onnx_op_types() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mlp, bad) = write_models(tmp.path());
+    let o = kiln(&["check", &mlp, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("check --json prints JSON");
+    assert!(o.status.success() && v["supported"] == true && v["unsupported"].as_array().unwrap().is_empty(), "{v}");
+    let o = kiln(&["check", &bad, "--json"]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("check --json prints JSON");
+    let ops: Vec<&str> = v["unsupported"].as_array().unwrap().iter().map(|u| u["op_type"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["NonZero", "Unique"], "{v}");
+    assert_eq!(v["unsupported"][0]["node"], "nz");
+    let o = kiln(&["inspect", &mlp, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON");
+    let onnx_ops: Vec<&str> =
+        v["onnx_ops"].as_array().unwrap().iter().map(|o| o["op_type"].as_str().unwrap()).collect();
+    assert!(!onnx_ops.is_empty() && onnx_ops.iter().all(|o| o.chars().next().unwrap().is_uppercase()), "{v}");
+    assert!(!v["ops"].as_array().unwrap().is_empty(), "{v}");
+    let text = stdout(&kiln(&["inspect", &mlp]));
+    assert!(text.contains("ONNX ops:") && text.contains("ops (kiln IR):"), "{text}");
+}
+
 #[test]
 fn check_names_every_unsupported_op_and_exits_4() {
     let tmp = tempfile::tempdir().unwrap();

@@ -48,6 +48,13 @@ pub struct BenchArgs {
     /// computes, and the time per kind of step (its ops, as `matmul+add`).
     #[arg(long)]
     profile: bool,
+    /// Also write listings of what was compiled into `--emit-dir`, as `compile --emit` does (comma-separated:
+    /// kir, asm, dot, ptx; PTX for sm_80).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND")]
+    emit: Vec<super::compile::Emit>,
+    /// Where `--emit` writes its listings.
+    #[arg(long, value_name = "DIR", default_value = "kiln-emit")]
+    emit_dir: PathBuf,
     /// Write the profiled run as a Chrome trace (open it in chrome://tracing or Perfetto): one event per step,
     /// named by its nodes, with its kind and step description.
     #[arg(long, value_name = "FILE.json")]
@@ -110,6 +117,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.model.check_no_random_weights()?;
         if !a.passes.is_default() {
             bail!("-O/--pipeline: a compiled artifact's passes ran when it was compiled");
+        }
+        if !a.emit.is_empty() {
+            bail!("--emit: an artifact's listings are written when it is compiled (kiln compile --emit)");
         }
     }
     // A run, returning the bytes its inputs and outputs hold.
@@ -177,15 +187,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 bail!("--backend cuda-emulated tests the GPU path on the host; it is not timed (bench cpu or cuda)")
             }
             backend => {
-                let compiled = model.compile(&CompileOptions {
+                let options = CompileOptions {
                     backend,
                     pipeline: a.passes.text_or(backend.info().pipeline.unwrap_or("cpu-default"))?,
                     threads,
                     backends: backends.clone(),
                     fallback: a.fallback.library(),
-                })?;
+                };
+                let compiled = model.compile(&options)?;
                 let report = compiled.report().clone();
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
+                if !a.emit.is_empty() {
+                    // Lowered once more for the listings, after the compile time is taken.
+                    let t = Instant::now();
+                    super::compile::write_listings(&model.lower(&options)?, &a.emit_dir, &a.emit, "sm_80", false)?;
+                    println!("wrote listings to {} in {:.1} ms", a.emit_dir.display(), t.elapsed().as_secs_f64() * 1e3);
+                }
                 let runner =
                     if compiled.device().is_some() { cuda_runner(compiled, ins)? } else { profiled(compiled, ins) };
                 (runner, Some(report), ms)

@@ -37,14 +37,14 @@ pub struct CompileArgs {
 
 /// A listing `--emit` can add.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-enum Emit {
+pub enum Emit {
     /// `model.kir`: the optimized graph.
     Kir,
     /// `kernels.s`: each kernel's Cranelift IR and machine code.
     Asm,
     /// `graph.dot` (and `graph.svg` when graphviz is installed): the graph with its fusion groups.
     Dot,
-    /// `kernels.ptx`: the kernels as PTX for `--arch` (a CUDA artifact always holds it).
+    /// `kernels.ptx`: the kernels as PTX for the GPU architecture (sm_80 unless `compile` is given another).
     Ptx,
 }
 
@@ -80,7 +80,34 @@ pub fn run(a: CompileArgs) -> Result<()> {
             other => other.kind().to_string(),
         }
     };
-    for emit in &a.emit {
+    write_listings(&lowered, dir, &a.emit, &a.arch, a.target == Backend::Cuda)?;
+    for line in a.fallback.lines(&lowered.report) {
+        println!("{line}");
+    }
+    println!(
+        "compiled {} for {summary} in {:.1} ms: {} kernels, {} weights -> {}",
+        a.model.model.display(),
+        t0.elapsed().as_secs_f64() * 1e3,
+        lowered.executable.kernels.len(),
+        lowered.executable.weights.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Writes the `--emit` listings of `lowered` into `dir` (`compile`, `run`, `bench`); `arch` is the PTX target, and a
+/// CUDA artifact holds its PTX already.
+pub fn write_listings(
+    lowered: &kiln::Lowered,
+    dir: &Path,
+    emits: &[Emit],
+    arch: &str,
+    cuda_artifact: bool,
+) -> Result<()> {
+    if !emits.is_empty() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    for emit in emits {
         match emit {
             Emit::Kir => write(&dir.join("model.kir"), &kiln_ir::print(&lowered.graph))?,
             Emit::Asm => {
@@ -93,9 +120,8 @@ pub fn run(a: CompileArgs) -> Result<()> {
                 }
                 write(&dir.join("kernels.s"), &text)?;
             }
-            // A CUDA artifact holds its PTX already (the same module).
-            Emit::Ptx if a.target == Backend::Cuda => {}
-            Emit::Ptx => write(&dir.join(kiln::artifact::PTX_FILE), &cuda::ptx(&lowered, &a.arch)?)?,
+            Emit::Ptx if cuda_artifact => {}
+            Emit::Ptx => write(&dir.join(kiln::artifact::PTX_FILE), &cuda::ptx(lowered, arch)?)?,
             Emit::Dot => {
                 let path = dir.join("graph.dot");
                 write(&path, &kiln::dot::to_dot(&lowered.graph))?;
@@ -103,17 +129,6 @@ pub fn run(a: CompileArgs) -> Result<()> {
             }
         }
     }
-    for line in a.fallback.lines(&lowered.report) {
-        println!("{line}");
-    }
-    println!(
-        "compiled {} for {summary} in {:.1} ms: {} kernels, {} weights -> {}",
-        a.model.model.display(),
-        t0.elapsed().as_secs_f64() * 1e3,
-        lowered.executable.kernels.len(),
-        lowered.executable.weights.len(),
-        dir.display()
-    );
     Ok(())
 }
 

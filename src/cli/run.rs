@@ -32,6 +32,10 @@ pub struct RunArgs {
     threads: usize,
     #[command(flatten)]
     passes: super::opt::PipelineChoice,
+    /// Also write listings of what was compiled into the output directory, as `compile --emit` does
+    /// (comma-separated: kir, asm, dot, ptx; PTX for sm_80).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND")]
+    emit: Vec<super::compile::Emit>,
 }
 
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
@@ -46,6 +50,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         if !a.passes.is_default() {
             bail!("-O/--pipeline: a compiled artifact's passes ran when it was compiled");
         }
+        if !a.emit.is_empty() {
+            bail!("--emit: an artifact's listings are written when it is compiled (kiln compile --emit)");
+        }
         return run_artifact(&a, given, &backends);
     }
     let backend = a.backend.unwrap_or_default();
@@ -59,6 +66,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     let shapes = a.model.shapes()?;
     let (inputs, filled) =
         super::complete_inputs(&a.input, given, &model.inputs(), |g, seed| model.complete_inputs(g, &shapes, seed))?;
+    if !a.emit.is_empty() {
+        let pipeline = a.passes.text_or(backend.info().pipeline.unwrap_or("cpu-default"))?;
+        let target = if backend == Backend::Cuda { Backend::Cuda } else { Backend::Cpu };
+        let options = kiln::CompileOptions { backend: target, pipeline, ..Default::default() };
+        super::compile::write_listings(&model.lower(&options)?, &a.output_dir, &a.emit, "sm_80", false)?;
+    }
     if backend == Backend::Cpu {
         // Compiled here (rather than inside `Model::run`) so the placement can be reported.
         let options = kiln::CompileOptions {
