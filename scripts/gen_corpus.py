@@ -7,6 +7,9 @@ on, each with input sets and ONNX Runtime's outputs for them.
   at their declared shape.
 - stress_*: small models built with onnx.helper that stress what kiln lacked (symbolic image dims through
   strided convs, resize, slices, SAME padding, concat and transposed convs), two shapes each.
+- rnn_*: recurrent models built with onnx.helper as exporters write them: a CRNN-style text recognizer (conv
+  front end into a bidirectional LSTM over the symbolic width), a streaming one-step LSTM cell with its state as
+  inputs and outputs, and a GRU voice-activity detector over a symbolic number of frames.
 - int8_dynamic_*, int8_qdq_*: int8 variants made by ONNX Runtime's own quantizer — `quantize_dynamic` (the
   DynamicQuantizeLinear + MatMulInteger/ConvInteger graphs it writes by default, signed 8-bit weights) of the
   shared reference models and of light_squeezenet, and `quantize_static` in QDQ format (QuantizeLinear /
@@ -39,7 +42,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 5"
+VERSION = "corpus 6"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -304,6 +307,102 @@ def stress_models(out, rng, scratch):
     write_case(out, "stress_symbolic_ceil_pooling", path, sets)
 
 
+def recurrent_models(out, rng, scratch):
+    """Recurrent models as exporters write them: a CRNN-style text recognizer (conv front end, features reshaped
+    to a sequence over the symbolic width, a bidirectional LSTM, a per-step classifier), a streaming one-step
+    LSTM cell with its state as inputs and outputs (audio models run like this), and a GRU voice-activity
+    detector (PyTorch's linear_before_reset GRU over a symbolic number of frames)."""
+    from onnx import TensorProto, helper as h, numpy_helper as nh
+
+    def w(name, shape, scale=0.2):
+        return nh.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    def i64(name, values):
+        return nh.from_array(np.array(values, np.int64), name)
+
+    hidden = 48
+    inits = [
+        w("c1w", (16, 1, 3, 3)),
+        w("c1b", (16,)),
+        w("c2w", (32, 16, 3, 3)),
+        w("c2b", (32,)),
+        w("lw", (2, 4 * hidden, 32 * 4)),
+        w("lr", (2, 4 * hidden, hidden)),
+        w("lb", (2, 8 * hidden)),
+        w("fc", (2 * hidden, 37)),
+        i64("seq_shape", [0, 0, -1]),
+        i64("out_shape", [0, 0, -1]),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "c1w", "c1b"], ["c1"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        h.make_node("Conv", ["p1", "c2w", "c2b"], ["c2"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c2"], ["r2"]),
+        h.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+        # [N, 32, 4, W/4] -> [W/4, N, 32, 4] -> [W/4, N, 128]
+        h.make_node("Transpose", ["p2"], ["t"], perm=[3, 0, 1, 2]),
+        h.make_node("Reshape", ["t", "seq_shape"], ["seq"]),
+        h.make_node("LSTM", ["seq", "lw", "lr", "lb"], ["y"], hidden_size=hidden, direction="bidirectional"),
+        # [T, 2, N, h] -> [T, N, 2, h] -> [T, N, 2h] -> logits [T, N, 37]
+        h.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+        h.make_node("Reshape", ["yt", "out_shape"], ["yf"]),
+        h.make_node("MatMul", ["yf", "fc"], ["logits"]),
+    ]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, "W"])
+    logits = h.make_tensor_value_info("logits", TensorProto.FLOAT, None)
+    model = h.make_model(h.make_graph(nodes, "crnn", [x], [logits], inits), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "crnn.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 1, 16, 96), (2, 1, 16, 40)]]
+    write_case(out, "rnn_crnn_bilstm", path, sets)
+
+    # A streaming LSTM cell: one frame in, the state carried by the caller.
+    hidden, features = 64, 40
+    inits = [w("w", (1, 4 * hidden, features)), w("r", (1, 4 * hidden, hidden)), w("b", (1, 8 * hidden)), w("head", (hidden, 2))]
+    nodes = [
+        h.make_node("LSTM", ["x", "w", "r", "b", "", "h0", "c0"], ["", "h1", "c1"], hidden_size=hidden),
+        h.make_node("Squeeze", ["h1", "axes0"], ["hs"]),
+        h.make_node("MatMul", ["hs", "head"], ["score"]),
+    ]
+    inits.append(i64("axes0", [0]))
+    ins = [
+        h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, features]),
+        h.make_tensor_value_info("h0", TensorProto.FLOAT, [1, 1, hidden]),
+        h.make_tensor_value_info("c0", TensorProto.FLOAT, [1, 1, hidden]),
+    ]
+    outs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["score", "h1", "c1"]]
+    model = h.make_model(h.make_graph(nodes, "lstm_cell", ins, outs, inits), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "lstm_cell.onnx")
+    onnx.save(model, path)
+    sets = [
+        {n: rng.standard_normal(s).astype(np.float32) for n, s in [("x", (1, 1, features)), ("h0", (1, 1, hidden)), ("c0", (1, 1, hidden))]}
+        for _ in range(2)
+    ]
+    write_case(out, "rnn_streaming_lstm_cell", path, sets)
+
+    # A GRU voice-activity detector over a symbolic number of frames (PyTorch exports linear_before_reset=1).
+    hidden = 64
+    inits = [
+        w("w", (1, 3 * hidden, features)),
+        w("r", (1, 3 * hidden, hidden)),
+        w("b", (1, 6 * hidden)),
+        w("head", (hidden, 1)),
+    ]
+    nodes = [
+        h.make_node("GRU", ["x", "w", "r", "b"], ["y"], hidden_size=hidden, linear_before_reset=1),
+        h.make_node("MatMul", ["y", "head"], ["logit"]),
+        h.make_node("Sigmoid", ["logit"], ["speech"]),
+    ]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["T", 1, features])
+    speech = h.make_tensor_value_info("speech", TensorProto.FLOAT, None)
+    model = h.make_model(h.make_graph(nodes, "gru_vad", [x], [speech], inits), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "gru_vad.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(100, 1, features), (37, 1, features)]]
+    write_case(out, "rnn_gru_vad", path, sets)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -322,6 +421,7 @@ def main():
     rng = np.random.default_rng(0)
     light_models(a.out, rng)
     stress_models(a.out, rng, scratch)
+    recurrent_models(a.out, rng, scratch)
     quantized_models(a.out, a.shared, rng, scratch)
     if os.path.isdir(a.shared):
         symbolic_copies(a.out, a.shared, rng, scratch)

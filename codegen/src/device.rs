@@ -43,7 +43,16 @@ pub fn build_plan(exe: &Executable) -> Result<DevicePlan, LowerError> {
             reason: format!("malformed builtin (a kiln bug): {reason}"),
         })?;
     }
-    let plan = DevicePlan { prepare, steps, kernels: b.kernels, fallbacks: exe.fallbacks.clone() };
+    // Host routines of the CPU library run on the device's host through the interpreter: fallbacks there.
+    let mut fallbacks = exe.fallbacks.clone();
+    for s in exe.prepare.iter().chain(&exe.steps) {
+        if let Step::Routine { routine, node, .. } = s {
+            let op = routine.op().mnemonic().to_string();
+            let why = format!("the device has no `{op}` yet: it runs on the host's reference interpreter");
+            fallbacks.push(kiln_plan::exec::Fallback { op, node: node.clone(), why });
+        }
+    }
+    let plan = DevicePlan { prepare, steps, kernels: b.kernels, fallbacks };
     // The same verifier an artifact's plan goes through when it is loaded.
     let sigs = kiln_plan::verify::signatures(&plan.kernels);
     kiln_plan::verify::verify_device_plan(exe, &plan, &kiln_plan::verify::borrowed(&sigs)).map_err(|reason| {
@@ -109,6 +118,15 @@ impl PlanBuilder<'_> {
         match s {
             Step::Kernel { kernel, args } => out.push(DeviceStep::Kernel { kernel: *kernel, args: args.clone() }),
             Step::Copy { src, dst } => out.push(DeviceStep::Copy { src: *src, dst: *dst }),
+            // The recurrent routines are the CPU library's: on a device they run on the host, as a fallback
+            // (recorded in the device plan's fallbacks by `compile`).
+            Step::Routine { routine, inputs, outputs, node } => out.push(DeviceStep::Host {
+                backend: None,
+                op: routine.op(),
+                inputs: inputs.clone(),
+                outputs: outputs.clone(),
+                node: node.clone(),
+            }),
             Step::Interp { op, inputs, outputs, node } => out.push(DeviceStep::Host {
                 backend: None,
                 op: op.clone(),

@@ -242,6 +242,15 @@ impl<'g> Builder<'g> {
                 node: node.name.clone().unwrap_or_else(|| id.to_string()),
             };
         }
+        let operand_dtypes: Vec<DType> = node.inputs.iter().filter_map(|&v| g.value_type(v).map(|t| t.dtype)).collect();
+        if let Some(routine) = Routine::of(&node.op, &operand_dtypes) {
+            return Step::Routine {
+                routine,
+                inputs: inputs.to_vec(),
+                outputs: outputs.to_vec(),
+                node: self.g.describe(id),
+            };
+        }
         match &node.op {
             Op::MatMul if f32_only => return library(LibraryOp::MatMul),
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),

@@ -62,6 +62,39 @@ pub enum LibraryOp {
     ConvInteger(kiln_ir::op::Conv),
 }
 
+/// A routine of the runtime's library with several results, run natively on the host: the recurrent layers,
+/// whose time steps depend on one another (each step's input projection for every time step is one GEMM, then a
+/// small GEMM and the fused gate arithmetic per step).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Routine {
+    /// ONNX LSTM, f32: operands x, w, r, b, h0, c0; results y, y_h, y_c.
+    Lstm(kiln_ir::op::Lstm),
+    /// ONNX GRU, f32: operands x, w, r, b, h0; results y, y_h.
+    Gru(kiln_ir::op::Gru),
+}
+
+impl Routine {
+    /// The routine of an IR op, when the library has one for it and these dtypes (every operand f32).
+    pub fn of(op: &Op, dtypes: &[kiln_ir::DType]) -> Option<Routine> {
+        if !dtypes.iter().all(|&d| d == kiln_ir::DType::F32) {
+            return None;
+        }
+        match op {
+            Op::Lstm(l) => Some(Routine::Lstm(l.clone())),
+            Op::Gru(g) => Some(Routine::Gru(g.clone())),
+            _ => None,
+        }
+    }
+
+    /// The IR op it computes (what the verifier checks its buffers against).
+    pub fn op(&self) -> Op {
+        match self {
+            Routine::Lstm(l) => Op::Lstm(l.clone()),
+            Routine::Gru(g) => Op::Gru(g.clone()),
+        }
+    }
+}
+
 /// One step of a run.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Step {
@@ -84,6 +117,17 @@ pub enum Step {
         output: BufferId,
         /// The elementwise epilogue.
         epilogue: Option<Box<Step>>,
+    },
+    /// A routine of the runtime's library with several results (see [`Routine`]).
+    Routine {
+        /// The routine.
+        routine: Routine,
+        /// Its operands.
+        inputs: Vec<BufferId>,
+        /// Its results.
+        outputs: Vec<BufferId>,
+        /// The node, as `Graph::describe` names it, for messages.
+        node: String,
     },
     /// The reference interpreter runs `op` (a fallback: see [`Executable::fallbacks`]).
     Interp {
@@ -320,6 +364,10 @@ impl Executable {
                 let epi = if epilogue.is_some() { " + epilogue" } else { "" };
                 format!("library {name}{epi} -> {}", ty(output))
             }
+            Step::Routine { routine, outputs, .. } => {
+                let tys: Vec<String> = outputs.iter().map(ty).collect();
+                format!("library {} -> {}", routine.op().mnemonic(), tys.join(", "))
+            }
             Step::Interp { node, .. } => format!("interpreter {node}"),
             Step::Backend { backend, node, op, .. } => format!("backend {backend}: {} `{node}`", op.mnemonic()),
             Step::Copy { dst, .. } => format!("copy -> {}", ty(dst)),
@@ -355,6 +403,9 @@ impl Executable {
                 }
                 Step::Interp { inputs, outputs, node, .. } => {
                     inputs.iter().chain(outputs).try_for_each(|b| buffer(b, &format!("the fallback for {node}")))
+                }
+                Step::Routine { inputs, outputs, node, .. } => {
+                    inputs.iter().chain(outputs).try_for_each(|b| buffer(b, &format!("the routine of {node}")))
                 }
                 Step::Backend { inputs, outputs, node, backend, .. } => inputs
                     .iter()
@@ -395,7 +446,7 @@ impl Executable {
         let mut n = [0; 5];
         for s in self.prepare.iter().chain(&self.steps) {
             n[match s {
-                Step::Library { .. } => 0,
+                Step::Library { .. } | Step::Routine { .. } => 0,
                 Step::Kernel { .. } => 1,
                 Step::Interp { .. } => 2,
                 Step::Copy { .. } => 3,

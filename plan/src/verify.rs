@@ -377,6 +377,11 @@ impl<'e> State<'e> {
                 self.op_types(op, inputs, outputs)?;
                 self.access(inputs, outputs, Overlap::Copies)
             }
+            Step::Routine { routine, inputs, outputs, .. } => {
+                self.op_types(&routine.op(), inputs, outputs)?;
+                // A routine reads its operands in place while it writes its results.
+                self.access(inputs, outputs, Overlap::Never)
+            }
             Step::Copy { src, dst } => self.copy(*src, *dst),
         }
     }

@@ -176,7 +176,7 @@ pub fn explain(exe: &kiln_plan::exec::Executable, registry: &BackendRegistry, co
                 let reason = exe.fallbacks.iter().find(|f| f.node == *node).map_or("not compiled", |f| f.why.as_str());
                 (compiled_as.to_string(), format!("interpreter fallback inside the compiled code: {reason}"))
             }
-            Step::Kernel { .. } | Step::Library { .. } | Step::Copy { .. } => {
+            Step::Kernel { .. } | Step::Library { .. } | Step::Routine { .. } | Step::Copy { .. } => {
                 (compiled_as.to_string(), "compiled: no registered backend outranks the compiled code".to_string())
             }
         };

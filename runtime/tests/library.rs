@@ -597,3 +597,93 @@ fn conv_integer_is_exact() {
         }
     }
 }
+
+/// LSTM and GRU: every direction, clip, input-forget coupling and GRU reset variant, batches of several rows and
+/// empty sequences, against the interpreter (all three results).
+#[test]
+fn recurrent_routines_match_the_interpreter() {
+    use kiln_ir::op::{Gru, Lstm, RnnDirection};
+    let cases: &[(usize, usize, usize, i64)] = &[(5, 3, 4, 6), (1, 1, 7, 3), (0, 2, 3, 2), (9, 2, 16, 32)];
+    let mut seed = 900;
+    for &(seq, batch, input, hidden) in cases {
+        for direction in [RnnDirection::Forward, RnnDirection::Reverse, RnnDirection::Bidirectional] {
+            let dirs = if direction == RnnDirection::Bidirectional { 2 } else { 1 };
+            let h = hidden as usize;
+            let mut t = |shape: Vec<usize>| {
+                seed += 1;
+                Tensor::random(DType::F32, shape, seed)
+            };
+            let (x, h0, c0) = (t(vec![seq, batch, input]), t(vec![dirs, batch, h]), t(vec![dirs, batch, h]));
+            let shape = library::RnnShape::new(&[seq, batch, input], hidden, direction).unwrap();
+            for (clip, coupled) in [(f64::INFINITY, false), (0.5, true)] {
+                let (w, r, b) = (t(vec![dirs, 4 * h, input]), t(vec![dirs, 4 * h, h]), t(vec![dirs, 8 * h]));
+                let l = Lstm { hidden_size: hidden, direction, clip, input_forget: coupled };
+                let want = kiln_ir::interp::eval_op(&Op::Lstm(l.clone()), &[&x, &w, &r, &b, &h0, &c0]).unwrap();
+                with_threads(|par| {
+                    let mut got: Vec<Vec<f32>> = want.iter().map(|t| vec![f32::NAN; t.len()]).collect();
+                    let [y, yh, yc] = &mut got[..] else { unreachable!("three results") };
+                    library::lstm_f32(
+                        &l,
+                        &shape,
+                        f32s(&x),
+                        f32s(&w),
+                        f32s(&r),
+                        f32s(&b),
+                        f32s(&h0),
+                        f32s(&c0),
+                        y,
+                        yh,
+                        yc,
+                        par,
+                    )
+                    .expect("lstm runs");
+                    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let g: Vec<f64> = g.iter().map(|&v| v as f64).collect();
+                        close(
+                            &format!("lstm {seq}x{batch}x{input} h{hidden} {direction:?} clip {clip} result {k}"),
+                            &g,
+                            &w.to_f64_vec(),
+                        );
+                    }
+                });
+            }
+            for (clip, linear_before_reset) in [(f64::INFINITY, false), (0.7, true)] {
+                let (w, r, b) = (t(vec![dirs, 3 * h, input]), t(vec![dirs, 3 * h, h]), t(vec![dirs, 6 * h]));
+                let g = Gru { hidden_size: hidden, direction, clip, linear_before_reset };
+                let want = kiln_ir::interp::eval_op(&Op::Gru(g.clone()), &[&x, &w, &r, &b, &h0]).unwrap();
+                with_threads(|par| {
+                    let mut got: Vec<Vec<f32>> = want.iter().map(|t| vec![f32::NAN; t.len()]).collect();
+                    let [y, yh] = &mut got[..] else { unreachable!("two results") };
+                    library::gru_f32(&g, &shape, f32s(&x), f32s(&w), f32s(&r), f32s(&b), f32s(&h0), y, yh, par)
+                        .expect("gru runs");
+                    for (k, (got, w)) in got.iter().zip(&want).enumerate() {
+                        let got: Vec<f64> = got.iter().map(|&v| v as f64).collect();
+                        let case = format!(
+                            "gru {seq}x{batch}x{input} h{hidden} {direction:?} lbr {linear_before_reset} result {k}"
+                        );
+                        close(&case, &got, &w.to_f64_vec());
+                    }
+                });
+            }
+        }
+    }
+    // Operands of the wrong length are an error, not a read out of bounds.
+    let shape = library::RnnShape::new(&[2, 1, 3], 2, RnnDirection::Forward).unwrap();
+    let l = Lstm { hidden_size: 2, direction: RnnDirection::Forward, clip: f64::INFINITY, input_forget: false };
+    let (mut y, mut yh, mut yc) = (vec![0.0; 4], vec![0.0; 2], vec![0.0; 2]);
+    let err = library::lstm_f32(
+        &l,
+        &shape,
+        &[0.0; 5],
+        &[0.0; 24],
+        &[0.0; 16],
+        &[0.0; 16],
+        &[0.0; 2],
+        &[0.0; 2],
+        &mut y,
+        &mut yh,
+        &mut yc,
+        Par::SERIAL,
+    );
+    assert!(matches!(err, Err(LibraryError::Shape { .. })), "{err:?}");
+}

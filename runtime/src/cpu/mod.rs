@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::library::{self, Par};
 use kiln_ir::{Tensor, TensorView};
-use kiln_plan::exec::{BufferId, Executable, Home, LibraryOp, Step};
+use kiln_plan::exec::{BufferId, Executable, Home, LibraryOp, Routine, Step};
 use kiln_plan::kernel::{ArgRole, Extent, Kernel};
 
 use crate::RunError;
@@ -281,6 +281,10 @@ impl CpuProgram {
                 Step::Interp { outputs, .. } | Step::Backend { outputs, .. } => {
                     outputs.iter().map(elems).sum::<Option<u64>>()?
                 }
+                // A step's gates: (gates · hidden) multiply-adds per input and hidden element, per time step.
+                Step::Routine { inputs, outputs, .. } => elems(&inputs[1])?
+                    .saturating_add(elems(&inputs[2])?)
+                    .saturating_mul(elems(&outputs[0])? / last(&outputs[0])?.max(1)),
                 Step::Copy { dst, .. } => elems(dst)?,
             };
             total = total.saturating_add(w);
@@ -677,6 +681,9 @@ impl CpuProgram {
                     None => Ok(()),
                 }
             }
+            Step::Routine { routine, inputs, outputs, node } => {
+                self.routine(routine, inputs, outputs, node, ptrs, symbols)
+            }
             Step::Interp { op, inputs, outputs, node } => {
                 self.host_step(None, op, inputs, outputs, node, ptrs, symbols)
             }
@@ -693,6 +700,56 @@ impl CpuProgram {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Runs a library routine (LSTM, GRU) on its buffers in place.
+    fn routine(
+        &self,
+        routine: &Routine,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+        node: &str,
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(), RunError> {
+        let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(RunError::Backend);
+        let len = |b: BufferId| -> Result<usize, RunError> { Ok(dims(b)?.iter().product()) };
+        // SAFETY: each buffer holds `len` f32s (the routine's operands and results are f32, checked when the
+        // program was built and verified); results never overlap operands (`Overlap::Never` in the verifier).
+        let read = |b: BufferId| -> Result<&[f32], RunError> {
+            let n = len(b)?;
+            Ok(if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptrs.0[b.0 as usize].cast::<f32>(), n) } })
+        };
+        // SAFETY: as above; each result buffer is distinct, and borrowed mutably once.
+        let write = |b: BufferId| -> Result<&mut [f32], RunError> {
+            let n = len(b)?;
+            Ok(if n == 0 {
+                &mut []
+            } else {
+                unsafe { std::slice::from_raw_parts_mut(ptrs.0[b.0 as usize].cast::<f32>(), n) }
+            })
+        };
+        let fail = |e: library::LibraryError| RunError::Op(format!("{node}: {e}"));
+        let par = Par { threads: self.workers };
+        match (routine, inputs, outputs) {
+            (Routine::Lstm(l), &[x, w, r, b, h0, c0], &[y, yh, yc]) => {
+                let shape = library::RnnShape::new(&dims(x)?, l.hidden_size, l.direction).map_err(fail)?;
+                let (x, w, r, b, h0, c0) = (read(x)?, read(w)?, read(r)?, read(b)?, read(h0)?, read(c0)?);
+                let (y, yh, yc) = (write(y)?, write(yh)?, write(yc)?);
+                library::lstm_f32(l, &shape, x, w, r, b, h0, c0, y, yh, yc, par).map_err(fail)
+            }
+            (Routine::Gru(g), &[x, w, r, b, h0], &[y, yh]) => {
+                let shape = library::RnnShape::new(&dims(x)?, g.hidden_size, g.direction).map_err(fail)?;
+                let (x, w, r, b, h0) = (read(x)?, read(w)?, read(r)?, read(b)?, read(h0)?);
+                let (y, yh) = (write(y)?, write(yh)?);
+                library::gru_f32(g, &shape, x, w, r, b, h0, y, yh, par).map_err(fail)
+            }
+            _ => Err(RunError::Backend(format!(
+                "{node}: a routine with {} operands and {} results",
+                inputs.len(),
+                outputs.len()
+            ))),
         }
     }
 

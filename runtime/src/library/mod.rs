@@ -14,6 +14,7 @@ mod matmul;
 mod packed;
 mod pool;
 mod quant;
+mod rnn;
 mod winograd;
 
 pub use conv::{conv_f32, conv_integer};
@@ -21,6 +22,7 @@ pub use matmul::{BatchPlan, batch_plan, gemm_f32, matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
 pub use quant::{Int8, PackedInt8, matmul_integer, matmul_integer_packed};
+pub use rnn::{RnnShape, gru_f32, lstm_f32};
 pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies};
 
 use kiln_ir::DType;
