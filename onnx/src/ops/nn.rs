@@ -505,10 +505,13 @@ fn rnn_operands(
     let clip = n.proto.attribute.iter().find(|a| a.name == "clip").map_or(f64::INFINITY, |a| a.f as f64);
     n.ignore(&["clip"]);
     let dirs = if direction == RnnDirection::Bidirectional { 2 } else { 1 };
-    let xs = static_shape(x, "recurrent layers")?;
-    let (seq, batch) = (xs[0] as i64, xs[1] as u64);
+    // The sequence length and the batch may be symbolic (a text line's width, frames of audio).
+    let [seq, batch, _] = &x.ty.shape.0[..] else {
+        return Err(format!("x must have rank 3, got {}", x.ty.shape));
+    };
     if let Some(lens) = n.opt_input(4) {
         let known = lens.ints().ok_or("sequence_lens must be known at import time")?;
+        let seq = seq.as_static().ok_or("sequence_lens with a symbolic sequence length is not supported")? as i64;
         if known.iter().any(|&l| l != seq) {
             return Err("sequence_lens shorter than the sequence is not supported".into());
         }
@@ -518,19 +521,25 @@ fn rnn_operands(
         let t = Tensor::zeros(x.dtype(), dims.iter().map(|&d| d as usize).collect());
         cx.constant(t)
     };
+    // A zero state `[dirs, batch, h]`, the batch as x has it: a broadcast zero.
+    let zero_state = |cx: &mut Ctx<'_>| -> Result<Val, String> {
+        let zero = cx.constant(Tensor::zeros(x.dtype(), vec![]))?;
+        let shape = Shape(vec![Dim::Static(dirs), batch.clone(), Dim::Static(h)]);
+        cx.op(Op::Broadcast(kiln_ir::op::Broadcast { shape }), &[&zero])
+    };
     let b = match n.opt_input(3) {
         Some(b) => b.clone(),
         None => zeros(cx, &[dirs, 2 * gates * h])?,
     };
     let h0 = match n.opt_input(5) {
         Some(v) => state(cx, v)?,
-        None => zeros(cx, &[dirs, batch, h])?,
+        None => zero_state(cx)?,
     };
     let mut ops = vec![x.clone(), n.input(1)?.clone(), n.input(2)?.clone(), b, h0];
     if has_cell {
         let c0 = match n.opt_input(6) {
             Some(v) => state(cx, v)?,
-            None => zeros(cx, &[dirs, batch, h])?,
+            None => zero_state(cx)?,
         };
         ops.push(c0);
         if let Some(p) = n.opt_input(7)

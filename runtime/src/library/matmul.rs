@@ -325,10 +325,70 @@ pub(super) unsafe fn gemm_rowmajor_raw<T: GemmScalar>(
         return;
     }
     assert!(a.len() >= span(m, lda, k) && b.len() >= span(k, ldb, n), "library gemm: operand block out of bounds");
+    // SAFETY: `b` holds the `k × n` block at row stride `ldb`, column stride 1 (asserted); the rest is the
+    // caller's contract.
+    unsafe { gemm_strided_raw(m, n, k, a, lda, b, (ldb, 1), c, ldc, accumulate, par) }
+}
+
+/// `c[m×n] = a[m×k] · btᵀ` (or `c += …`), where `bt` is `[n×k]` row-major with leading dim `ldbt`: a product with
+/// a weight stored as ONNX stores it (`[out, in]`), without transposing it first. On the calling thread's pool.
+///
+/// # Panics
+/// When a slice is too short for its block.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_bt<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    bt: &[T],
+    ldbt: usize,
+    c: &mut [T],
+    ldc: usize,
+    accumulate: bool,
+    par: Par,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
+    assert!(c.len() >= span(m, ldc, n), "library gemm: result block out of bounds");
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                c[r * ldc..r * ldc + n].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    assert!(a.len() >= span(m, lda, k) && bt.len() >= span(n, ldbt, k), "library gemm: operand block out of bounds");
+    // SAFETY: `bt` holds `b`'s `k × n` block with row stride 1 and column stride `ldbt` (asserted above), `c` is
+    // an exclusive borrow holding the result block.
+    unsafe { gemm_strided_raw(m, n, k, a, lda, bt, (1, ldbt), c.as_mut_ptr(), ldc, accumulate, par) }
+}
+
+/// The `gemm` crate call: `b`'s element (row `r`, column `j`) at `b[r·b_rs + j·b_cs]`, given as `(b_rs, b_cs)`.
+///
+/// # Safety
+/// Every element of the three blocks must lie inside its operand (and `c`'s block be exclusively the caller's).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_strided_raw<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    lda: usize,
+    b: &[T],
+    (b_rs, b_cs): (usize, usize),
+    c: *mut T,
+    ldc: usize,
+    accumulate: bool,
+    par: Par,
+) {
     let parallelism = if par.parallel() { gemm::Parallelism::Rayon(par.threads) } else { gemm::Parallelism::None };
-    // SAFETY: the asserts above keep every element `gemm` touches (row stride `ld*`, column stride 1) inside the
-    // operands and inside `c`'s `c_len` elements; the caller guarantees nobody else touches the written block,
-    // and the operands are shared borrows that cannot alias it.
+    // SAFETY: the callers keep every element `gemm` touches inside the operands and inside `c`'s block, which
+    // nobody else touches; the operands are shared borrows that cannot alias it.
     unsafe {
         gemm::gemm(
             m,
@@ -342,8 +402,8 @@ pub(super) unsafe fn gemm_rowmajor_raw<T: GemmScalar>(
             1,
             lda as isize,
             b.as_ptr(),
-            1,
-            ldb as isize,
+            b_cs as isize,
+            b_rs as isize,
             T::ONE,
             T::ONE,
             false,

@@ -7,7 +7,7 @@
 
 use kiln_ir::op::{Gru, Lstm, RnnDirection};
 
-use super::matmul::gemm_rowmajor;
+use super::matmul::gemm_bt;
 use super::{LibraryError, Par};
 
 /// Extents of a recurrent call.
@@ -76,17 +76,6 @@ fn check(
     Ok(())
 }
 
-/// `m[rows, cols]` (row-major) transposed into `[cols, rows]`.
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; rows * cols];
-    for i in 0..rows {
-        for j in 0..cols {
-            t[j * rows + i] = m[i * cols + j];
-        }
-    }
-    t
-}
-
 /// Direction `d`'s input projections for every step: `X · W_dᵀ + Wb_d + Rb_d` as `[seq·batch, gates·h]`, with
 /// `Rb` folded in only for the gates whose recurrent bias adds plainly (`fold_rb` of them, from the first).
 fn project(
@@ -100,10 +89,10 @@ fn project(
     par: Par,
 ) -> Vec<f32> {
     let rows = gates * s.hidden;
-    let wt = transpose(&w[d * rows * s.input..(d + 1) * rows * s.input], rows, s.input);
+    let wd = &w[d * rows * s.input..(d + 1) * rows * s.input];
     let m = s.seq * s.batch;
     let mut xw = vec![0.0f32; m * rows];
-    gemm_rowmajor(m, rows, s.input, x, s.input, &wt, rows, &mut xw, rows, false, par);
+    gemm_bt(m, rows, s.input, x, s.input, wd, s.input, &mut xw, rows, false, par);
     let (wb, rb) = (&b[d * 2 * rows..d * 2 * rows + rows], &b[d * 2 * rows + rows..(d + 1) * 2 * rows]);
     let bias: Vec<f32> = (0..rows).map(|g| wb[g] + if g < fold_rb * s.hidden { rb[g] } else { 0.0 }).collect();
     for row in xw.chunks_exact_mut(rows) {
@@ -114,25 +103,164 @@ fn project(
     xw
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+/// `e^x` in f32 without a libm call, branch-free so that the gate loops vectorize: `x = n·ln2 + r` with
+/// `|r| ≤ ln2/2`, `e^r` by its degree-6 Taylor polynomial (truncation error below 2·10⁻⁷ relative), scaled by
+/// `2^n` through the exponent bits. Infinity above 88.72, 0 below -87.33 (no subnormals), NaN kept.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding and subtracting it rounds to the nearest integer
+    let c = x.clamp(-87.0, 88.0);
+    let n = (c * LOG2E + ROUND) - ROUND;
+    let r = (c - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scaled = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let scaled = if x > 88.72 { f32::INFINITY } else { scaled };
+    let scaled = if x < -87.33 { 0.0 } else { scaled };
+    if x.is_nan() { x } else { scaled }
 }
 
-/// Clamps a pre-activation into `[-clip, clip]` when `clip` is finite (NaN stays NaN).
-fn clipper(clip: f64) -> Result<impl Fn(f32) -> f32 + Copy, LibraryError> {
-    if clip.is_finite() && clip < 0.0 {
-        return Err(LibraryError::shape("rnn", format!("clip {clip} must not be negative")));
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// `tanh` as `1 - 2/(e^{2x} + 1)`: exactly ±1 at the ends, within a few 10⁻⁸ absolute of libm's near 0.
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}
+
+/// The clamp of the pre-activations (`f32::INFINITY` for none); NaN stays NaN.
+#[inline(always)]
+fn clamp(v: f32, clip: f32) -> f32 {
+    let v = if v > clip { clip } else { v };
+    if v < -clip { -clip } else { v }
+}
+
+/// One LSTM row's cell update in place: `g` holds the four gates' summed pre-activations (`i, o, f, c̃`, `h`
+/// each); `c` and `h` the state. Straight-line loops over the hidden units, so they vectorize.
+#[inline(always)]
+fn lstm_row(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
+    let hs = c.len();
+    for v in g.iter_mut() {
+        *v = clamp(*v, clip);
     }
-    let c = if clip.is_finite() { clip as f32 } else { f32::INFINITY };
-    Ok(move |v: f32| {
-        if v > c {
-            c
-        } else if v < -c {
-            -c
-        } else {
-            v
+    let (ifo, cand) = g.split_at_mut(3 * hs);
+    for v in ifo.iter_mut() {
+        *v = sigmoid(*v);
+    }
+    for v in cand.iter_mut() {
+        *v = tanh(*v);
+    }
+    let (i, rest) = ifo.split_at(hs);
+    let (o, f) = rest.split_at(hs);
+    if input_forget {
+        for j in 0..hs {
+            c[j] = (1.0 - i[j]) * c[j] + i[j] * cand[j];
         }
-    })
+    } else {
+        for j in 0..hs {
+            c[j] = f[j] * c[j] + i[j] * cand[j];
+        }
+    }
+    for j in 0..hs {
+        h[j] = o[j] * tanh(c[j]);
+    }
+}
+
+/// One GRU row's update in place: `zr` holds the z and r gates' summed pre-activations, `cand` the candidate's
+/// pre-activation without its recurrent term, `rec` that term's input (`h·R_hᵀ` with `linear_before_reset`, else
+/// `(r⊙h)·R_hᵀ` already computed), `rb_h` its bias.
+#[inline(always)]
+fn gru_row(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
+    let hs = h.len();
+    for v in zr.iter_mut() {
+        *v = sigmoid(clamp(*v, clip));
+    }
+    let (z, r) = zr.split_at(hs);
+    // Separate loops per variant: a branch inside keeps the loop scalar.
+    if lbr {
+        for j in 0..hs {
+            cand[j] += r[j] * (rec[j] + rb_h[j]);
+        }
+    } else {
+        for j in 0..hs {
+            cand[j] += rec[j] + rb_h[j];
+        }
+    }
+    for v in cand.iter_mut() {
+        *v = tanh(clamp(*v, clip));
+    }
+    for j in 0..hs {
+        h[j] = (1.0 - z[j]) * cand[j] + z[j] * h[j];
+    }
+}
+
+/// `lstm_row` compiled for the best vector width this CPU has (AVX-512, AVX2 + FMA, or the baseline).
+fn lstm_row_dispatch(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { lstm_row_avx512(g, c, h, clip, input_forget) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { lstm_row_avx2(g, c, h, clip, input_forget) };
+        }
+    }
+    lstm_row(g, c, h, clip, input_forget)
+}
+
+/// `gru_row` compiled for the best vector width this CPU has.
+fn gru_row_dispatch(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { gru_row_avx512(zr, cand, rec, rb_h, h, clip, lbr) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { gru_row_avx2(zr, cand, rec, rb_h, h, clip, lbr) };
+        }
+    }
+    gru_row(zr, cand, rec, rb_h, h, clip, lbr)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn lstm_row_avx512(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
+    lstm_row(g, c, h, clip, input_forget)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn lstm_row_avx2(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
+    lstm_row(g, c, h, clip, input_forget)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn gru_row_avx512(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
+    gru_row(zr, cand, rec, rb_h, h, clip, lbr)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn gru_row_avx2(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
+    gru_row(zr, cand, rec, rb_h, h, clip, lbr)
+}
+
+/// The pre-activation bound of `clip` (infinity for none).
+fn clip_bound(op: &'static str, clip: f64) -> Result<f32, LibraryError> {
+    if clip.is_finite() && clip < 0.0 {
+        return Err(LibraryError::shape(op, format!("clip {clip} must not be negative")));
+    }
+    Ok(if clip.is_finite() { clip as f32 } else { f32::INFINITY })
 }
 
 /// LSTM: `y[seq, dirs, batch, h]`, `y_h` and `y_c[dirs, batch, h]` from `x`, `w`, `r`, `b`, `h0`, `c0`.
@@ -155,34 +283,27 @@ pub fn lstm_f32(
     if y.len() != s.seq * s.dirs * s.batch * s.hidden {
         return Err(LibraryError::shape("lstm", "y has the wrong length"));
     }
-    let clip = clipper(l.clip)?;
+    let clip = clip_bound("lstm", l.clip)?;
     let (hs, rows) = (s.hidden, 4 * s.hidden);
     y_h.copy_from_slice(h0);
     y_c.copy_from_slice(c0);
     let mut hr = vec![0.0f32; s.batch * rows];
     for d in 0..s.dirs {
         let xw = project(x, w, b, s, 4, d, 4, par);
-        let rt = transpose(&r[d * rows * hs..(d + 1) * rows * hs], rows, hs);
+        let rd = &r[d * rows * hs..(d + 1) * rows * hs];
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(l.direction, d) { s.seq - 1 - step } else { step };
-            gemm_rowmajor(s.batch, rows, hs, &y_h[state.clone()], hs, &rt, rows, &mut hr, rows, false, Par::SERIAL);
+            gemm_bt(s.batch, rows, hs, &y_h[state.clone()], hs, rd, hs, &mut hr, rows, false, Par::SERIAL);
             for n in 0..s.batch {
-                let pre = &xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows];
-                let rec = &hr[n * rows..(n + 1) * rows];
-                let at = state.start + n * hs;
-                let (h, c) = (&mut y_h[at..at + hs], &mut y_c[at..at + hs]);
-                for j in 0..hs {
-                    let g = |k: usize| clip(pre[k * hs + j] + rec[k * hs + j]);
-                    let i = sigmoid(g(0));
-                    let o = sigmoid(g(1));
-                    let f = if l.input_forget { 1.0 - i } else { sigmoid(g(2)) };
-                    let cell = f * c[j] + i * g(3).tanh();
-                    c[j] = cell;
-                    h[j] = o * cell.tanh();
+                let g = &mut hr[n * rows..(n + 1) * rows];
+                for (v, p) in g.iter_mut().zip(&xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows]) {
+                    *v += p;
                 }
+                let at = state.start + n * hs;
+                lstm_row_dispatch(g, &mut y_c[at..at + hs], &mut y_h[at..at + hs], clip, l.input_forget);
                 let out = ((t * s.dirs + d) * s.batch + n) * hs;
-                y[out..out + hs].copy_from_slice(h);
+                y[out..out + hs].copy_from_slice(&y_h[at..at + hs]);
             }
         }
     }
@@ -207,50 +328,49 @@ pub fn gru_f32(
     if y.len() != s.seq * s.dirs * s.batch * s.hidden {
         return Err(LibraryError::shape("gru", "y has the wrong length"));
     }
-    let clip = clipper(g.clip)?;
+    let clip = clip_bound("gru", g.clip)?;
     let (hs, rows) = (s.hidden, 3 * s.hidden);
     y_h.copy_from_slice(h0);
     let mut hr = vec![0.0f32; s.batch * rows];
     let mut gated = vec![0.0f32; s.batch * hs];
-    let mut cand = vec![0.0f32; s.batch * hs];
+    let mut rec = vec![0.0f32; s.batch * hs];
+    let mut zr = vec![0.0f32; 2 * hs];
+    let mut cand = vec![0.0f32; hs];
     for d in 0..s.dirs {
         // z and r take both biases with the projection; the candidate's recurrent bias goes with its own term.
         let xw = project(x, w, b, s, 3, d, 2, par);
-        let rt = transpose(&r[d * rows * hs..(d + 1) * rows * hs], rows, hs);
-        // R_hᵀ alone (`[h, h]`), for the candidate's recurrent GEMM without `linear_before_reset`.
-        let rht: Vec<f32> = (0..hs).flat_map(|k| rt[k * rows + 2 * hs..k * rows + 3 * hs].to_vec()).collect();
+        let rd = &r[d * rows * hs..(d + 1) * rows * hs];
+        // R_h alone (`[h, h]`, rows 2h.. of R), for the candidate's recurrent GEMM without `linear_before_reset`.
+        let rh = &rd[2 * hs * hs..];
         let rb_h = &b[d * 2 * rows + rows + 2 * hs..d * 2 * rows + 2 * rows];
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(g.direction, d) { s.seq - 1 - step } else { step };
-            gemm_rowmajor(s.batch, rows, hs, &y_h[state.clone()], hs, &rt, rows, &mut hr, rows, false, Par::SERIAL);
-            if !g.linear_before_reset {
+            gemm_bt(s.batch, rows, hs, &y_h[state.clone()], hs, rd, hs, &mut hr, rows, false, Par::SERIAL);
+            if g.linear_before_reset {
+                for n in 0..s.batch {
+                    rec[n * hs..(n + 1) * hs].copy_from_slice(&hr[n * rows + 2 * hs..(n + 1) * rows]);
+                }
+            } else {
+                // The candidate's recurrent term needs r first: (r ⊙ h)·R_hᵀ.
                 for n in 0..s.batch {
                     let pre = &xw[(t * s.batch + n) * rows..];
-                    let (rec, h) = (&hr[n * rows..], &y_h[state.start + n * hs..]);
+                    let (hrow, h) = (&hr[n * rows..], &y_h[state.start + n * hs..]);
                     for j in 0..hs {
-                        let reset = sigmoid(clip(pre[hs + j] + rec[hs + j]));
-                        gated[n * hs + j] = reset * h[j];
+                        gated[n * hs + j] = sigmoid(clamp(pre[hs + j] + hrow[hs + j], clip)) * h[j];
                     }
                 }
-                gemm_rowmajor(s.batch, hs, hs, &gated, hs, &rht, hs, &mut cand, hs, false, Par::SERIAL);
+                gemm_bt(s.batch, hs, hs, &gated, hs, rh, hs, &mut rec, hs, false, Par::SERIAL);
             }
             for n in 0..s.batch {
                 let pre = &xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows];
-                let rec = &hr[n * rows..(n + 1) * rows];
+                for (k, v) in zr.iter_mut().enumerate() {
+                    *v = pre[k] + hr[n * rows + k];
+                }
+                cand.copy_from_slice(&pre[2 * hs..]);
                 let at = state.start + n * hs;
                 let h = &mut y_h[at..at + hs];
-                for j in 0..hs {
-                    let z = sigmoid(clip(pre[j] + rec[j]));
-                    let recurrent = if g.linear_before_reset {
-                        let reset = sigmoid(clip(pre[hs + j] + rec[hs + j]));
-                        reset * (rec[2 * hs + j] + rb_h[j])
-                    } else {
-                        cand[n * hs + j] + rb_h[j]
-                    };
-                    let candidate = clip(pre[2 * hs + j] + recurrent).tanh();
-                    h[j] = (1.0 - z) * candidate + z * h[j];
-                }
+                gru_row_dispatch(&mut zr, &mut cand, &rec[n * hs..(n + 1) * hs], rb_h, h, clip, g.linear_before_reset);
                 let out = ((t * s.dirs + d) * s.batch + n) * hs;
                 y[out..out + hs].copy_from_slice(h);
             }
