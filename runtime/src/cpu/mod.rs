@@ -165,7 +165,8 @@ pub struct CpuProgram {
     current: RwLock<Arc<WeightSet>>,
     /// Serializes weight swaps, so two concurrent swaps cannot interleave their builds.
     swapping: Mutex<()>,
-    pool: rayon::ThreadPool,
+    /// The worker pool, shared with every other program of this thread count in the process ([`shared_pool`]).
+    pool: Arc<rayon::ThreadPool>,
     threads: usize,
     /// The workers a run actually uses: 1 for programs too small to gain from the pool (see `SMALL_PROGRAM`).
     workers: usize,
@@ -190,6 +191,27 @@ const WINOGRAD_MIN_OUTPUT: u64 = 14 * 14;
 #[repr(align(64))]
 struct EmptyBuffer([u8; 64]);
 static EMPTY_BUFFER: EmptyBuffer = EmptyBuffer([0; 64]);
+
+/// The process-wide pool of `threads` workers: programs of one thread count share it (ten sessions of a service
+/// start their workers once, not ten times), and it ends when the last program using it is dropped.
+fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, RunError> {
+    static POOLS: std::sync::LazyLock<Mutex<HashMap<usize, std::sync::Weak<rayon::ThreadPool>>>> =
+        std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pool) = pools.get(&threads).and_then(std::sync::Weak::upgrade) {
+        return Ok(pool);
+    }
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("kiln-cpu{threads}-{i}"))
+            .build()
+            .map_err(|e| RunError::Backend(format!("cannot start {threads} worker threads: {e}")))?,
+    );
+    pools.retain(|_, p| p.strong_count() > 0);
+    pools.insert(threads, Arc::downgrade(&pool));
+    Ok(pool)
+}
 
 /// Raw buffer pointers of one run, shareable with the pool's threads (the steps' buffer discipline — a step
 /// writes only its results, which no concurrent chunk writes at the same element — makes this sound).
@@ -218,11 +240,7 @@ impl CpuProgram {
     ) -> Result<CpuProgram, RunError> {
         let placed = PlacedBackends::resolve(&exe.placed_nodes(), registry)?;
         let threads = threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kiln-cpu-{i}"))
-            .build()
-            .map_err(|e| RunError::Backend(format!("cannot start {threads} worker threads: {e}")))?;
+        let pool = shared_pool(threads)?;
         let weights = exe.weights.iter().map(|(n, t)| (n.to_string(), Arc::clone(t))).collect();
         let mut program = CpuProgram {
             exe,
@@ -1069,4 +1087,27 @@ fn gather(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Programs of one thread count share one pool; another count gets its own; a pool lives while a program
+    /// uses it.
+    #[test]
+    fn programs_share_one_pool_per_thread_count() {
+        let program = |threads| {
+            CpuProgram::new(Executable::empty("empty"), KernelCode::Reference(Vec::new()), threads).expect("binds")
+        };
+        let (a, b, c) = (program(3), program(3), program(5));
+        assert!(Arc::ptr_eq(&a.pool, &b.pool), "one pool for every 3-thread program");
+        assert!(!Arc::ptr_eq(&a.pool, &c.pool));
+        assert_eq!(a.pool.current_num_threads(), 3);
+        let weak = Arc::downgrade(&c.pool);
+        drop(c);
+        assert!(weak.upgrade().is_none(), "the 5-thread pool ends with its last program");
+        let d = program(3);
+        assert!(Arc::ptr_eq(&a.pool, &d.pool));
+    }
 }
