@@ -332,3 +332,42 @@ fn half_precision_conversions_are_exact() {
         }
     }
 }
+
+/// Max and min reductions fold four lanes at a time into vector partial results: identical to the interpreter's
+/// in-order fold, NaN anywhere in the row, signed zeros, rows of every length modulo four.
+#[test]
+fn vector_max_and_min_reductions_match_the_interpreter_bit_for_bit() {
+    for n in [1usize, 3, 4, 5, 8, 13, 64, 67] {
+        let text = format!(
+            "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[3,{n}]\n  \
+             %1 = reduce %0 {{kind=max, axes=[1], keep_dims=false}} : f32[3]\n  \
+             %2 = reduce %0 {{kind=min, axes=[1], keep_dims=false}} : f32[3]\n  \
+             %3 = reduce %0 {{kind=max, axes=[0, 1], keep_dims=false}} : f32[]\n  \
+             output \"max\" = %1\n  output \"min\" = %2\n  output \"all\" = %3\n}}\n"
+        );
+        let model = Model::from_graph(kiln_ir::parse(&text).unwrap()).unwrap();
+        let mut v: Vec<f32> = (0..3 * n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.25).collect();
+        // Row 0: plain; row 1: a NaN at the end; row 2: signed zeros only, with a NaN in its middle lane.
+        v[2 * n - 1] = f32::NAN;
+        for x in &mut v[2 * n..] {
+            *x = if x.is_sign_negative() { -0.0 } else { 0.0 };
+        }
+        v[2 * n + n / 2] = if n > 2 { f32::NAN } else { 0.0 };
+        let inputs = BTreeMap::from([("x".to_string(), Tensor::from_vec(vec![3, n], v).unwrap())]);
+        let want = model
+            .run(&inputs, &kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() })
+            .unwrap();
+        let got = model.compile(&CompileOptions::default()).unwrap().run(&inputs).unwrap();
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            // Bit for bit, signed zeros included; any NaN is a NaN (its payload is the hardware's).
+            let bits = |t: &Tensor| {
+                t.as_slice::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(g), bits(w), "{name} over rows of {n}: {g:?} vs {w:?}");
+        }
+    }
+}

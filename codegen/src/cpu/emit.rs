@@ -83,6 +83,8 @@ pub(crate) struct Emitter<'k, 'f> {
     pub lane_index: HashMap<LoopVar, Value>,
     pub lets: HashMap<Var, (Value, DType)>,
     pub accs: HashMap<AccVar, AccSlot>,
+    /// The f32x4 twins of the max/min accumulators of the reduction loop being vectorized (see `simd`).
+    pub vaccs: HashMap<AccVar, Variable>,
     /// Runtime signatures imported so far.
     sigs: HashMap<RtSig, ir::SigRef>,
 }
@@ -140,6 +142,7 @@ impl<'k, 'f> Emitter<'k, 'f> {
             lane_index: HashMap::new(),
             lets: HashMap::new(),
             accs: HashMap::new(),
+            vaccs: HashMap::new(),
             sigs: HashMap::new(),
         };
         let exit = e.b.create_block();
@@ -257,7 +260,11 @@ impl<'k, 'f> Emitter<'k, 'f> {
             let n = self.b.ins().isub(hi_c, lo);
             let full = self.b.ins().band_imm_s(n, -4);
             let vend = self.b.ins().iadd(lo, full);
+            if kind == LoopKind::Reduction {
+                self.open_vector_accs(body);
+            }
             self.counted_loop(v, lo, vend, 4, |e, i| e.vector_body(var, i, body))?;
+            self.close_vector_accs()?;
             lo = vend;
         }
         self.counted_loop(v, lo, hi, 1, |e, _| e.block(body))?;

@@ -15,8 +15,11 @@
 //! would depend on the previous lane's fold). Only the values are vector code: the four lanes are then folded
 //! into each accumulator one at a time, lane 0 to 3, by the same scalar step the scalar loop uses, so the
 //! folding order — and every rounding in it — is the interpreter's, and results differ from the scalar loop
-//! only where an inline approximation below replaces a runtime call. Arg accumulators, other dtypes and
-//! bodies with stores keep the loop scalar.
+//! only where an inline approximation below replaces a runtime call. Max and min accumulators are the exception:
+//! exact and NaN-propagating, they fold lane-wise into an f32x4 twin and the four lanes into the accumulator once
+//! after the loop (the same value, in any order). Arg accumulators, other dtypes and bodies with stores keep the
+//! loop scalar. A loop-invariant integer converted to f32 (a quantization's zero point) is converted once and
+//! splat.
 //!
 //! Memory: an index affine in the loop variable with coefficient 1 is one vector load or store, coefficient 0
 //! is one scalar load splat to all lanes, anything else goes lane by lane (a gather or scatter of four scalar
@@ -145,6 +148,13 @@ impl Emitter<'_, '_> {
         !folded.is_empty()
     }
 
+    /// Whether `e` is a variable of the enclosing scope (not the loop body's `inner` lets) holding an integer:
+    /// the same value in every iteration.
+    fn invariant_int(&self, e: &Expr, inner: &HashMap<Var, DType>) -> bool {
+        matches!(e, Expr::Var(v) if !inner.contains_key(v)
+            && self.lets.get(v).is_some_and(|(_, d)| !d.is_float() && *d != DType::Bool))
+    }
+
     /// The dtype of `e`'s lanes when the vector form takes it (f32, or f16/bf16 held as f32 lanes), `None` when
     /// it does not; `inner` holds the dtypes of the loop body's own lets.
     fn vtype(&self, e: &Expr, inner: &HashMap<Var, DType>) -> Option<DType> {
@@ -159,6 +169,8 @@ impl Emitter<'_, '_> {
             {
                 Some(DType::F32)
             }
+            // A loop-invariant integer (a zero point) converted to f32: converted once, splat.
+            Expr::Cast(x, DType::F32) if self.invariant_int(x, inner) => Some(DType::F32),
             Expr::Cast(x, to) => self.vtype(x, inner).and(lanes(*to)),
             Expr::Var(v) => inner.get(v).copied().or_else(|| self.lets.get(v).and_then(|(_, d)| lanes(*d))),
             Expr::Acc(a) => self.accs.get(a).filter(|s| !s.op.is_arg() && s.dtype == DType::F32).map(|_| DType::F32),
@@ -235,6 +247,15 @@ impl Emitter<'_, '_> {
                         self.store_lanes(*arg, index, var, i, x, |e, v, addr| e.store_scalar(v, d, addr))?;
                     }
                 }
+                Stmt::Update { acc, value, .. } if self.vaccs.contains_key(acc) => {
+                    // A max or min: lane-wise into its vector twin, folded once after the loop.
+                    let (x, _) = self.vexpr(value, var, i, &vlets)?;
+                    let twin = self.vaccs[acc];
+                    let op = self.accs[acc].op;
+                    let cur = self.b.use_var(twin);
+                    let next = if op == AccOp::Max { self.b.ins().fmax(cur, x) } else { self.b.ins().fmin(cur, x) };
+                    self.b.def_var(twin, next);
+                }
                 Stmt::Update { acc, value, .. } => {
                     let (x, _) = self.vexpr(value, var, i, &vlets)?;
                     let slot = *self
@@ -251,6 +272,40 @@ impl Emitter<'_, '_> {
                 }
                 _ => return Err(self.malformed("a statement the vector form does not take".into())),
             }
+        }
+        Ok(())
+    }
+
+    /// Before a vectorized reduction loop: an f32x4 twin for each f32 max/min accumulator the body folds into,
+    /// starting at the accumulator's value in every lane. Max and min are exact and NaN-propagating, so lane-wise
+    /// partial results folded at the end equal the in-order fold the scalar loop does, bit for bit (sums and
+    /// products keep their in-order lane fold: their rounding depends on the order).
+    pub(crate) fn open_vector_accs(&mut self, body: &Block) {
+        for s in &body.0 {
+            let Stmt::Update { acc, position: None, .. } = s else { continue };
+            let Some(slot) = self.accs.get(acc).copied() else { continue };
+            if slot.dtype != DType::F32 || !matches!(slot.op, AccOp::Max | AccOp::Min) || self.vaccs.contains_key(acc) {
+                continue;
+            }
+            let twin = self.b.declare_var(types::F32X4);
+            let cur = self.b.use_var(slot.value);
+            let lanes = self.splat(cur);
+            self.b.def_var(twin, lanes);
+            self.vaccs.insert(*acc, twin);
+        }
+    }
+
+    /// After a vectorized reduction loop: each twin's four lanes folded into its accumulator.
+    pub(crate) fn close_vector_accs(&mut self) -> EResult<()> {
+        for (acc, twin) in std::mem::take(&mut self.vaccs) {
+            let slot = self.accs[&acc];
+            let v = self.b.use_var(twin);
+            let mut folded = self.b.use_var(slot.value);
+            for lane in 0..LANES as u8 {
+                let x = self.b.ins().extractlane(v, lane);
+                folded = self.fold(slot.op, folded, x, DType::F32)?;
+            }
+            self.b.def_var(slot.value, folded);
         }
         Ok(())
     }
@@ -282,6 +337,12 @@ impl Emitter<'_, '_> {
                 let Expr::Load { arg, index } = &**x else { unreachable!("matched above") };
                 let v = self.vload(*arg, index, var, i, DType::I32)?;
                 (self.b.ins().fcvt_from_sint(types::F32X4, v), DType::F32)
+            }
+            Expr::Cast(x, DType::F32)
+                if !matches!(&**x, Expr::Var(v) if vlets.contains_key(v)) && self.invariant_int(x, &HashMap::new()) =>
+            {
+                let (x, d) = self.expr(e)?;
+                (self.splat(x), d)
             }
             Expr::Cast(x, to) => {
                 let (v, from) = self.vexpr(x, var, i, vlets)?;
