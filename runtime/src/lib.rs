@@ -123,6 +123,20 @@ pub enum RunError {
     Submission(String),
 }
 
+impl RunError {
+    /// The exit code a command-line tool gives this error (as `kiln` does, docs/cli.md): 3 a file or artifact
+    /// could not be read or is malformed, 4 something is not supported here (a node, a device), 5 the inputs do
+    /// not fit, 1 anything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Load { .. } | RunError::Checkpoint { .. } | RunError::Weights(_) => 3,
+            RunError::Unsupported { .. } | RunError::NoBackend { .. } | RunError::NoDevice { .. } => 4,
+            RunError::Input(_) => 5,
+            _ => 1,
+        }
+    }
+}
+
 /// A profiled run: the outputs, and each step's wall time in step order.
 pub type Profiled = (Vec<(String, Tensor)>, Vec<std::time::Duration>);
 

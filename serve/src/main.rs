@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use kiln_ir::Tensor;
 use kiln_plan::artifact::ArtifactManifest;
 use kiln_runtime::registry::{BackendRegistry, PLUGINS_ENV_VAR};
-use kiln_runtime::{Program, npy};
+use kiln_runtime::{Program, RunError, npy};
 
 /// As in `kiln`: large per-run buffers are reused instead of faulted in again every run.
 #[global_allocator]
@@ -111,9 +111,44 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// An artifact refused under `--fallback deny` (exit code 4, as an unsupported model).
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The exit code of a failed command, by the kind of error in its chain, as `kiln`'s (docs/cli.md): 3 could not
+/// read, 4 unsupported (fallbacks refused included), 5 invalid input, 1 anything else.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.downcast_ref::<Refused>().is_some() {
+            return 4;
+        }
+        if let Some(e) = cause.downcast_ref::<RunError>() {
+            return e.exit_code();
+        }
+        if let Some(e) = cause.downcast_ref::<kiln_runtime::inputs::InputsError>() {
+            return match e {
+                kiln_runtime::inputs::InputsError::Npy(npy::NpyError::Io { .. }) => 3,
+                _ => 5,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<npy::NpyError>() {
+            return if matches!(e, npy::NpyError::Io { .. }) { 3 } else { 5 };
+        }
+    }
+    1
 }
 
 /// A loaded artifact: its program on its target, and what loading took.
@@ -141,7 +176,7 @@ fn load(a: &ArtifactArgs) -> Result<Loaded> {
     };
     let exe = program.executable();
     if a.fallback == "deny" && !exe.fallbacks.is_empty() {
-        bail!("{}", kiln_plan::exec::fallback_refusal(&exe.fallbacks));
+        return Err(Refused(kiln_plan::exec::fallback_refusal(&exe.fallbacks)).into());
     }
     let fallback_lines =
         if a.fallback == "warn" { kiln_plan::exec::fallback_lines(&exe.fallbacks) } else { Vec::new() };

@@ -27,9 +27,11 @@ fn serve(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kiln-serve")).args(args).env_remove("KILN_BACKEND_PLUGINS").output().unwrap()
 }
 
-fn one_line_error(o: &Output, needle: &str) {
+/// A failure with exit code `code` (1 other, 3 could not read, 4 unsupported, 5 invalid input: as `kiln`'s) and
+/// one line saying `needle`.
+fn one_line_error(o: &Output, code: i32, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(code), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(needle), "`{err}` should contain `{needle}`");
 }
@@ -66,23 +68,23 @@ fn artifacts_run_and_bench_without_the_compiler_as_under_the_jit() {
     assert!(text.contains("x: f32[4,8]") && text.contains("y: f32[4,8]"), "{text}");
 
     // Bad input: one line, exit 1, nothing runs.
-    one_line_error(&serve(&["bench", &p(&art), "--runs", "0"]), "--runs must be 1 to 1,000,000");
-    one_line_error(&serve(&["run", &p(&art), "--threads", "100000", "-o", &p(&out)]), "more than the cap");
-    one_line_error(&serve(&["run", &p(&art), "--input", "nope=/nonexistent.npy"]), "/nonexistent.npy");
-    one_line_error(&serve(&["run", &p(&root.path().join("missing"))]), "manifest.json");
+    one_line_error(&serve(&["bench", &p(&art), "--runs", "0"]), 1, "--runs must be 1 to 1,000,000");
+    one_line_error(&serve(&["run", &p(&art), "--threads", "100000", "-o", &p(&out)]), 5, "more than the cap");
+    one_line_error(&serve(&["run", &p(&art), "--input", "nope=/nonexistent.npy"]), 3, "/nonexistent.npy");
+    one_line_error(&serve(&["run", &p(&root.path().join("missing"))]), 3, "manifest.json");
     let o = Command::new(env!("CARGO_BIN_EXE_kiln-serve"))
         .args(["run", &p(&art)])
         .env("KILN_BACKEND_PLUGINS", "a=x.so:3")
         .output()
         .unwrap();
-    one_line_error(&o, "KILN_BACKEND_PLUGINS");
+    one_line_error(&o, 1, "KILN_BACKEND_PLUGINS");
     // A tampered kernel library is refused before it is loaded.
     let lib = art.join("kernels.so");
     let mut bytes = std::fs::read(&lib).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&lib, &bytes).unwrap();
-    one_line_error(&serve(&["run", &p(&art)]), "does not match the manifest");
+    one_line_error(&serve(&["run", &p(&art)]), 3, "does not match the manifest");
 }
 
 /// An artifact with a node on the reference interpreter says so: `warn` (the default) prints a `fallback:` line
@@ -108,5 +110,5 @@ fn artifact_fallbacks_are_never_silent() {
     let o = serve(&["bench", art, "--runs", "2", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["fallbacks"][0].as_str().is_some_and(|l| l.contains(line)), "{v}");
-    one_line_error(&serve(&["bench", art, "--fallback", "deny"]), "1 `top_k` (kiln does not compile `top_k` yet)");
+    one_line_error(&serve(&["bench", art, "--fallback", "deny"]), 4, "1 `top_k` (kiln does not compile `top_k` yet)");
 }
