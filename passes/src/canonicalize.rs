@@ -19,7 +19,6 @@
 //! | `cast(x)` to `x`'s dtype → `x` | converts nothing |
 //! | `cast(cast(x: A, B), A)` → `x` when every `A` value is exactly a `B` value | i8/u8 → i32, i64, f16, bf16, f32, f64; i32 → i64, f64; f16, bf16 → f32, f64; f32 → f64; bool → anything (0/1 come back as `!= 0`) |
 //! | `broadcast(x)` to `x`'s own shape → `x` | copies nothing |
-//! | `reduce{max|min}` over every axis of `transpose(x)` or `reshape(x)` (no kept dims) → over every axis of `x` | the same elements; max and min do not depend on their order (a dynamic quantization's range of a transposed tensor then reads it contiguously) |
 //!
 //! Constants are `constant` nodes only: a `param` may be swapped at run time, so `x * w` is kept even when the
 //! weight happens to be all ones. Rules run to a local fixed point: each node is rewritten until no rule applies,
@@ -27,7 +26,7 @@
 //! removed.
 
 use kiln_ir::infer::infer;
-use kiln_ir::op::{BinaryOp, Reduce, ReduceKind, Transpose};
+use kiln_ir::op::{BinaryOp, Transpose};
 use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Graph, NodeId, Op, Value};
 
@@ -161,20 +160,6 @@ fn rewrite(g: &Graph, id: NodeId) -> Option<Rewrite> {
             if from == c.to && round_trips(from, mid.to) { forward(y) } else { None }
         }
         Op::Broadcast(_) => forward(operand(0)?),
-        Op::Reduce(r) if matches!(r.kind, ReduceKind::Max | ReduceKind::Min) && !r.keep_dims => {
-            let v = operand(0)?;
-            let rank = g.value_type(v)?.shape.rank();
-            let mut axes: Vec<usize> = r.axes.iter().map(|&a| normalize_axis(a, rank).ok()).collect::<Option<_>>()?;
-            axes.sort_unstable();
-            axes.dedup();
-            if axes.len() != rank {
-                return None;
-            }
-            let inner = g.get(v.node)?;
-            let (Op::Transpose(_) | Op::Reshape(_), Some(&x)) = (&inner.op, inner.inputs.first()) else { return None };
-            let all = (0..g.value_type(x)?.shape.rank() as i64).collect();
-            replace(g, Op::Reduce(Reduce { kind: r.kind, axes: all, keep_dims: false }), x, result)
-        }
         _ => None,
     }
 }
