@@ -412,25 +412,42 @@ mod vnni {
                 let m = MR.min(count - r0);
                 let row = first + r0;
                 let panel_len = b.quads * 4 * NR;
-                for (p, panel) in b.data.chunks(panel_len.max(1)).enumerate() {
-                    let mut acc = [[0i32; NR]; MR];
-                    // SAFETY: VNNI is present (the operand was packed for it); the rows and the panel hold
+                let panels: Vec<&[i8]> = b.data.chunks(panel_len.max(1)).collect();
+                // Two panels (32 columns) per tile where there are two: eight accumulators keep `vpdpbusd`'s
+                // latency hidden and each broadcast row quad serves both.
+                let mut p = 0;
+                while p < panels.len() {
+                    let width = if p + 1 < panels.len() { 2 } else { 1 };
+                    let mut acc = [[[0i32; NR]; MR]; 2];
+                    let rows_a = &lhs[row * lda..(row + m) * lda];
+                    // SAFETY: VNNI is present (the operand was packed for it); the rows and each panel hold
                     // `m · lda` and `quads · 4·NR` values.
-                    unsafe { tile(&lhs[row * lda..(row + m) * lda], m, b.quads, panel, &mut acc) };
-                    let cols = NR.min(n - p * NR);
-                    for (i, acc_row) in acc.iter().enumerate().take(m) {
-                        let r = row + i;
-                        let (za, ra) = (za(r) + shift, row_sums[r]);
-                        let out = &mut block[(r0 + i) * n + p * NR..][..cols];
-                        for (j, o) in out.iter_mut().enumerate() {
-                            let col = p * NR + j;
-                            let zb = b.zero[col];
-                            *o = acc_row[j]
-                                .wrapping_sub(zb.wrapping_mul(ra))
-                                .wrapping_sub(za.wrapping_mul(b.col_sums[col]))
-                                .wrapping_add((k as i32).wrapping_mul(za).wrapping_mul(zb));
+                    unsafe {
+                        if width == 2 {
+                            tile2(rows_a, m, b.quads, panels[p], panels[p + 1], &mut acc);
+                        } else {
+                            tile(rows_a, m, b.quads, panels[p], &mut acc[0]);
                         }
                     }
+                    for (w, acc) in acc.iter().enumerate().take(width) {
+                        let first_col = (p + w) * NR;
+                        let cols = NR.min(n - first_col);
+                        for (i, acc_row) in acc.iter().enumerate().take(m) {
+                            let r = row + i;
+                            let (za, ra) = (za(r) + shift, row_sums[r]);
+                            let kza = (k as i32).wrapping_mul(za);
+                            let out = &mut block[(r0 + i) * n + first_col..][..cols];
+                            for (j, o) in out.iter_mut().enumerate() {
+                                let col = first_col + j;
+                                let zb = b.zero[col];
+                                *o = acc_row[j]
+                                    .wrapping_sub(zb.wrapping_mul(ra))
+                                    .wrapping_sub(za.wrapping_mul(b.col_sums[col]))
+                                    .wrapping_add(kza.wrapping_mul(zb));
+                            }
+                        }
+                    }
+                    p += width;
                 }
             }
         };
@@ -455,6 +472,57 @@ mod vnni {
                 3 => tile_rows::<3>(a, quads, panel, acc),
                 2 => tile_rows::<2>(a, quads, panel, acc),
                 _ => tile_rows::<1>(a, quads, panel, acc),
+            }
+        }
+    }
+
+    /// [`tile`] over two panels at once (32 columns): `acc[w]` for panel `w`.
+    ///
+    /// # Safety
+    /// As [`tile`]'s, for both panels.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn tile2(a: &[u8], rows: usize, quads: usize, p0: &[i8], p1: &[i8], acc: &mut [[[i32; NR]; MR]; 2]) {
+        assert!(a.len() >= rows * 4 * quads && p0.len().min(p1.len()) >= quads * 4 * NR && rows <= MR);
+        // SAFETY: as this function's; the lengths were checked above.
+        unsafe {
+            match rows {
+                4 => tile2_rows::<4>(a, quads, p0, p1, acc),
+                3 => tile2_rows::<3>(a, quads, p0, p1, acc),
+                2 => tile2_rows::<2>(a, quads, p0, p1, acc),
+                _ => tile2_rows::<1>(a, quads, p0, p1, acc),
+            }
+        }
+    }
+
+    /// [`tile2`] for exactly `R` rows: `2R` accumulators in registers.
+    ///
+    /// # Safety
+    /// As [`tile2`]'s, with `rows == R`.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn tile2_rows<const R: usize>(a: &[u8], quads: usize, p0: &[i8], p1: &[i8], acc: &mut [[[i32; NR]; MR]; 2]) {
+        use std::arch::x86_64::*;
+        let mut v0 = [_mm512_setzero_si512(); R];
+        let mut v1 = [_mm512_setzero_si512(); R];
+        let lda = 4 * quads;
+        let (a, b0, b1) = (a.as_ptr(), p0.as_ptr(), p1.as_ptr());
+        for q in 0..quads {
+            // SAFETY: q < quads: 64 bytes from q·4·NR are in each panel, and each row's 4 bytes from
+            // i·lda + 4q are in `a` (the caller checked the lengths).
+            unsafe {
+                let bq0 = _mm512_loadu_si512(b0.add(q * 4 * NR).cast());
+                let bq1 = _mm512_loadu_si512(b1.add(q * 4 * NR).cast());
+                for i in 0..R {
+                    let quad = _mm512_set1_epi32(a.add(i * lda + 4 * q).cast::<i32>().read_unaligned());
+                    v0[i] = _mm512_dpbusd_epi32(v0[i], quad, bq0);
+                    v1[i] = _mm512_dpbusd_epi32(v1[i], quad, bq1);
+                }
+            }
+        }
+        for i in 0..R {
+            // SAFETY: a row of `acc` holds 16 i32s, one 512-bit store each.
+            unsafe {
+                _mm512_storeu_si512(acc[0][i].as_mut_ptr().cast(), v0[i]);
+                _mm512_storeu_si512(acc[1][i].as_mut_ptr().cast(), v1[i]);
             }
         }
     }
