@@ -517,3 +517,34 @@ fn the_evaluator_reports_bad_launches() {
     kernel::eval(&k, &mut args, &[2]).unwrap();
     assert_eq!(args[1].to_f64_vec(), vec![1.0; 6]);
 }
+
+/// Sibling reductions over one tensor (a dynamic quantization's range) fold in one sweep: one nest with both
+/// accumulators, the lets between moved after it; a reduction that reads such a let, or a nest that stores, is
+/// left apart. Results are the interpreter's either way.
+#[test]
+fn sibling_reductions_share_one_sweep() {
+    let text = r#"graph "g" {
+      %0 = input {name="x"} : f32[batch,16]
+      %1 = reduce %0 {kind=min, axes=[0, 1], keep_dims=false} : f32[]
+      %2 = reduce %0 {kind=max, axes=[0, 1], keep_dims=false} : f32[]
+      %3 = sub %2, %1 : f32[]
+      %4 = div %0, %3 : f32[batch,16]
+      %5 = reduce %4 {kind=sum, axes=[0, 1], keep_dims=false} : f32[]
+      output "range" = %3
+      output "scaled" = %4
+      output "total" = %5
+    }"#;
+    let k = check_kir("siblings", text, &[("batch", 5)]);
+    let printed = kernel::print(&k);
+    let top_level_fors = printed.lines().filter(|l| l.starts_with("  for ")).count();
+    // min+max share a nest; the scaled store and the sum of scaled values (it reads the range) stay apart.
+    assert_eq!(top_level_fors, 3, "{printed}");
+    // The first nest folds into two accumulators.
+    let first_nest: Vec<&str> = printed
+        .lines()
+        .skip_while(|l| !l.starts_with("  for "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("  ") || l.starts_with("   "))
+        .collect();
+    assert_eq!(first_nest.iter().filter(|l| l.contains("<-")).count(), 2, "{printed}");
+}

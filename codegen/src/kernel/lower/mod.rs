@@ -34,6 +34,7 @@
 mod nn;
 mod reduce;
 mod shape;
+mod siblings;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -137,7 +138,8 @@ pub fn lower_mapped(
     for (domain, outs) in nests {
         cx.nest(&domain, &outs)?;
     }
-    let body = Block(cx.frames.pop().expect("the kernel body frame").stmts);
+    let mut body = Block(cx.frames.pop().expect("the kernel body frame").stmts);
+    siblings::fuse(&mut body);
     Ok((Kernel { name: name.to_string(), args: cx.args, symbols: cx.symbols.0, body }, cx.arg_values))
 }
 
