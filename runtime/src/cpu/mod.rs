@@ -192,6 +192,18 @@ const WINOGRAD_MIN_OUTPUT: u64 = 14 * 14;
 struct EmptyBuffer([u8; 64]);
 static EMPTY_BUFFER: EmptyBuffer = EmptyBuffer([0; 64]);
 
+/// Buffer `b` of a run as `n` f32s (an empty slice when `n` is 0, whatever the pointer).
+///
+/// # Safety
+/// The buffer must hold `n` initialized f32s that nobody writes while the slice lives.
+unsafe fn f32_view<'a>(ptrs: Ptrs<'a>, b: BufferId, n: usize) -> &'a [f32] {
+    if n == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(ptrs.0[b.0 as usize].cast::<f32>(), n) }
+}
+
 /// The process-wide pool of `threads` workers: programs of one thread count share it (ten sessions of a service
 /// start their workers once, not ten times), and it ends when the last program using it is dropped.
 fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, RunError> {
@@ -735,10 +747,7 @@ impl CpuProgram {
         let len = |b: BufferId| -> Result<usize, RunError> { Ok(dims(b)?.iter().product()) };
         // SAFETY: each buffer holds `len` f32s (the routine's operands and results are f32, checked when the
         // program was built and verified); results never overlap operands (`Overlap::Never` in the verifier).
-        let read = |b: BufferId| -> Result<&[f32], RunError> {
-            let n = len(b)?;
-            Ok(if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ptrs.0[b.0 as usize].cast::<f32>(), n) } })
-        };
+        let read = |b: BufferId| -> Result<&[f32], RunError> { Ok(unsafe { f32_view(ptrs, b, len(b)?) }) };
         // SAFETY: as above; each result buffer is distinct, and borrowed mutably once.
         let write = |b: BufferId| -> Result<&mut [f32], RunError> {
             let n = len(b)?;
@@ -849,14 +858,8 @@ impl CpuProgram {
         if let LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) = op {
             return self.integer_product(set, op, inputs, output, ptrs, symbols);
         }
-        let f32s = |b: BufferId, dims: &[usize]| -> &[f32] {
-            let n: usize = dims.iter().product();
-            if n == 0 {
-                return &[];
-            }
-            // SAFETY: an f32 buffer of `n` elements; library operands never overlap the output.
-            unsafe { std::slice::from_raw_parts(ptrs.0[b.0 as usize].cast::<f32>(), n) }
-        };
+        // SAFETY: an f32 buffer of `n` elements; library operands never overlap the output.
+        let f32s = |b: BufferId, dims: &[usize]| -> &[f32] { unsafe { f32_view(ptrs, b, dims.iter().product()) } };
         let out_dims = dims(output)?;
         let n: usize = out_dims.iter().product();
         let out: &mut [f32] = if n == 0 {

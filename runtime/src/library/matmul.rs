@@ -310,24 +310,8 @@ pub(super) unsafe fn gemm_rowmajor_raw<T: GemmScalar>(
     accumulate: bool,
     par: Par,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
-    assert!(c_len >= span(m, ldc, n), "library gemm: result block out of bounds");
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                // SAFETY: row `r` of the block lies inside the `c_len` elements (asserted above).
-                unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) }.fill(T::ZERO);
-            }
-        }
-        return;
-    }
-    assert!(a.len() >= span(m, lda, k) && b.len() >= span(k, ldb, n), "library gemm: operand block out of bounds");
-    // SAFETY: `b` holds the `k × n` block at row stride `ldb`, column stride 1 (asserted); the rest is the
-    // caller's contract.
-    unsafe { gemm_strided_raw(m, n, k, a, lda, b, (ldb, 1), c, ldc, accumulate, par) }
+    // SAFETY: `b`'s block is at row stride `ldb`, column stride 1; the rest is the caller's contract.
+    unsafe { gemm_general(m, n, k, a, lda, b, (ldb, 1), c, c_len, ldc, accumulate, par) }
 }
 
 /// `c[m×n] = a[m×k] · btᵀ` (or `c += …`), where `bt` is `[n×k]` row-major with leading dim `ldbt`: a product with
@@ -349,31 +333,20 @@ pub(super) fn gemm_bt<T: GemmScalar>(
     accumulate: bool,
     par: Par,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
-    assert!(c.len() >= span(m, ldc, n), "library gemm: result block out of bounds");
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                c[r * ldc..r * ldc + n].fill(T::ZERO);
-            }
-        }
-        return;
-    }
-    assert!(a.len() >= span(m, lda, k) && bt.len() >= span(n, ldbt, k), "library gemm: operand block out of bounds");
-    // SAFETY: `bt` holds `b`'s `k × n` block with row stride 1 and column stride `ldbt` (asserted above), `c` is
-    // an exclusive borrow holding the result block.
-    unsafe { gemm_strided_raw(m, n, k, a, lda, bt, (1, ldbt), c.as_mut_ptr(), ldc, accumulate, par) }
+    // SAFETY: `c` is a live, exclusively borrowed slice of `c.len()` elements; `bt` holds `b`'s block at row
+    // stride 1, column stride `ldbt` (checked against its length inside).
+    unsafe { gemm_general(m, n, k, a, lda, bt, (1, ldbt), c.as_mut_ptr(), c.len(), ldc, accumulate, par) }
 }
 
-/// The `gemm` crate call: `b`'s element (row `r`, column `j`) at `b[r·b_rs + j·b_cs]`, given as `(b_rs, b_cs)`.
+/// The one checked entry to the `gemm` crate: `c[m×n] (+)= a[m×k] · b[k×n]`, `a` row-major with leading dim
+/// `lda`, `b`'s element (row `r`, column `j`) at `b[r·b_rs + j·b_cs]`, `c` `c_len` elements at leading dim `ldc`.
+/// Panics when an operand is too short for its block.
 ///
 /// # Safety
-/// Every element of the three blocks must lie inside its operand (and `c`'s block be exclusively the caller's).
+/// `c` must be valid for reads and writes of `c_len` elements, and no other thread may access the `m × n` block
+/// this call writes while it runs.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_strided_raw<T: GemmScalar>(
+unsafe fn gemm_general<T: GemmScalar>(
     m: usize,
     n: usize,
     k: usize,
@@ -382,13 +355,30 @@ unsafe fn gemm_strided_raw<T: GemmScalar>(
     b: &[T],
     (b_rs, b_cs): (usize, usize),
     c: *mut T,
+    c_len: usize,
     ldc: usize,
     accumulate: bool,
     par: Par,
 ) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
+    assert!(c_len >= span(m, ldc, n), "library gemm: result block out of bounds");
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                // SAFETY: row `r` of the block lies inside the `c_len` elements (asserted above).
+                unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) }.fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    let b_extent = (k - 1) * b_rs + (n - 1) * b_cs + 1;
+    assert!(a.len() >= span(m, lda, k) && b.len() >= b_extent, "library gemm: operand block out of bounds");
     let parallelism = if par.parallel() { gemm::Parallelism::Rayon(par.threads) } else { gemm::Parallelism::None };
-    // SAFETY: the callers keep every element `gemm` touches inside the operands and inside `c`'s block, which
-    // nobody else touches; the operands are shared borrows that cannot alias it.
+    // SAFETY: the asserts above keep every element `gemm` touches inside the operands and inside `c`'s block,
+    // which nobody else touches (the caller's contract); the operands are shared borrows that cannot alias it.
     unsafe {
         gemm::gemm(
             m,

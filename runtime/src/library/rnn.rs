@@ -51,8 +51,15 @@ fn check(
     w: usize,
     r: usize,
     b: usize,
+    y: usize,
     states: &[usize],
 ) -> Result<(), LibraryError> {
+    if y != s.seq * s.dirs * s.batch * s.hidden {
+        return Err(LibraryError::shape(
+            op,
+            format!("y has {y} elements, the shapes need {}", s.seq * s.dirs * s.batch * s.hidden),
+        ));
+    }
     let rows = gates * s.hidden;
     let want = [
         ("x", s.seq * s.batch * s.input, x),
@@ -279,10 +286,7 @@ pub fn lstm_f32(
     y_c: &mut [f32],
     par: Par,
 ) -> Result<(), LibraryError> {
-    check("lstm", s, 4, x.len(), w.len(), r.len(), b.len(), &[h0.len(), c0.len(), y_h.len(), y_c.len()])?;
-    if y.len() != s.seq * s.dirs * s.batch * s.hidden {
-        return Err(LibraryError::shape("lstm", "y has the wrong length"));
-    }
+    check("lstm", s, 4, x.len(), w.len(), r.len(), b.len(), y.len(), &[h0.len(), c0.len(), y_h.len(), y_c.len()])?;
     let clip = clip_bound("lstm", l.clip)?;
     let (hs, rows) = (s.hidden, 4 * s.hidden);
     y_h.copy_from_slice(h0);
@@ -324,10 +328,7 @@ pub fn gru_f32(
     y_h: &mut [f32],
     par: Par,
 ) -> Result<(), LibraryError> {
-    check("gru", s, 3, x.len(), w.len(), r.len(), b.len(), &[h0.len(), y_h.len()])?;
-    if y.len() != s.seq * s.dirs * s.batch * s.hidden {
-        return Err(LibraryError::shape("gru", "y has the wrong length"));
-    }
+    check("gru", s, 3, x.len(), w.len(), r.len(), b.len(), y.len(), &[h0.len(), y_h.len()])?;
     let clip = clip_bound("gru", g.clip)?;
     let (hs, rows) = (s.hidden, 3 * s.hidden);
     y_h.copy_from_slice(h0);
