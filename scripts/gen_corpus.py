@@ -42,7 +42,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 6"
+VERSION = "corpus 7"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -95,14 +95,15 @@ def write_set(folder, names_values):
         json.dump(manifest, f, indent=1)
 
 
-def write_case(out, name, model_path, sets):
-    """sets: list of {input name: array}; runs ONNX Runtime on each and writes the case."""
+def write_case(out, name, model_path, sets, reference_path=None):
+    """sets: list of {input name: array}; runs ONNX Runtime on each (on `reference_path`, an equivalent model,
+    when given) and writes the case."""
     case = os.path.join(out, name)
     os.makedirs(case, exist_ok=True)
     shutil.copyfile(model_path, os.path.join(case, "model.onnx"))
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(reference_path or model_path, options, providers=["CPUExecutionProvider"])
     model = onnx.load(model_path)
     order = [i.name for i in graph_inputs(model)]
     for k, feeds in enumerate(sets):
@@ -178,13 +179,74 @@ HALF_TOLERANCE = {
 }
 
 
+# Where each integer-product op (and DequantizeLinear) reads its quantized weight and that weight's zero point.
+WEIGHT_OPERANDS = {"MatMulInteger": (1, 3), "ConvInteger": (1, 3), "DequantizeLinear": (0, 2), "QLinearConv": (3, 5),
+                   "QLinearMatMul": (3, 5)}
+
+
+def unsigned_weight_copy(model):
+    """An exactly equivalent copy of a quantized model whose signed 8-bit constant weights are unsigned: w + 128
+    with zero point z + 128, so (w - z) is unchanged for every element.
+
+    ONNX Runtime's u8 x s8 kernels on x86 CPUs without VNNI (AVX2 `vpmaddubsw`) add pairs of products in
+    saturating 16-bit arithmetic, so its outputs for such models depart from the ONNX semantics (exact integer
+    products) on those machines; its u8 x u8 kernels widen to 16 bits first and are exact everywhere. The
+    reference outputs are computed on this copy; kiln runs the model as the quantizer wrote it."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    uses = {}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            uses.setdefault(name, []).append((node.op_type, k))
+
+    def only_weight_uses(name, position):
+        return all(WEIGHT_OPERANDS.get(op, (None, None))[position] == k for op, k in uses.get(name, []))
+
+    shifted = set()
+
+    def shift(name):
+        if name in shifted:
+            return
+        t = inits[name]
+        v = onnx.numpy_helper.to_array(t).astype(np.int16) + 128
+        t.CopyFrom(onnx.numpy_helper.from_array(v.astype(np.uint8), name))
+        shifted.add(name)
+
+    for node in graph.node:
+        if node.op_type not in WEIGHT_OPERANDS:
+            continue
+        w, z = WEIGHT_OPERANDS[node.op_type]
+        weight = node.input[w]
+        if weight not in inits or inits[weight].data_type != onnx.TensorProto.INT8 or not only_weight_uses(weight, 0):
+            continue
+        zero = node.input[z] if len(node.input) > z else ""
+        if zero and (zero not in inits or not only_weight_uses(zero, 1)):
+            continue
+        shift(weight)
+        if zero:
+            shift(zero)
+        else:
+            # An absent zero point is 0 of the weight's type: 128 once unsigned, shaped like the scale.
+            scale = onnx.numpy_helper.to_array(inits[node.input[w + 1]]) if node.input[w + 1] in inits else np.float32(0)
+            name = f"{weight}_unsigned_zero_point"
+            graph.initializer.append(onnx.numpy_helper.from_array(np.full(np.shape(scale), 128, np.uint8), name))
+            inputs = list(node.input) + [""] * (z + 1 - len(node.input))
+            inputs[z] = name
+            del node.input[:]
+            node.input.extend(inputs)
+    return model
+
+
 def quantized_models(out, shared, rng, scratch):
     """int8 variants written by ONNX Runtime's quantizer (dynamic, and static QDQ with a drawn calibration set), and
     fp16 variants written by onnxconverter-common."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     def write(name, path, feeds):
-        write_case(out, name, path, [feeds])
+        reference = os.path.join(scratch, f"{name}_unsigned_weights.onnx")
+        onnx.save(unsigned_weight_copy(onnx.load(path)), reference)
+        write_case(out, name, path, [feeds], reference)
         with open(os.path.join(out, name, "tolerance.json"), "w") as f:
             json.dump(QUANTIZED_TOLERANCE, f, indent=1)
 
