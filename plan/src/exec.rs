@@ -63,14 +63,16 @@ pub enum LibraryOp {
 }
 
 /// A routine of the runtime's library with several results, run natively on the host: the recurrent layers,
-/// whose time steps depend on one another (each step's input projection for every time step is one GEMM, then a
-/// small GEMM and the fused gate arithmetic per step).
+/// whose time steps depend on one another (the input projections of every time step are one GEMM, then a small
+/// GEMM and the fused gate arithmetic per step), and `top_k` (a selection, then a sort of the k best).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Routine {
     /// ONNX LSTM, f32: operands x, w, r, b, h0, c0; results y, y_h, y_c.
     Lstm(kiln_ir::op::Lstm),
     /// ONNX GRU, f32: operands x, w, r, b, h0; results y, y_h.
     Gru(kiln_ir::op::Gru),
+    /// `top_k` on f32: operand x; results values (f32) and indices (i64).
+    TopK(kiln_ir::op::TopK),
 }
 
 impl Routine {
@@ -82,6 +84,7 @@ impl Routine {
         match op {
             Op::Lstm(l) => Some(Routine::Lstm(l.clone())),
             Op::Gru(g) => Some(Routine::Gru(g.clone())),
+            Op::TopK(t) => Some(Routine::TopK(t.clone())),
             _ => None,
         }
     }
@@ -91,6 +94,7 @@ impl Routine {
         match self {
             Routine::Lstm(l) => Op::Lstm(l.clone()),
             Routine::Gru(g) => Op::Gru(g.clone()),
+            Routine::TopK(t) => Op::TopK(t.clone()),
         }
     }
 }

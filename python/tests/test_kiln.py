@@ -201,30 +201,27 @@ def test_unsupported_models_are_listed_and_raise(tmp_path):
 
 
 def fallback_model(path):
-    """TopK: kiln compiles the rest and runs the TopK node on its reference interpreter."""
+    """A linear Resize: kiln compiles the rest and runs that node on its reference interpreter."""
     graph = helper.make_graph(
-        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], name="topk")],
-        "topk",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
-        [
-            helper.make_tensor_value_info("values", TensorProto.FLOAT, [2, 2]),
-            helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 2]),
-        ],
-        [numpy_helper.from_array(np.array([2], np.int64), "k")],
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], name="upsample", mode="linear")],
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 3, 3])],
+        [numpy_helper.from_array(np.array([1, 1, 1.5, 1.5], np.float32), "scales")],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
 
 def test_fallbacks_warn_or_are_denied(tmp_path):
-    path = fallback_model(tmp_path / "topk.onnx")
-    with pytest.warns(kiln.FallbackWarning, match="top_k"):
+    path = fallback_model(tmp_path / "resize.onnx")
+    with pytest.warns(kiln.FallbackWarning, match="resize"):
         session = kiln.InferenceSession(str(path))
-    assert [f[0] for f in session.fallbacks] == ["top_k"]
-    feeds = {"x": np.arange(12, dtype=np.float32).reshape(2, 6)}
-    values, indices = session.run(None, feeds)
-    np.testing.assert_array_equal(values, [[5, 4], [11, 10]])
-    np.testing.assert_array_equal(indices, [[5, 4], [5, 4]])
+    assert [f[0] for f in session.fallbacks] == ["resize"]
+    feeds = {"x": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)}
+    (y,) = session.run(None, feeds)
+    (want,) = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kiln.InferenceSession(str(path), fallback="allow")
@@ -232,6 +229,27 @@ def test_fallbacks_warn_or_are_denied(tmp_path):
         kiln.InferenceSession(str(path), fallback="deny")
     with pytest.raises(ValueError, match="not a fallback policy"):
         kiln.InferenceSession(str(path), fallback="sometimes")
+
+
+def test_top_k_is_compiled(tmp_path):
+    """TopK (a library routine, not the interpreter) under fallback="deny", with ONNX Runtime's answer."""
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], name="topk")],
+        "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, [3, 2]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, [3, 2]),
+        ],
+        [numpy_helper.from_array(np.array([2], np.int64), "k")],
+    )
+    path = tmp_path / "topk.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    session = kiln.InferenceSession(str(path), fallback="deny")
+    feeds = {"x": np.random.default_rng(3).standard_normal([3, 6]).astype(np.float32)}
+    want = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got, w in zip(session.run(None, feeds), want):
+        np.testing.assert_array_equal(got, w)
 
 
 def test_onnxruntime_options_and_providers(tiny):

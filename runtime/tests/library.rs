@@ -687,3 +687,37 @@ fn recurrent_routines_match_the_interpreter() {
     );
     assert!(matches!(err, Err(LibraryError::Shape { .. })), "{err:?}");
 }
+
+/// `top_k` on f32: every axis, k from 0 to the extent, both directions, NaN, ties and signed zeros — exactly the
+/// interpreter's values and indices.
+#[test]
+fn top_k_matches_the_interpreter_exactly() {
+    use kiln_ir::op::TopK;
+    let mut v: Vec<f32> = (0..4 * 7 * 3).map(|i| ((i * 37 % 13) as f32 - 6.0) * 0.5).collect();
+    v[5] = f32::NAN;
+    v[20] = -0.0;
+    v[21] = 0.0;
+    v[40] = f32::NAN;
+    v[41] = f32::INFINITY;
+    let x = Tensor::from_vec(vec![4, 7, 3], v).unwrap();
+    for axis in [0i64, 1, 2, -1] {
+        let n = x.shape()[usize::try_from(axis.rem_euclid(3)).unwrap()];
+        for k in 0..=n as i64 {
+            for largest in [true, false] {
+                let t = TopK { axis, k, largest, sorted: true };
+                let want = kiln_ir::interp::eval_op(&Op::TopK(t.clone()), &[&x]).unwrap();
+                let mut values = vec![0.0f32; want[0].len()];
+                let mut indices = vec![0i64; want[1].len()];
+                library::top_k_f32(&t, f32s(&x), x.shape(), &mut values, &mut indices).unwrap();
+                let case = format!("axis {axis} k {k} largest {largest}");
+                let bits =
+                    |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+                assert_eq!(bits(&values), bits(want[0].as_slice::<f32>().unwrap()), "{case}");
+                assert_eq!(indices, want[1].as_slice::<i64>().unwrap(), "{case}");
+            }
+        }
+    }
+    let t = TopK { axis: 0, k: 9, largest: true, sorted: true };
+    let err = library::top_k_f32(&t, &[1.0; 4], &[4], &mut [0.0; 9], &mut [0; 9]);
+    assert!(matches!(err, Err(LibraryError::Shape { .. })), "{err:?}");
+}

@@ -311,9 +311,11 @@ impl CpuProgram {
                 Step::Interp { outputs, .. } | Step::Backend { outputs, .. } => {
                     outputs.iter().map(elems).sum::<Option<u64>>()?
                 }
-                // A step's gates: (gates · hidden) multiply-adds per input and hidden element, per time step.
-                Step::Routine { inputs, outputs, .. } => elems(&inputs[1])?
-                    .saturating_add(elems(&inputs[2])?)
+                // A recurrent step's gates: (gates · hidden) multiply-adds per input and hidden element, per time
+                // step; a top_k: a selection over its operand.
+                Step::Routine { routine: Routine::TopK(_), inputs, .. } => elems(&inputs[0])?,
+                Step::Routine { inputs, outputs, .. } => elems(inputs.get(1)?)?
+                    .saturating_add(elems(inputs.get(2)?)?)
                     .saturating_mul(elems(&outputs[0])? / last(&outputs[0])?.max(1)),
                 Step::Copy { dst, .. } => elems(dst)?,
             };
@@ -733,7 +735,7 @@ impl CpuProgram {
         }
     }
 
-    /// Runs a library routine (LSTM, GRU) on its buffers in place.
+    /// Runs a library routine (LSTM, GRU, top_k) on its buffers in place.
     fn routine(
         &self,
         routine: &Routine,
@@ -771,6 +773,22 @@ impl CpuProgram {
                 let (x, w, r, b, h0) = (read(x)?, read(w)?, read(r)?, read(b)?, read(h0)?);
                 let (y, yh) = (write(y)?, write(yh)?);
                 library::gru_f32(g, &shape, x, w, r, b, h0, y, yh, par).map_err(fail)
+            }
+            (Routine::TopK(t), &[x], &[values, indices]) => {
+                let (shape, x) = (dims(x)?, read(x)?);
+                let n = len(values)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                // SAFETY: the results are an f32 and an i64 buffer of `n` elements each (their declared types),
+                // distinct from the operand and from each other.
+                let (values, indices) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(ptrs.0[values.0 as usize].cast::<f32>(), n),
+                        std::slice::from_raw_parts_mut(ptrs.0[indices.0 as usize].cast::<i64>(), n),
+                    )
+                };
+                library::top_k_f32(t, x, &shape, values, indices).map_err(fail)
             }
             _ => Err(RunError::Backend(format!(
                 "{node}: a routine with {} operands and {} results",

@@ -15,6 +15,7 @@ mod packed;
 mod pool;
 mod quant;
 mod rnn;
+mod topk;
 mod winograd;
 
 pub use conv::{conv_f32, conv_integer};
@@ -23,6 +24,7 @@ pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_pack
 pub use pool::pool_f32;
 pub use quant::{Int8, PackedInt8, matmul_integer, matmul_integer_packed};
 pub use rnn::{RnnShape, gru_f32, lstm_f32};
+pub use topk::top_k_f32;
 pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies};
 
 use kiln_ir::DType;
