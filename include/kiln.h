@@ -51,7 +51,11 @@ typedef enum kiln_dtype {
     KILN_UINT8 = 6,
     KILN_INT32 = 7,
     KILN_INT64 = 8,
-    KILN_BOOL = 9 /* one byte, 0 or 1 */
+    KILN_BOOL = 9, /* one byte, 0 or 1 */
+    KILN_INT16 = 10,
+    KILN_UINT16 = 11,
+    KILN_UINT32 = 12,
+    KILN_UINT64 = 13
 } kiln_dtype;
 
 typedef enum kiln_fallback {

@@ -202,6 +202,10 @@ fn dtype_from(code: u32) -> Option<DType> {
         7 => DType::I32,
         8 => DType::I64,
         9 => DType::Bool,
+        10 => DType::I16,
+        11 => DType::U16,
+        12 => DType::U32,
+        13 => DType::U64,
         _ => return None,
     })
 }
@@ -217,6 +221,10 @@ fn dtype_code(dtype: DType) -> u32 {
         DType::I32 => 7,
         DType::I64 => 8,
         DType::Bool => 9,
+        DType::I16 => 10,
+        DType::U16 => 11,
+        DType::U32 => 12,
+        DType::U64 => 13,
     }
 }
 

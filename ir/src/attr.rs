@@ -14,6 +14,8 @@ use crate::types::{DType, Dim, Shape};
 pub trait AttrSource {
     /// Reads a signed integer.
     fn int(&mut self) -> Result<i64, String>;
+    /// Reads an integer literal of any 64-bit type, signed or unsigned (for constants of `u64`).
+    fn wide_int(&mut self) -> Result<i128, String>;
     /// Reads a float (`1.5`, `-2e-3`, `nan`, `inf`, `-inf`; integers are accepted).
     fn float(&mut self) -> Result<f64, String>;
     /// Reads a bare identifier (`true`, `sum`, `f32`, `batch`).
@@ -179,6 +181,10 @@ impl AttrValue for Tensor {
             }
             match dtype {
                 DType::Bool => out.push_str(if self.data().get_i64(i) != 0 { "true" } else { "false" }),
+                // `get_i64` is u64's bit pattern.
+                DType::U64 => {
+                    let _ = write!(out, "{}", self.data().get_i64(i) as u64);
+                }
                 d if d.is_int() => {
                     let _ = write!(out, "{}", self.data().get_i64(i));
                 }
@@ -200,9 +206,9 @@ impl AttrValue for Tensor {
         if !src.eat(']') {
             loop {
                 if dtype == DType::Bool {
-                    ints.push(bool::parse(src)? as i64);
+                    ints.push(i128::from(bool::parse(src)?));
                 } else if dtype.is_int() {
-                    ints.push(src.int()?);
+                    ints.push(src.wide_int()?);
                 } else {
                     floats.push(src.float()?);
                 }
@@ -216,19 +222,15 @@ impl AttrValue for Tensor {
             Data::from_f64_iter(dtype, floats.into_iter())
         } else {
             check_int_range(dtype, &ints)?;
-            Data::from_i64_iter(dtype, ints.into_iter())
+            // In range, so the i64 bit pattern (wrapping for u64 above 2^63) is the value.
+            Data::from_i64_iter(dtype, ints.into_iter().map(|v| v as i64))
         };
         Tensor::new(dims, data).map_err(|e| e.to_string())
     }
 }
 
-fn check_int_range(dtype: DType, v: &[i64]) -> Result<(), String> {
-    let (lo, hi) = match dtype {
-        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
-        DType::U8 => (0, u8::MAX as i64),
-        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
-        _ => (i64::MIN, i64::MAX),
-    };
+fn check_int_range(dtype: DType, v: &[i128]) -> Result<(), String> {
+    let (lo, hi) = dtype.int_range().unwrap_or((i128::from(i64::MIN), i128::from(i64::MAX)));
     match v.iter().find(|&&x| x < lo || x > hi) {
         Some(x) => Err(format!("{x} does not fit in {dtype}")),
         None => Ok(()),

@@ -524,6 +524,23 @@ impl AttrSource for Parser<'_> {
         }
     }
 
+    fn wide_int(&mut self) -> Result<i128, String> {
+        if !self.toks[self.pos].is_int_literal(self.src) {
+            return Err(self.fail("an integer"));
+        }
+        match self.text(self.pos).parse::<i128>() {
+            Ok(v) if i128::from(i64::MIN) <= v && v <= i128::from(u64::MAX) => {
+                self.bump();
+                Ok(v)
+            }
+            _ => {
+                let text = self.text(self.pos).to_string();
+                self.last_fail = Some(self.pos);
+                Err(format!("integer `{text}` is out of range for 64-bit integers"))
+            }
+        }
+    }
+
     fn float(&mut self) -> Result<f64, String> {
         match self.peek().kind {
             Kind::Number => {

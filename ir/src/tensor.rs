@@ -24,6 +24,10 @@ pub enum Data {
     I32(Vec<i32>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
 }
 
 /// Runs `$body` with `$v` bound to the `Vec` inside a [`Data`] (or `&Data` / `&mut Data`), whatever its dtype.
@@ -40,6 +44,10 @@ macro_rules! dispatch_data {
             $crate::tensor::Data::I32($v) => $body,
             $crate::tensor::Data::I64($v) => $body,
             $crate::tensor::Data::Bool($v) => $body,
+            $crate::tensor::Data::I16($v) => $body,
+            $crate::tensor::Data::U16($v) => $body,
+            $crate::tensor::Data::U32($v) => $body,
+            $crate::tensor::Data::U64($v) => $body,
         }
     };
 }
@@ -109,6 +117,10 @@ element_num!(i8, I8, I8);
 element_num!(u8, U8, U8);
 element_num!(i32, I32, I32);
 element_num!(i64, I64, I64);
+element_num!(i16, I16, I16);
+element_num!(u16, U16, U16);
+element_num!(u32, U32, U32);
+element_num!(u64, U64, U64);
 
 macro_rules! element_half {
     ($t:ty, $dt:ident) => {
@@ -302,6 +314,22 @@ macro_rules! with_dtype {
             }
             $crate::types::DType::Bool => {
                 type $t = bool;
+                $body
+            }
+            $crate::types::DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            $crate::types::DType::U16 => {
+                type $t = u16;
+                $body
+            }
+            $crate::types::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            $crate::types::DType::U64 => {
+                type $t = u64;
                 $body
             }
         }
@@ -538,6 +566,7 @@ pub fn strides_of(shape: &[usize]) -> Vec<usize> {
 #[serde(untagged)]
 enum JsonElem {
     Int(i64),
+    UInt(u64),
     Float(f64),
     Bool(bool),
     Special(String),
@@ -556,6 +585,8 @@ impl Serialize for Tensor {
         let values = (0..self.len())
             .map(|i| match dtype {
                 DType::Bool => JsonElem::Bool(self.data.get_i64(i) != 0),
+                // `get_i64` is u64's bit pattern.
+                DType::U64 => JsonElem::UInt(self.data.get_i64(i) as u64),
                 d if d.is_int() => JsonElem::Int(self.data.get_i64(i)),
                 _ => {
                     let v = self.data.get_f64(i);
@@ -582,6 +613,7 @@ impl<'de> Deserialize<'de> for Tensor {
         for v in &j.values {
             let (f, i) = match v {
                 JsonElem::Int(i) => (*i as f64, *i),
+                JsonElem::UInt(u) => (*u as f64, *u as i64),
                 JsonElem::Float(f) => (*f, *f as i64),
                 JsonElem::Bool(b) => (*b as i64 as f64, *b as i64),
                 JsonElem::Special(s) => match s.as_str() {

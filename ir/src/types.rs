@@ -31,12 +31,33 @@ pub enum DType {
     I64,
     /// Boolean, one byte per element (0 or 1).
     Bool,
+    /// Signed 16-bit integer.
+    I16,
+    /// Unsigned 16-bit integer.
+    U16,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Unsigned 64-bit integer.
+    U64,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 9] =
-        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::U8, DType::I32, DType::I64, DType::Bool];
+    pub const ALL: [DType; 13] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+        DType::I16,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+    ];
 
     /// The text spelling (`f32`, `bf16`, `bool`, …) used by `.kir` and the CLI.
     pub fn name(self) -> &'static str {
@@ -50,6 +71,10 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
         }
     }
 
@@ -62,9 +87,9 @@ impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F16 | DType::BF16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
         }
     }
 
@@ -87,12 +112,41 @@ impl DType {
 
     /// True for the integer types (not bool).
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
+        matches!(
+            self,
+            DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32 | DType::U32 | DType::I64 | DType::U64
+        )
+    }
+
+    /// True for the unsigned integer types (not bool).
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    }
+
+    /// The bit width of an integer type (`None` for the others).
+    pub fn int_bits(self) -> Option<u32> {
+        match self {
+            DType::I8 | DType::U8 => Some(8),
+            DType::I16 | DType::U16 => Some(16),
+            DType::I32 | DType::U32 => Some(32),
+            DType::I64 | DType::U64 => Some(64),
+            _ => None,
+        }
+    }
+
+    /// The smallest and largest value of an integer type, as i128 (`None` for the others).
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        let bits = self.int_bits()?;
+        Some(if self.is_unsigned() {
+            (0, (1i128 << bits) - 1)
+        } else {
+            (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+        })
     }
 
     /// True for signed numeric types (floats and signed integers).
     pub fn is_signed(self) -> bool {
-        self.is_float() || matches!(self, DType::I8 | DType::I32 | DType::I64)
+        self.is_float() || matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
     }
 }
 

@@ -22,6 +22,10 @@ pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
         10 => DType::F16,
         11 => DType::F64,
         16 => DType::BF16,
+        4 => DType::U16,
+        5 => DType::I16,
+        12 => DType::U32,
+        13 => DType::U64,
         other => return Err(format!("dtype {} is not supported", onnx_type_name(other))),
     })
 }
@@ -102,6 +106,7 @@ fn typed_len(t: &TensorProto, dtype: DType) -> usize {
         DType::F32 => t.float_data.len(),
         DType::F64 => t.double_data.len(),
         DType::I64 => t.int64_data.len(),
+        DType::U32 | DType::U64 => t.uint64_data.len(),
         // int32_data carries every narrower type, f16/bf16 as their bit patterns.
         _ => t.int32_data.len(),
     }
@@ -118,6 +123,10 @@ fn typed_data(t: &TensorProto, dtype: DType) -> Data {
         DType::Bool => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
         DType::F16 => Data::F16(t.int32_data.iter().map(|&v| f16::from_bits(v as u16)).collect()),
         DType::BF16 => Data::BF16(t.int32_data.iter().map(|&v| bf16::from_bits(v as u16)).collect()),
+        DType::I16 => Data::I16(t.int32_data.iter().map(|&v| v as i16).collect()),
+        DType::U16 => Data::U16(t.int32_data.iter().map(|&v| v as u16).collect()),
+        DType::U32 => Data::U32(t.uint64_data.iter().map(|&v| v as u32).collect()),
+        DType::U64 => Data::U64(t.uint64_data.clone()),
     }
 }
 

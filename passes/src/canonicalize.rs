@@ -218,12 +218,25 @@ fn constant_is(g: &Graph, v: Value, dtype: DType, identity: Identity) -> bool {
 /// Whether casting every value of `from` to `to` and back gives it back exactly.
 fn round_trips(from: DType, to: DType) -> bool {
     use DType::*;
+    if let (Some((lo, hi)), Some((tlo, thi))) = (from.int_range(), to.int_range()) {
+        return tlo <= lo && hi <= thi;
+    }
+    // Significant bits of each float type: an integer type fits when its magnitude does.
+    let mantissa = |d: DType| match d {
+        F16 => Some(11),
+        BF16 => Some(8),
+        F32 => Some(24),
+        F64 => Some(53),
+        _ => None,
+    };
     match from {
         Bool => true,
-        I8 | U8 => matches!(to, I32 | I64 | F16 | BF16 | F32 | F64),
-        I32 => matches!(to, I64 | F64),
         F16 | BF16 => matches!(to, F32 | F64),
         F32 => to == F64,
-        I64 | F64 => false,
+        F64 => false,
+        _ => {
+            let bits = from.int_bits().expect("the other dtypes are integers") - u32::from(from.is_signed());
+            mantissa(to).is_some_and(|m| bits <= m)
+        }
     }
 }

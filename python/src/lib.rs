@@ -65,6 +65,10 @@ fn onnx_type(dtype: DType) -> &'static str {
         DType::I32 => "tensor(int32)",
         DType::I64 => "tensor(int64)",
         DType::Bool => "tensor(bool)",
+        DType::I16 => "tensor(int16)",
+        DType::U16 => "tensor(uint16)",
+        DType::U32 => "tensor(uint32)",
+        DType::U64 => "tensor(uint64)",
     }
 }
 
@@ -80,6 +84,10 @@ fn numpy_name(dtype: DType) -> &'static str {
         DType::I32 => "int32",
         DType::I64 => "int64",
         DType::Bool => "bool",
+        DType::I16 => "int16",
+        DType::U16 => "uint16",
+        DType::U32 => "uint32",
+        DType::U64 => "uint64",
     }
 }
 
@@ -234,12 +242,16 @@ fn feed_array<'py>(
         (b'u', 1) => DType::U8,
         (b'i', 4) => DType::I32,
         (b'i', 8) => DType::I64,
+        (b'i', 2) => DType::I16,
+        (b'u', 2) => DType::U16,
+        (b'u', 4) => DType::U32,
+        (b'u', 8) => DType::U64,
         (b'b', 1) => DType::Bool,
         (b'V', 2) if descr.str()?.to_cow()? == "bfloat16" => DType::BF16,
         _ => {
             return Err(invalid_input(format!(
                 "input `{name}` has dtype {}, which kiln does not take (float32, float16, bfloat16, float64, int8, \
-                 uint8, int32, int64, bool)",
+                 uint8, int16, uint16, int32, uint32, int64, uint64, bool)",
                 descr.str()?
             )));
         }
@@ -285,6 +297,10 @@ fn to_numpy(py: Python<'_>, t: Tensor) -> PyResult<Bound<'_, PyAny>> {
         Data::I32(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
         Data::I64(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
         Data::Bool(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
+        Data::I16(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
+        Data::U16(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
+        Data::U32(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
+        Data::U64(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
     })
 }
 

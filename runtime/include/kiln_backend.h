@@ -59,6 +59,10 @@ extern "C" {
 #define KILN_DTYPE_I32 6u
 #define KILN_DTYPE_I64 7u
 #define KILN_DTYPE_BOOL 8u /* one byte per element, 0 or 1 */
+#define KILN_DTYPE_I16 9u
+#define KILN_DTYPE_U16 10u
+#define KILN_DTYPE_U32 11u
+#define KILN_DTYPE_U64 12u
 
 /* One input tensor, borrowed for the duration of one run call. */
 typedef struct kiln_tensor_desc {

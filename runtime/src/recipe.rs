@@ -327,11 +327,9 @@ pub(crate) fn cast(t: &Tensor, dtype: DType) -> Result<Tensor, String> {
 
 fn int_range(d: DType) -> (i64, i64) {
     match d {
-        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
-        DType::U8 => (0, u8::MAX.into()),
-        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
         DType::Bool => (0, 1),
-        _ => (i64::MIN, i64::MAX),
+        // u64's values above i64's are out of reach of an i64 source anyway.
+        _ => d.int_range().map_or((i64::MIN, i64::MAX), |(lo, hi)| (lo as i64, hi.min(i128::from(i64::MAX)) as i64)),
     }
 }
 

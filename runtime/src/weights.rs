@@ -30,10 +30,14 @@ fn to_st(d: DType) -> St {
         DType::I32 => St::I32,
         DType::I64 => St::I64,
         DType::Bool => St::BOOL,
+        DType::I16 => St::I16,
+        DType::U16 => St::U16,
+        DType::U32 => St::U32,
+        DType::U64 => St::U64,
     }
 }
 
-/// The kiln dtype of a safetensors dtype, `None` for those kiln lacks (F8, I16, U32, …).
+/// The kiln dtype of a safetensors dtype, `None` for those kiln lacks (F8, …).
 pub fn kiln_dtype(d: St) -> Option<DType> {
     Some(match d {
         St::F32 => DType::F32,
@@ -45,6 +49,10 @@ pub fn kiln_dtype(d: St) -> Option<DType> {
         St::I32 => DType::I32,
         St::I64 => DType::I64,
         St::BOOL => DType::Bool,
+        St::I16 => DType::I16,
+        St::U16 => DType::U16,
+        St::U32 => DType::U32,
+        St::U64 => DType::U64,
         _ => return None,
     })
 }

@@ -55,8 +55,9 @@ pub(crate) fn reg_type(d: DType) -> Type {
         DType::F32 | DType::F16 | DType::BF16 => types::F32,
         DType::F64 => types::F64,
         DType::I8 | DType::U8 | DType::Bool => types::I8,
-        DType::I32 => types::I32,
-        DType::I64 => types::I64,
+        DType::I16 | DType::U16 => types::I16,
+        DType::I32 | DType::U32 => types::I32,
+        DType::I64 | DType::U64 => types::I64,
     }
 }
 

@@ -23,6 +23,10 @@ impl Emitter<'_, '_> {
             Scalar::I32(v) => self.b.ins().iconst(types::I32, i64::from(v as u32)),
             Scalar::I64(v) => self.b.ins().iconst(types::I64, v),
             Scalar::Bool(v) => self.b.ins().iconst(types::I8, i64::from(v)),
+            Scalar::I16(v) => self.b.ins().iconst(types::I16, i64::from(v as u16)),
+            Scalar::U16(v) => self.b.ins().iconst(types::I16, i64::from(v)),
+            Scalar::U32(v) => self.b.ins().iconst(types::I32, i64::from(v)),
+            Scalar::U64(v) => self.b.ins().iconst(types::I64, v as i64),
         }
     }
 
@@ -183,7 +187,7 @@ impl Emitter<'_, '_> {
                 _ => Err(not_defined(self)),
             };
         }
-        let unsigned = d == DType::U8;
+        let unsigned = d.is_unsigned();
         let ty = reg_type(d);
         let v = match k {
             UnaryOp::Neg => self.b.ins().ineg(x),
@@ -262,7 +266,7 @@ impl Emitter<'_, '_> {
             };
             return Ok((v, d));
         }
-        let unsigned = d == DType::U8;
+        let unsigned = d.is_unsigned();
         let ty = reg_type(d);
         let pick = |s: IntCC, u: IntCC| if unsigned { u } else { s };
         let cc = match k {
@@ -378,29 +382,43 @@ impl Emitter<'_, '_> {
                     }
                 }
                 DType::I32 | DType::I64 => self.b.ins().fcvt_to_sint_sat(to_ty, x),
+                DType::U32 | DType::U64 => self.b.ins().fcvt_to_uint_sat(to_ty, x),
                 _ => {
-                    // i8/u8: saturate through i64, then clamp to the narrow range.
+                    // 8- and 16-bit: saturate through i64, then clamp to the narrow range.
                     let w = self.b.ins().fcvt_to_sint_sat(types::I64, x);
-                    let (lo, hi) = if to == DType::U8 { (0, 255) } else { (-128, 127) };
-                    let lo = self.b.ins().iconst(types::I64, lo);
-                    let hi = self.b.ins().iconst(types::I64, hi);
+                    let (lo, hi) = to.int_range().expect("an integer type: float, bool and wide ints are above");
+                    let lo = self.b.ins().iconst(types::I64, lo as i64);
+                    let hi = self.b.ins().iconst(types::I64, hi as i64);
                     let w = self.b.ins().smax(w, lo);
                     let w = self.b.ins().smin(w, hi);
-                    self.b.ins().ireduce(types::I8, w)
+                    self.b.ins().ireduce(to_ty, w)
                 }
             };
         }
-        // Integer or bool source: widen to its i64 value first.
+        // Integer or bool source: widen to its i64 value (u64: its bit pattern) first.
         let wide = match from {
-            DType::I64 => x,
-            DType::U8 | DType::Bool => self.b.ins().uextend(types::I64, x),
+            DType::I64 | DType::U64 => x,
+            d if d.is_unsigned() || d == DType::Bool => self.b.ins().uextend(types::I64, x),
             _ => self.b.ins().sextend(types::I64, x),
         };
         match to {
+            DType::F32 | DType::F64 if from == DType::U64 => self.b.ins().fcvt_from_uint(to_ty, wide),
             DType::F32 | DType::F64 => self.b.ins().fcvt_from_sint(to_ty, wide),
+            DType::F16 | DType::BF16 if from == DType::U64 => {
+                // The i64 helpers read a u64 at or above 2^63 as negative: halve such a value keeping the
+                // dropped bit as a sticky bit (the rounding to 8 or 11 bits is the same), convert, double exactly.
+                let big = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, wide, 0);
+                let low = self.b.ins().band_imm_s(wide, 1);
+                let half = self.b.ins().ushr_imm_s(wide, 1);
+                let half = self.b.ins().bor(half, low);
+                let arg = self.b.ins().select(big, half, wide);
+                let r = self.call_rt(if to == DType::F16 { RtFn::I64ToF16 } else { RtFn::I64ToBf16 }, &[arg]);
+                let doubled = self.b.ins().fadd(r, r);
+                self.b.ins().select(big, doubled, r)
+            }
             DType::F16 => self.call_rt(RtFn::I64ToF16, &[wide]),
             DType::BF16 => self.call_rt(RtFn::I64ToBf16, &[wide]),
-            DType::I64 => wide,
+            DType::I64 | DType::U64 => wide,
             _ => self.b.ins().ireduce(to_ty, wide),
         }
     }
@@ -459,7 +477,7 @@ impl Emitter<'_, '_> {
             let on_nan = self.b.ins().bor(last_v, not_b_nan);
             return self.b.ins().select(c_nan, on_nan, numbers);
         }
-        let unsigned = matches!(d, DType::U8 | DType::Bool);
+        let unsigned = d.is_unsigned() || d == DType::Bool;
         let cc = match (max, unsigned) {
             (true, false) => IntCC::SignedGreaterThan,
             (true, true) => IntCC::UnsignedGreaterThan,

@@ -704,8 +704,9 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             DType::F32 | DType::F16 | DType::BF16 => self.ctx.f32_type().into(),
             DType::F64 => self.ctx.f64_type().into(),
             DType::I8 | DType::U8 => self.ctx.i8_type().into(),
-            DType::I32 => self.ctx.i32_type().into(),
-            DType::I64 => self.ctx.i64_type().into(),
+            DType::I16 | DType::U16 => self.ctx.i16_type().into(),
+            DType::I32 | DType::U32 => self.ctx.i32_type().into(),
+            DType::I64 | DType::U64 => self.ctx.i64_type().into(),
             DType::Bool => self.ctx.bool_type().into(),
         }
     }

@@ -28,6 +28,10 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
             Scalar::I32(v) => c.i32_type().const_int(u64::from(v as u32), false).into(),
             Scalar::I64(v) => c.i64_type().const_int(v as u64, true).into(),
             Scalar::Bool(v) => c.bool_type().const_int(u64::from(v), false).into(),
+            Scalar::I16(v) => c.i16_type().const_int(u64::from(v as u16), false).into(),
+            Scalar::U16(v) => c.i16_type().const_int(u64::from(v), false).into(),
+            Scalar::U32(v) => c.i32_type().const_int(u64::from(v), false).into(),
+            Scalar::U64(v) => c.i64_type().const_int(v, false).into(),
         })
     }
 
@@ -195,7 +199,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 _ => Err(not_defined(self)),
             };
         }
-        let unsigned = d == DType::U8;
+        let unsigned = d.is_unsigned();
         let ty = x.get_type();
         let zero = ty.const_zero();
         let v: IntValue = match k {
@@ -268,7 +272,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
             };
             return Ok((v.into(), d));
         }
-        let unsigned = d == DType::U8;
+        let unsigned = d.is_unsigned();
         let pick = |s: IntPredicate, u: IntPredicate| if unsigned { u } else { s };
         let p = match k {
             BinaryOp::Eq => Some(IntPredicate::EQ),
@@ -430,40 +434,58 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 }
                 // Exact f32 values: one rounding.
                 DType::F16 | DType::BF16 => self.round_to(x.into(), to)?,
-                DType::I32 | DType::I64 => {
-                    let name = format!("llvm.fptosi.sat.i{}.{}", if to == DType::I32 { 32 } else { 64 }, ftype(from));
+                DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
+                    let op = if to.is_unsigned() { "fptoui" } else { "fptosi" };
+                    let bits = to.int_bits().expect("an integer type");
+                    let name = format!("llvm.{op}.sat.i{bits}.{}", ftype(from));
                     self.call(&name, &[x.into()], to_ty)?
                 }
                 _ => {
-                    // i8/u8: saturate through i64, then clamp to the narrow range.
+                    // 8- and 16-bit: saturate through i64, then clamp to the narrow range.
                     let i64t = self.ctx.i64_type();
                     let name = format!("llvm.fptosi.sat.i64.{}", ftype(from));
                     let w = self.call(&name, &[x.into()], i64t.into())?.into_int_value();
-                    let (lo, hi) = if to == DType::U8 { (0i64, 255i64) } else { (-128, 127) };
+                    let (lo, hi) = to.int_range().expect("an integer type: float, bool and wide ints are above");
                     let (lo, hi) = (i64t.const_int(lo as u64, true), i64t.const_int(hi as u64, true));
                     let below = self.b.build_int_compare(IntPredicate::SLT, w, lo, "below")?;
                     let w = self.b.build_select(below, lo, w, "w")?.into_int_value();
                     let above = self.b.build_int_compare(IntPredicate::SGT, w, hi, "above")?;
                     let w = self.b.build_select(above, hi, w, "w")?.into_int_value();
-                    self.b.build_int_truncate(w, self.ctx.i8_type(), "narrow")?.into()
+                    self.b.build_int_truncate(w, to_ty.into_int_type(), "narrow")?.into()
                 }
             });
         }
-        // Integer or bool source: widen to its i64 value first.
+        // Integer or bool source: widen to its i64 value (u64: its bit pattern) first.
         let x = x.into_int_value();
         let i64t = self.ctx.i64_type();
         let wide = match from {
-            DType::I64 => x,
-            DType::U8 | DType::Bool => self.b.build_int_z_extend(x, i64t, "wide")?,
+            DType::I64 | DType::U64 => x,
+            d if d.is_unsigned() || d == DType::Bool => self.b.build_int_z_extend(x, i64t, "wide")?,
             _ => self.b.build_int_s_extend(x, i64t, "wide")?,
         };
         Ok(match to {
+            DType::F32 | DType::F64 if from == DType::U64 => {
+                self.b.build_unsigned_int_to_float(wide, to_ty.into_float_type(), "utof")?.into()
+            }
             DType::F32 | DType::F64 => self.b.build_signed_int_to_float(wide, to_ty.into_float_type(), "itof")?.into(),
+            DType::F16 | DType::BF16 if from == DType::U64 => {
+                // As on the CPU: a value at or above 2^63 is halved with the dropped bit kept as a sticky bit
+                // (the same rounding to 8 or 11 bits), converted, and doubled exactly.
+                let big = self.b.build_int_compare(IntPredicate::SLT, wide, i64t.const_zero(), "big")?;
+                let low = self.b.build_and(wide, i64t.const_int(1, false), "low")?;
+                let half = self.b.build_right_shift(wide, i64t.const_int(1, false), false, "half")?;
+                let half = self.b.build_or(half, low, "half")?;
+                let arg = self.b.build_select(big, half, wide, "arg")?.into_int_value();
+                let t = self.i64_to_f32_odd(arg)?;
+                let r = self.round_to(t.into(), to)?.into_float_value();
+                let doubled = self.b.build_float_add(r, r, "doubled")?;
+                self.b.build_select(big, doubled, r, "r")?
+            }
             DType::F16 | DType::BF16 => {
                 let t = self.i64_to_f32_odd(wide)?;
                 self.round_to(t.into(), to)?
             }
-            DType::I64 => wide.into(),
+            DType::I64 | DType::U64 => wide.into(),
             _ => self.b.build_int_truncate(wide, to_ty.into_int_type(), "narrow")?.into(),
         })
     }
@@ -525,7 +547,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
             return Ok(self.b.build_select(c_nan, on_nan, numbers, "replace")?.into_int_value());
         }
         let (ci, bi) = (c.into_int_value(), best.into_int_value());
-        let unsigned = matches!(d, DType::U8 | DType::Bool);
+        let unsigned = d.is_unsigned() || d == DType::Bool;
         let p = match (max, unsigned) {
             (true, false) => IntPredicate::SGT,
             (true, true) => IntPredicate::UGT,

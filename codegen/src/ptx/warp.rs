@@ -291,7 +291,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 let o = self.shuffle_i32(bits, offset)?;
                 self.b.build_bit_cast(o, self.ctx.f32_type(), "f")?
             }
-            DType::F64 | DType::I64 => {
+            DType::F64 | DType::I64 | DType::U64 => {
                 let bits = self.b.build_bit_cast(v, i64t, "bits")?.into_int_value();
                 let lo = self.b.build_int_truncate(bits, i32t, "lo")?;
                 let hi = self.b.build_right_shift(bits, i64t.const_int(32, false), false, "hi")?;
@@ -304,8 +304,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 let bits = self.b.build_or(lo, hi, "bits")?;
                 self.b.build_bit_cast(bits, self.reg_type(d), "v")?
             }
-            DType::I32 => self.shuffle_i32(v.into_int_value(), offset)?.into(),
-            DType::I8 | DType::U8 | DType::Bool => {
+            DType::I32 | DType::U32 => self.shuffle_i32(v.into_int_value(), offset)?.into(),
+            DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::Bool => {
                 let x = v.into_int_value();
                 let w = self.b.build_int_z_extend(x, i32t, "w")?;
                 let o = self.shuffle_i32(w, offset)?;

@@ -10,7 +10,7 @@ use crate::tensor::{Data, Element, Tensor};
 use crate::types::DType;
 
 use super::index::{broadcast_offsets, broadcast_shapes};
-use super::num::{FloatElem, IntElem, Real, by_family, from_f64_rounded, i64_to_f64_round_odd};
+use super::num::{FloatElem, IntElem, Real, by_family, cast_element};
 
 /// Applies a unary kind elementwise.
 pub(super) fn unary(k: UnaryOp, x: &Tensor) -> Result<Tensor, String> {
@@ -270,19 +270,7 @@ fn int_pow<I: IntElem>(x: I, e: I) -> Result<I, String> {
 /// nearest, ties to even, once.
 pub(super) fn cast(x: &Tensor, to: DType) -> Result<Tensor, String> {
     fn go<S: Element>(v: &[S], to: DType) -> Data {
-        let from_float = S::DTYPE.is_float();
-        crate::with_dtype!(to, T => {
-            let out: Vec<T> = if from_float {
-                // f32/f16/bf16 widen exactly to f64, so one rounding (or truncation) happens, here.
-                v.iter().map(|&s| from_f64_rounded::<T>(s.to_f64())).collect()
-            } else if matches!(to, DType::F16 | DType::BF16) {
-                v.iter().map(|&s| from_f64_rounded::<T>(i64_to_f64_round_odd(s.to_i64()))).collect()
-            } else {
-                // Exact integer view; `from_i64` wraps for narrower ints, rounds once for f32/f64 (`as`).
-                v.iter().map(|&s| T::from_i64(s.to_i64())).collect()
-            };
-            T::wrap(out)
-        })
+        crate::with_dtype!(to, T => T::wrap(v.iter().map(|&s| cast_element::<S, T>(s)).collect()))
     }
     let data = crate::dispatch_data!(x.data(), v => go(v, to));
     Ok(Tensor::new(x.shape().to_vec(), data).expect("cast keeps the element count"))

@@ -320,6 +320,10 @@ int_elem!(i8, i8::wrapping_abs, i8::signum, i8::is_negative);
 int_elem!(i32, i32::wrapping_abs, i32::signum, i32::is_negative);
 int_elem!(i64, i64::wrapping_abs, i64::signum, i64::is_negative);
 int_elem!(u8, |x| x, |x| x.min(1), |_| false);
+int_elem!(i16, i16::wrapping_abs, i16::signum, i16::is_negative);
+int_elem!(u16, |x| x, |x| x.min(1), |_| false);
+int_elem!(u32, |x| x, |x| x.min(1), |_| false);
+int_elem!(u64, |x| x, |x| x.min(1), |_| false);
 
 /// True when `x` is unordered with itself (a NaN); false for every non-float type.
 pub(super) fn is_nan<T: PartialOrd>(x: T) -> bool {
@@ -363,6 +367,42 @@ pub(super) fn from_f64_rounded<T: Element>(v: f64) -> T {
     }
 }
 
+/// `s` converted to `T` exactly as the `cast` op converts one element: floats → ints truncate toward zero and
+/// saturate (NaN → 0); ints → ints wrap; anything → bool is `!= 0` (NaN → true); bool → number is 0 or 1;
+/// float → float and int → float round to nearest, ties to even, once. The one conversion the tensor and the
+/// scalar forms of `cast` share.
+pub(super) fn cast_element<S: Element, T: Element>(s: S) -> T {
+    if S::DTYPE.is_float() {
+        // f32/f16/bf16 widen exactly to f64, so one rounding (or truncation) happens, here.
+        return from_f64_rounded::<T>(s.to_f64());
+    }
+    if S::DTYPE == DType::U64 && T::DTYPE.is_float() {
+        // `to_i64` wraps a u64 above 2^63; its float value goes through the unsigned conversions.
+        let u = s.to_i64() as u64;
+        return match T::DTYPE {
+            DType::F64 => T::from_f64(u as f64),
+            DType::F32 => T::from_f64(f64::from(u as f32)),
+            _ => from_f64_rounded::<T>(u64_to_f64_round_odd(u)),
+        };
+    }
+    if matches!(T::DTYPE, DType::F16 | DType::BF16) {
+        return from_f64_rounded::<T>(i64_to_f64_round_odd(s.to_i64()));
+    }
+    // Exact integer view; `from_i64` wraps for narrower ints, rounds once for f32/f64 (`as`).
+    T::from_i64(s.to_i64())
+}
+
+/// `u64` → f64 rounded to odd (see [`i64_to_f64_round_odd`]).
+fn u64_to_f64_round_odd(v: u64) -> f64 {
+    let f = v as f64;
+    // f <= 2^64, so the u128 holds it exactly.
+    let back = f as u128;
+    if back == u128::from(v) || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    f64::from_bits(if u128::from(v) > back { f.to_bits() + 1 } else { f.to_bits() - 1 })
+}
+
 /// Matches a [`Data`](crate::tensor::Data) by dtype family, binding the inner `Vec` of floats (as `$f`, whose
 /// element type implements [`FloatElem`]), integers (`$i`, [`IntElem`]) or bools (`$b`) for the matching arm.
 macro_rules! by_family {
@@ -377,6 +417,10 @@ macro_rules! by_family {
             $crate::tensor::Data::I32($i) => $ie,
             $crate::tensor::Data::I64($i) => $ie,
             $crate::tensor::Data::Bool($b) => $be,
+            $crate::tensor::Data::I16($i) => $ie,
+            $crate::tensor::Data::U16($i) => $ie,
+            $crate::tensor::Data::U32($i) => $ie,
+            $crate::tensor::Data::U64($i) => $ie,
         }
     };
 }
@@ -396,6 +440,15 @@ mod tests {
         assert_eq!(bf16::from_f32(v as f64 as f32).to_f64(), (1u64 << 60) as f64);
         assert_eq!(i64_to_f64_round_odd(-v), -i64_to_f64_round_odd(v));
         assert_eq!(i64_to_f64_round_odd(12345), 12345.0);
+        // u64 above 2^63 converts as unsigned, correctly rounded.
+        let big = u64::MAX - 1024;
+        assert_eq!(cast_element::<u64, f64>(big), big as f64);
+        assert_eq!(cast_element::<u64, f32>(big), big as f32);
+        assert_eq!(cast_element::<u64, f16>(big).to_f64(), f64::INFINITY);
+        assert_eq!(cast_element::<u64, i64>(big), -1025);
+        assert_eq!(cast_element::<f32, u64>(-3.5), 0);
+        assert_eq!(cast_element::<f64, u16>(1e9), u16::MAX);
+        assert_eq!(cast_element::<i32, u16>(-1), u16::MAX);
     }
 
     #[test]

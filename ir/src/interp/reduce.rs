@@ -92,12 +92,9 @@ fn or_identity<T: Copy>(acc: Vec<Option<T>>, identity: T) -> Vec<T> {
 
 /// The smallest and largest values of an integer type.
 fn int_bounds<I: IntElem>() -> (I, I) {
-    let (lo, hi) = match I::DTYPE {
-        crate::types::DType::I8 => (i8::MIN as i64, i8::MAX as i64),
-        crate::types::DType::U8 => (0, u8::MAX as i64),
-        crate::types::DType::I32 => (i32::MIN as i64, i32::MAX as i64),
-        _ => (i64::MIN, i64::MAX),
-    };
+    // The bounds as i64 bit patterns: `from_i64` wraps, so u64's maximum arrives from -1.
+    let (lo, hi) = I::DTYPE.int_range().expect("an integer type");
+    let (lo, hi) = (lo as i64, hi as i64);
     (I::from_i64(lo), I::from_i64(hi))
 }
 

@@ -14,7 +14,7 @@ use crate::tensor::{Data, Element};
 use crate::types::DType;
 
 use super::elementwise::{int_binary, int_unary, real_binary, real_unary};
-use super::num::{FloatElem, IntElem, Real, from_f64_rounded, i64_to_f64_round_odd};
+use super::num::{FloatElem, IntElem, Real, cast_element, from_f64_rounded};
 
 /// One typed element.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -29,6 +29,10 @@ pub enum Scalar {
     I32(i32),
     I64(i64),
     Bool(bool),
+    I16(i16),
+    U16(u16),
+    U32(u32),
+    U64(u64),
 }
 
 macro_rules! scalar_from {
@@ -41,7 +45,7 @@ macro_rules! scalar_from {
     };
 }
 scalar_from!(f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8, u8 => U8, i32 => I32, i64 => I64,
-    bool => Bool);
+    bool => Bool, i16 => I16, u16 => U16, u32 => U32, u64 => U64);
 
 /// Runs `$body` with `$v` bound to the element inside a [`Scalar`], whatever its dtype.
 macro_rules! dispatch_scalar {
@@ -56,6 +60,10 @@ macro_rules! dispatch_scalar {
             Scalar::I32($v) => $body,
             Scalar::I64($v) => $body,
             Scalar::Bool($v) => $body,
+            Scalar::I16($v) => $body,
+            Scalar::U16($v) => $body,
+            Scalar::U32($v) => $body,
+            Scalar::U64($v) => $body,
         }
     };
 }
@@ -135,6 +143,10 @@ pub fn unary(k: UnaryOp, x: Scalar) -> Result<Scalar, String> {
         Scalar::U8(v) => int(k, v),
         Scalar::I32(v) => int(k, v),
         Scalar::I64(v) => int(k, v),
+        Scalar::I16(v) => int(k, v),
+        Scalar::U16(v) => int(k, v),
+        Scalar::U32(v) => int(k, v),
+        Scalar::U64(v) => int(k, v),
         Scalar::Bool(v) if k == UnaryOp::Not => Ok(Scalar::Bool(!v)),
         Scalar::Bool(_) => Err(format!("{} is not defined on bool", k.name())),
     }
@@ -175,6 +187,10 @@ pub fn binary(k: BinaryOp, a: Scalar, b: Scalar) -> Result<Scalar, String> {
         (Scalar::U8(x), Scalar::U8(y)) => int(k, x, y),
         (Scalar::I32(x), Scalar::I32(y)) => int(k, x, y),
         (Scalar::I64(x), Scalar::I64(y)) => int(k, x, y),
+        (Scalar::I16(x), Scalar::I16(y)) => int(k, x, y),
+        (Scalar::U16(x), Scalar::U16(y)) => int(k, x, y),
+        (Scalar::U32(x), Scalar::U32(y)) => int(k, x, y),
+        (Scalar::U64(x), Scalar::U64(y)) => int(k, x, y),
         (Scalar::Bool(x), Scalar::Bool(y)) => match k {
             BinaryOp::And => Ok(Scalar::Bool(x & y)),
             BinaryOp::Or => Ok(Scalar::Bool(x | y)),
@@ -189,16 +205,7 @@ pub fn binary(k: BinaryOp, a: Scalar, b: Scalar) -> Result<Scalar, String> {
 /// One element converted to `to` exactly as the `cast` op converts it.
 pub fn cast(x: Scalar, to: DType) -> Scalar {
     fn go<S: Element>(s: S, to: DType) -> Scalar {
-        crate::with_dtype!(to, T => {
-            let t: T = if S::DTYPE.is_float() {
-                from_f64_rounded::<T>(s.to_f64())
-            } else if matches!(to, DType::F16 | DType::BF16) {
-                from_f64_rounded::<T>(i64_to_f64_round_odd(s.to_i64()))
-            } else {
-                T::from_i64(s.to_i64())
-            };
-            Scalar::from(t)
-        })
+        crate::with_dtype!(to, T => Scalar::from(cast_element::<S, T>(s)))
     }
     dispatch_scalar!(x, v => go(v, to))
 }
@@ -218,6 +225,10 @@ pub fn arg_replaces(kind: ArgKind, select_last_index: bool, candidate: Scalar, b
         (Scalar::U8(c), Scalar::U8(b)) => go(kind, select_last_index, c, b),
         (Scalar::I32(c), Scalar::I32(b)) => go(kind, select_last_index, c, b),
         (Scalar::I64(c), Scalar::I64(b)) => go(kind, select_last_index, c, b),
+        (Scalar::I16(c), Scalar::I16(b)) => go(kind, select_last_index, c, b),
+        (Scalar::U16(c), Scalar::U16(b)) => go(kind, select_last_index, c, b),
+        (Scalar::U32(c), Scalar::U32(b)) => go(kind, select_last_index, c, b),
+        (Scalar::U64(c), Scalar::U64(b)) => go(kind, select_last_index, c, b),
         (Scalar::Bool(c), Scalar::Bool(b)) => go(kind, select_last_index, c, b),
         _ => false,
     }

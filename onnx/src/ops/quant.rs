@@ -17,9 +17,11 @@ use crate::node::OnnxNode;
 /// The saturation range of a quantized type.
 fn range(d: DType) -> Result<(f64, f64), String> {
     match d {
-        DType::U8 => Ok((0.0, 255.0)),
-        DType::I8 => Ok((-128.0, 127.0)),
-        other => Err(format!("quantized type {other} is not supported (kiln quantizes to u8 and i8)")),
+        DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+            let (lo, hi) = d.int_range().expect("an integer type");
+            Ok((lo as f64, hi as f64))
+        }
+        other => Err(format!("quantized type {other} is not supported (kiln quantizes to u8, i8, u16 and i16)")),
     }
 }
 
@@ -159,13 +161,13 @@ pub(crate) fn quantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<
 pub(crate) fn dequantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (x, scale, zero) = (n.input(0)?, n.input(1)?, n.opt_input(2));
     match x.dtype() {
-        DType::U8 | DType::I8 => {}
+        DType::U8 | DType::I8 | DType::U16 | DType::I16 => {}
         DType::I32 => {
             if zero.and_then(Val::ints).is_some_and(|z| z.iter().any(|&v| v != 0)) {
                 return Err("an i32 input needs a zero point of 0".into());
             }
         }
-        other => return Err(format!("dequantizes u8, i8 or i32 tensors, got {other}")),
+        other => return Err(format!("dequantizes u8, i8, u16, i16 or i32 tensors, got {other}")),
     }
     if let Some(z) = zero
         && z.dtype() != x.dtype()

@@ -188,13 +188,9 @@ impl AccOp {
     /// The value an accumulator of this op and `dtype` starts from.
     pub fn identity(self, dtype: DType) -> Scalar {
         let int_bound = |max: bool| {
-            let (lo, hi) = match dtype {
-                DType::I8 => (i8::MIN as i64, i8::MAX as i64),
-                DType::U8 => (0, u8::MAX as i64),
-                DType::I32 => (i32::MIN as i64, i32::MAX as i64),
-                _ => (i64::MIN, i64::MAX),
-            };
-            Scalar::from_i64(dtype, if max { hi } else { lo })
+            // The bound's i64 bit pattern: `from_i64` wraps, so u64's maximum arrives from -1.
+            let (lo, hi) = dtype.int_range().unwrap_or((i128::from(i64::MIN), i128::from(i64::MAX)));
+            Scalar::from_i64(dtype, if max { hi as i64 } else { lo as i64 })
         };
         match self {
             AccOp::Sum => Scalar::from_f64(dtype, 0.0),

@@ -100,6 +100,14 @@ pub fn reduce(parts: &[&Tensor], op: ReduceOp) -> Result<Tensor, RunError> {
         (DType::I8, ReduceOp::Max) => Data::I8(fold(&slices::<i8>(parts), i8::max)),
         (DType::U8, ReduceOp::Sum) => Data::U8(fold(&slices::<u8>(parts), u8::wrapping_add)),
         (DType::U8, ReduceOp::Max) => Data::U8(fold(&slices::<u8>(parts), u8::max)),
+        (DType::I16, ReduceOp::Sum) => Data::I16(fold(&slices::<i16>(parts), i16::wrapping_add)),
+        (DType::I16, ReduceOp::Max) => Data::I16(fold(&slices::<i16>(parts), i16::max)),
+        (DType::U16, ReduceOp::Sum) => Data::U16(fold(&slices::<u16>(parts), u16::wrapping_add)),
+        (DType::U16, ReduceOp::Max) => Data::U16(fold(&slices::<u16>(parts), u16::max)),
+        (DType::U32, ReduceOp::Sum) => Data::U32(fold(&slices::<u32>(parts), u32::wrapping_add)),
+        (DType::U32, ReduceOp::Max) => Data::U32(fold(&slices::<u32>(parts), u32::max)),
+        (DType::U64, ReduceOp::Sum) => Data::U64(fold(&slices::<u64>(parts), u64::wrapping_add)),
+        (DType::U64, ReduceOp::Max) => Data::U64(fold(&slices::<u64>(parts), u64::max)),
         // Half precision accumulates in f32 and rounds once, so the result does not depend on the group size's
         // intermediate roundings.
         (DType::F16, _) => {

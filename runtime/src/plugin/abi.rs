@@ -66,6 +66,14 @@ pub const KILN_DTYPE_I32: u32 = 6;
 pub const KILN_DTYPE_I64: u32 = 7;
 /// Dtype code of `bool` (one byte per element, 0 or 1).
 pub const KILN_DTYPE_BOOL: u32 = 8;
+/// Dtype code of `i16`.
+pub const KILN_DTYPE_I16: u32 = 9;
+/// Dtype code of `u16`.
+pub const KILN_DTYPE_U16: u32 = 10;
+/// Dtype code of `u32`.
+pub const KILN_DTYPE_U32: u32 = 11;
+/// Dtype code of `u64`.
+pub const KILN_DTYPE_U64: u32 = 12;
 
 /// One input tensor, borrowed by the plugin for the duration of one `run` call.
 #[repr(C)]

@@ -47,6 +47,10 @@ pub fn dtype_code(dtype: DType) -> u32 {
         DType::I32 => KILN_DTYPE_I32,
         DType::I64 => KILN_DTYPE_I64,
         DType::Bool => KILN_DTYPE_BOOL,
+        DType::I16 => KILN_DTYPE_I16,
+        DType::U16 => KILN_DTYPE_U16,
+        DType::U32 => KILN_DTYPE_U32,
+        DType::U64 => KILN_DTYPE_U64,
     }
 }
 
@@ -678,7 +682,7 @@ mod tests {
             assert_eq!(dtype_code(d), i as u32);
             assert_eq!(dtype_from_code(dtype_code(d)), Some(d));
         }
-        assert_eq!(dtype_from_code(9), None);
+        assert_eq!(dtype_from_code(DType::ALL.len() as u32), None);
     }
 
     #[test]
