@@ -15,6 +15,7 @@ pub mod infer;
 pub mod interp;
 pub mod io;
 pub mod memory;
+pub mod narrow;
 pub mod op;
 pub mod parse;
 pub mod print;
