@@ -55,7 +55,18 @@ typedef enum kiln_dtype {
     KILN_INT16 = 10,
     KILN_UINT16 = 11,
     KILN_UINT32 = 12,
-    KILN_UINT64 = 13
+    KILN_UINT64 = 13,
+    /* One element per byte: float8/float4 bit patterns (float4 in the low nibble), int4/int2 sign-extended. */
+    KILN_FLOAT8E4M3FN = 14,
+    KILN_FLOAT8E4M3FNUZ = 15,
+    KILN_FLOAT8E5M2 = 16,
+    KILN_FLOAT8E5M2FNUZ = 17,
+    KILN_FLOAT8E8M0 = 18,
+    KILN_FLOAT4E2M1 = 19,
+    KILN_INT4 = 20,
+    KILN_UINT4 = 21,
+    KILN_INT2 = 22,
+    KILN_UINT2 = 23
 } kiln_dtype;
 
 typedef enum kiln_fallback {

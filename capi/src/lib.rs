@@ -206,6 +206,16 @@ fn dtype_from(code: u32) -> Option<DType> {
         11 => DType::U16,
         12 => DType::U32,
         13 => DType::U64,
+        14 => DType::F8E4M3FN,
+        15 => DType::F8E4M3FNUZ,
+        16 => DType::F8E5M2,
+        17 => DType::F8E5M2FNUZ,
+        18 => DType::F8E8M0,
+        19 => DType::F4E2M1,
+        20 => DType::I4,
+        21 => DType::U4,
+        22 => DType::I2,
+        23 => DType::U2,
         _ => return None,
     })
 }
@@ -225,6 +235,16 @@ fn dtype_code(dtype: DType) -> u32 {
         DType::U16 => 11,
         DType::U32 => 12,
         DType::U64 => 13,
+        DType::F8E4M3FN => 14,
+        DType::F8E4M3FNUZ => 15,
+        DType::F8E5M2 => 16,
+        DType::F8E5M2FNUZ => 17,
+        DType::F8E8M0 => 18,
+        DType::F4E2M1 => 19,
+        DType::I4 => 20,
+        DType::U4 => 21,
+        DType::I2 => 22,
+        DType::U2 => 23,
     }
 }
 

@@ -22,6 +22,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         Op::Constant(c) => one(c.value.tensor_type()),
         Op::Unary(k) => {
             let t = &ins[0];
+            computable(t)?;
             match k {
                 UnaryOp::Not => {
                     expect_dtype(t, |d| d == DType::Bool, "bool")?;
@@ -50,6 +51,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             if a.dtype != b.dtype {
                 return Err(format!("operand dtypes differ: {} and {}", a.dtype, b.dtype));
             }
+            computable(a)?;
             if k.is_logical() {
                 expect_dtype(a, |d| d == DType::Bool, "bool")?;
             } else if k.is_bitwise() {
@@ -72,6 +74,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::Reduce(r) => {
             let t = &ins[0];
+            computable(t)?;
             if r.kind != ReduceKind::Max && r.kind != ReduceKind::Min {
                 expect_dtype(t, |d| d != DType::Bool, "a numeric type")?;
             }
@@ -80,6 +83,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::ArgReduce(r) => {
             let t = &ins[0];
+            computable(t)?;
             if t.shape.rank() == 0 {
                 return Err("needs an operand of rank 1 or more".into());
             }
@@ -88,6 +92,7 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         }
         Op::TopK(t) => {
             let x = &ins[0];
+            computable(x)?;
             expect_dtype(x, |d| d != DType::Bool, "a numeric type")?;
             if x.shape.rank() == 0 {
                 return Err("needs an operand of rank 1 or more".into());
@@ -329,6 +334,15 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         Op::Gru(g) => recurrent(ins, g.hidden_size, g.direction, 3, 6, false),
         Op::Fusion(f) => f.body.infer(ins),
     }
+}
+
+/// Arithmetic, comparisons and reductions are not defined on the narrow storage types (float8, float4, int4, int2):
+/// they are cast and moved only.
+fn computable(t: &TensorType) -> Result<(), String> {
+    if t.dtype.is_narrow() {
+        return Err(format!("{} values are only cast and moved; cast them to a wider type to compute", t.dtype));
+    }
+    Ok(())
 }
 
 fn expect_dtype(t: &TensorType, ok: impl Fn(DType) -> bool, what: &str) -> Result<(), String> {

@@ -20,6 +20,110 @@
 //! `scripts/gen_narrow_golden.py`. Where the reference and the prose of the spec disagree, the reference wins and the
 //! function's documentation says so.
 
+use crate::tensor::{Data, Element};
+use crate::types::DType;
+
+/// f64 → f32 rounded to odd: exact when representable, otherwise the odd-mantissa neighbour of `v`; infinities,
+/// NaN and overflow as `as` gives them. Rounding that result again to any type of at most 22 significant bits
+/// (or truncating it) gives the correctly rounded (truncated) conversion of `v`, which rounding `v as f32` again
+/// would not always do (double rounding).
+pub fn f64_to_f32_round_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    // Sign-magnitude bits: +1 grows the magnitude by one ulp (a zero becomes the smallest subnormal).
+    f32::from_bits(if v.abs() > (f as f64).abs() { f.to_bits() + 1 } else { f.to_bits() - 1 })
+}
+
+/// Declares a narrow element type: a byte holding one element, converted as ONNX's `Cast` converts (floats
+/// saturate, the default of `Cast`'s `saturate`; FLOAT8E8M0 rounds up, the default of its `round_mode`).
+macro_rules! narrow_element {
+    ($name:ident, $doc:literal, $decode:expr, $encode:expr) => {
+        #[doc = $doc]
+        #[derive(Copy, Clone, Debug, Default, PartialEq, PartialOrd)]
+        #[repr(transparent)]
+        pub struct $name(pub u8);
+
+        impl Element for $name {
+            const DTYPE: DType = DType::$name;
+            fn to_f64(self) -> f64 {
+                let decode: fn(u8) -> f32 = $decode;
+                f64::from(decode(self.0))
+            }
+            fn from_f64(v: f64) -> Self {
+                let encode: fn(f32) -> u8 = $encode;
+                $name(encode(f64_to_f32_round_odd(v)))
+            }
+            fn to_i64(self) -> i64 {
+                // Truncated toward zero; NaN → 0 (as `as` does).
+                self.to_f64() as i64
+            }
+            fn from_i64(v: i64) -> Self {
+                Self::from_f64(v as f64)
+            }
+            fn wrap(v: Vec<Self>) -> Data {
+                Data::$name(v)
+            }
+            fn unwrap(d: &Data) -> Option<&Vec<Self>> {
+                if let Data::$name(v) = d { Some(v) } else { None }
+            }
+            fn unwrap_mut(d: &mut Data) -> Option<&mut Vec<Self>> {
+                if let Data::$name(v) = d { Some(v) } else { None }
+            }
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.push(self.0);
+            }
+            fn read_le(b: &[u8]) -> Self {
+                $name(b[0])
+            }
+        }
+    };
+}
+
+narrow_element!(F8E4M3FN, "A FLOAT8E4M3FN element (its bit pattern).", f8e4m3fn_to_f32, |x| f32_to_f8e4m3fn(x, true));
+narrow_element!(F8E4M3FNUZ, "A FLOAT8E4M3FNUZ element (its bit pattern).", f8e4m3fnuz_to_f32, |x| {
+    f32_to_f8e4m3fnuz(x, true)
+});
+narrow_element!(F8E5M2, "A FLOAT8E5M2 element (its bit pattern).", f8e5m2_to_f32, |x| f32_to_f8e5m2(x, true));
+narrow_element!(F8E5M2FNUZ, "A FLOAT8E5M2FNUZ element (its bit pattern).", f8e5m2fnuz_to_f32, |x| {
+    f32_to_f8e5m2fnuz(x, true)
+});
+narrow_element!(F8E8M0, "A FLOAT8E8M0 element (its bit pattern).", f8e8m0_to_f32, |x| {
+    f32_to_f8e8m0(x, true, E8M0Round::Up)
+});
+narrow_element!(F4E2M1, "A FLOAT4E2M1 element (its bit pattern in the low nibble).", f4e2m1_to_f32, f32_to_f4e2m1);
+narrow_element!(I4, "An INT4 element (its value, sign-extended).", i4_to_f32, f32_to_i4);
+narrow_element!(U4, "A UINT4 element (its value).", u4_to_f32, f32_to_u4);
+narrow_element!(I2, "An INT2 element (its value, sign-extended).", i2_to_f32, f32_to_i2);
+narrow_element!(U2, "A UINT2 element (its value).", u2_to_f32, f32_to_u2);
+
+/// The float8 encoding of `x` (`saturate`: out-of-range values clamp to ±max; otherwise they become NaN, or ±∞
+/// for FLOAT8E5M2), for the four float8 types with a `saturate` choice; `None` for other dtypes.
+pub fn encode_f8(dtype: DType, x: f32, saturate: bool) -> Option<u8> {
+    Some(match dtype {
+        DType::F8E4M3FN => f32_to_f8e4m3fn(x, saturate),
+        DType::F8E4M3FNUZ => f32_to_f8e4m3fnuz(x, saturate),
+        DType::F8E5M2 => f32_to_f8e5m2(x, saturate),
+        DType::F8E5M2FNUZ => f32_to_f8e5m2fnuz(x, saturate),
+        _ => return None,
+    })
+}
+
+/// The largest f32 whose non-saturating `dtype` encoding is finite (`None` unless a float8 type with a
+/// `saturate` choice): a magnitude above it overflows (to NaN or ±∞), one at or below it rounds to a value.
+pub fn f8_overflow_threshold(dtype: DType) -> Option<f32> {
+    let overflow = encode_f8(dtype, f32::INFINITY, false)?;
+    let fits = |bits: u32| encode_f8(dtype, f32::from_bits(bits), false) != Some(overflow);
+    // Encoding is monotone in the magnitude: bisect the bit patterns of the finite non-negative f32s.
+    let (mut lo, mut hi) = (0u32, f32::INFINITY.to_bits());
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) { lo = mid } else { hi = mid }
+    }
+    Some(f32::from_bits(lo))
+}
+
 /// Canonical NaN of FLOAT8E4M3FN (positive sign; a negative NaN input keeps its sign: `0xFF`).
 pub const F8E4M3FN_NAN: u8 = 0x7F;
 /// Largest finite FLOAT8E4M3FN (448.0).
@@ -457,6 +561,44 @@ pub fn unpack_sub_byte(bytes: &[u8], count: usize, bits: u32, signed: bool) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn narrow_tensors_cast_and_move_but_do_not_compute() {
+        use crate::interp::scalar::{Scalar, binary, cast};
+        use crate::op::BinaryOp;
+        use crate::tensor::Tensor;
+        // Through the Element conversions the interpreter's cast uses: saturating, round to nearest even.
+        let x = Tensor::from_vec(vec![4], vec![1.0f32, 500.0, -0.3, f32::NAN]).unwrap();
+        let f8: Vec<f64> = x
+            .to_f64_vec()
+            .into_iter()
+            .map(|v| cast(Scalar::F64(v), DType::F8E4M3FN))
+            .map(|s| cast(s, DType::F32).to_f64())
+            .collect();
+        assert_eq!(&f8[..3], &[1.0, 448.0, -0.3125]);
+        assert!(f8[3].is_nan());
+        assert_eq!(cast(Scalar::F32(7.9), DType::I4), Scalar::I4(I4(7)));
+        assert_eq!(cast(Scalar::I4(I4(0xF8)), DType::I8), Scalar::I8(-8));
+        assert_eq!(cast(Scalar::F8E5M2(F8E5M2(0x7C)), DType::F16), Scalar::F16(half::f16::INFINITY));
+        // u64 above 2^53 keeps its magnitude on the way to a float8.
+        assert_eq!(cast(Scalar::U64(u64::MAX), DType::F8E5M2), Scalar::F8E5M2(F8E5M2(0x7B)));
+        let err = binary(BinaryOp::Add, Scalar::U4(U4(1)), Scalar::U4(U4(2))).unwrap_err();
+        assert!(err.contains("add is not defined on u4"), "{err}");
+        let bytes = Tensor::from_vec(vec![2], vec![F8E4M3FN(0x38), F8E4M3FN(0x7F)]).unwrap();
+        assert_eq!(bytes.as_bytes(), &[0x38, 0x7F]);
+    }
+
+    #[test]
+    fn f8_overflow_thresholds_are_the_last_finite_roundings() {
+        for d in [DType::F8E4M3FN, DType::F8E4M3FNUZ, DType::F8E5M2, DType::F8E5M2FNUZ] {
+            let t = f8_overflow_threshold(d).unwrap();
+            let inf = encode_f8(d, f32::INFINITY, false).unwrap();
+            assert_ne!(encode_f8(d, t, false), Some(inf), "{d}");
+            assert_eq!(encode_f8(d, f32::from_bits(t.to_bits() + 1), false), Some(inf), "{d}");
+        }
+        assert_eq!(f8_overflow_threshold(DType::F8E4M3FN), Some(464.0));
+        assert_eq!(f8_overflow_threshold(DType::F4E2M1), None);
+    }
 
     /// Name, encoder and decoder of the four FLOAT8 formats that take a `saturate` flag.
     type Enc = fn(f32, bool) -> u8;

@@ -28,6 +28,16 @@ pub enum Data {
     U16(Vec<u16>),
     U32(Vec<u32>),
     U64(Vec<u64>),
+    F8E4M3FN(Vec<crate::narrow::F8E4M3FN>),
+    F8E4M3FNUZ(Vec<crate::narrow::F8E4M3FNUZ>),
+    F8E5M2(Vec<crate::narrow::F8E5M2>),
+    F8E5M2FNUZ(Vec<crate::narrow::F8E5M2FNUZ>),
+    F8E8M0(Vec<crate::narrow::F8E8M0>),
+    F4E2M1(Vec<crate::narrow::F4E2M1>),
+    I4(Vec<crate::narrow::I4>),
+    U4(Vec<crate::narrow::U4>),
+    I2(Vec<crate::narrow::I2>),
+    U2(Vec<crate::narrow::U2>),
 }
 
 /// Runs `$body` with `$v` bound to the `Vec` inside a [`Data`] (or `&Data` / `&mut Data`), whatever its dtype.
@@ -48,6 +58,16 @@ macro_rules! dispatch_data {
             $crate::tensor::Data::U16($v) => $body,
             $crate::tensor::Data::U32($v) => $body,
             $crate::tensor::Data::U64($v) => $body,
+            $crate::tensor::Data::F8E4M3FN($v) => $body,
+            $crate::tensor::Data::F8E4M3FNUZ($v) => $body,
+            $crate::tensor::Data::F8E5M2($v) => $body,
+            $crate::tensor::Data::F8E5M2FNUZ($v) => $body,
+            $crate::tensor::Data::F8E8M0($v) => $body,
+            $crate::tensor::Data::F4E2M1($v) => $body,
+            $crate::tensor::Data::I4($v) => $body,
+            $crate::tensor::Data::U4($v) => $body,
+            $crate::tensor::Data::I2($v) => $body,
+            $crate::tensor::Data::U2($v) => $body,
         }
     };
 }
@@ -330,6 +350,46 @@ macro_rules! with_dtype {
             }
             $crate::types::DType::U64 => {
                 type $t = u64;
+                $body
+            }
+            $crate::types::DType::F8E4M3FN => {
+                type $t = $crate::narrow::F8E4M3FN;
+                $body
+            }
+            $crate::types::DType::F8E4M3FNUZ => {
+                type $t = $crate::narrow::F8E4M3FNUZ;
+                $body
+            }
+            $crate::types::DType::F8E5M2 => {
+                type $t = $crate::narrow::F8E5M2;
+                $body
+            }
+            $crate::types::DType::F8E5M2FNUZ => {
+                type $t = $crate::narrow::F8E5M2FNUZ;
+                $body
+            }
+            $crate::types::DType::F8E8M0 => {
+                type $t = $crate::narrow::F8E8M0;
+                $body
+            }
+            $crate::types::DType::F4E2M1 => {
+                type $t = $crate::narrow::F4E2M1;
+                $body
+            }
+            $crate::types::DType::I4 => {
+                type $t = $crate::narrow::I4;
+                $body
+            }
+            $crate::types::DType::U4 => {
+                type $t = $crate::narrow::U4;
+                $body
+            }
+            $crate::types::DType::I2 => {
+                type $t = $crate::narrow::I2;
+                $body
+            }
+            $crate::types::DType::U2 => {
+                type $t = $crate::narrow::U2;
                 $body
             }
         }

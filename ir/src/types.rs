@@ -39,11 +39,31 @@ pub enum DType {
     U32,
     /// Unsigned 64-bit integer.
     U64,
+    /// float8 e4m3 without infinities (ONNX FLOAT8E4M3FN), one byte per element.
+    F8E4M3FN,
+    /// float8 e4m3 without infinities or negative zero (ONNX FLOAT8E4M3FNUZ).
+    F8E4M3FNUZ,
+    /// float8 e5m2 (ONNX FLOAT8E5M2).
+    F8E5M2,
+    /// float8 e5m2 without infinities or negative zero (ONNX FLOAT8E5M2FNUZ).
+    F8E5M2FNUZ,
+    /// float8 e8m0, a power of two (ONNX FLOAT8E8M0).
+    F8E8M0,
+    /// float4 e2m1 (ONNX FLOAT4E2M1), one element per byte in memory (packed two per byte in ONNX files).
+    F4E2M1,
+    /// Signed 4-bit integer, one element per byte in memory (sign-extended).
+    I4,
+    /// Unsigned 4-bit integer, one element per byte in memory.
+    U4,
+    /// Signed 2-bit integer, one element per byte in memory (sign-extended).
+    I2,
+    /// Unsigned 2-bit integer, one element per byte in memory.
+    U2,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 23] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -57,6 +77,16 @@ impl DType {
         DType::U16,
         DType::U32,
         DType::U64,
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::F8E8M0,
+        DType::F4E2M1,
+        DType::I4,
+        DType::U4,
+        DType::I2,
+        DType::U2,
     ];
 
     /// The text spelling (`f32`, `bf16`, `bool`, …) used by `.kir` and the CLI.
@@ -75,6 +105,16 @@ impl DType {
             DType::U16 => "u16",
             DType::U32 => "u32",
             DType::U64 => "u64",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::F8E8M0 => "f8e8m0",
+            DType::F4E2M1 => "f4e2m1",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
         }
     }
 
@@ -87,6 +127,16 @@ impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1
+            | DType::I4
+            | DType::U4
+            | DType::I2
+            | DType::U2 => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -116,6 +166,51 @@ impl DType {
             self,
             DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32 | DType::U32 | DType::I64 | DType::U64
         )
+    }
+
+    /// True for the storage types narrower than a byte or of 8-bit float formats (float8, float4, int4, uint4,
+    /// int2, uint2): kiln keeps one element per byte in memory, converts them with `cast` (and the quantization
+    /// ops), moves them (reshape, transpose, gather, concat, …) and computes nothing else on them. They run on
+    /// the reference interpreter.
+    pub fn is_narrow(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN
+                | DType::F8E4M3FNUZ
+                | DType::F8E5M2
+                | DType::F8E5M2FNUZ
+                | DType::F8E8M0
+                | DType::F4E2M1
+                | DType::I4
+                | DType::U4
+                | DType::I2
+                | DType::U2
+        )
+    }
+
+    /// True for the narrow float formats (float8, float4).
+    pub fn is_narrow_float(self) -> bool {
+        self.is_narrow() && self.narrow_int_range().is_none()
+    }
+
+    /// The value range of the narrow integer types (`None` for the others).
+    pub fn narrow_int_range(self) -> Option<(i64, i64)> {
+        match self {
+            DType::I4 => Some((-8, 7)),
+            DType::U4 => Some((0, 15)),
+            DType::I2 => Some((-2, 1)),
+            DType::U2 => Some((0, 3)),
+            _ => None,
+        }
+    }
+
+    /// The bits an element takes in an ONNX file (4 for float4/int4/uint4, 2 for int2/uint2, else 8 × the size).
+    pub fn packed_bits(self) -> u32 {
+        match self {
+            DType::F4E2M1 | DType::I4 | DType::U4 => 4,
+            DType::I2 | DType::U2 => 2,
+            d => 8 * d.size_bytes() as u32,
+        }
     }
 
     /// True for the unsigned integer types (not bool).

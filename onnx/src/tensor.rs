@@ -26,6 +26,16 @@ pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
         5 => DType::I16,
         12 => DType::U32,
         13 => DType::U64,
+        17 => DType::F8E4M3FN,
+        18 => DType::F8E4M3FNUZ,
+        19 => DType::F8E5M2,
+        20 => DType::F8E5M2FNUZ,
+        21 => DType::U4,
+        22 => DType::I4,
+        23 => DType::F4E2M1,
+        24 => DType::F8E8M0,
+        25 => DType::U2,
+        26 => DType::I2,
         other => return Err(format!("dtype {} is not supported", onnx_type_name(other))),
     })
 }
@@ -57,6 +67,9 @@ pub fn onnx_type_name(code: i32) -> String {
         "uint4",
         "int4",
         "float4e2m1",
+        "float8e8m0",
+        "uint2",
+        "int2",
     ];
     usize::try_from(code).ok().and_then(|i| names.get(i)).map_or_else(|| format!("#{code}"), |n| n.to_string())
 }
@@ -71,11 +84,12 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Ten
         count = count.checked_mul(d).ok_or("element count overflows")?;
         shape.push(d);
     }
-    let bytes_needed = count.checked_mul(dtype.size_bytes()).ok_or("byte size overflows")?;
+    // Serialized size: int4/uint4/float4 pack two elements per byte, int2/uint2 four.
+    let bytes_needed = count.checked_mul(dtype.packed_bits() as usize).ok_or("byte size overflows")?.div_ceil(8);
     let external = t.data_location.value() == 1 || !t.external_data.is_empty();
     let data = if external {
         let bytes = read_external(t, base_dir, bytes_needed)?;
-        Data::from_le_bytes(dtype, &bytes).ok_or("external data has a ragged byte length")?
+        from_serialized(dtype, &bytes, count).ok_or("external data has a ragged byte length")?
     } else if !t.raw_data.is_empty() || count == 0 && typed_len(t, dtype) == 0 {
         if t.raw_data.len() != bytes_needed {
             return Err(format!(
@@ -85,13 +99,22 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Ten
                 dtype
             ));
         }
-        Data::from_le_bytes(dtype, &t.raw_data).ok_or("raw data has a ragged byte length")?
+        from_serialized(dtype, &t.raw_data, count).ok_or("raw data has a ragged byte length")?
     } else {
         let n = typed_len(t, dtype);
-        if n != count {
-            return Err(format!("holds {n} elements, but shape {} needs {count}", fmt_shape(&shape)));
+        if dtype.is_narrow() {
+            // int32_data holds one serialized byte per entry (sub-byte types packed, as in raw data).
+            if n != bytes_needed {
+                return Err(format!("holds {n} entries, but {count} {dtype} elements need {bytes_needed}"));
+            }
+            let bytes: Vec<u8> = t.int32_data.iter().map(|&v| v as u8).collect();
+            from_serialized(dtype, &bytes, count).ok_or("int32_data has a ragged length")?
+        } else {
+            if n != count {
+                return Err(format!("holds {n} elements, but shape {} needs {count}", fmt_shape(&shape)));
+            }
+            typed_data(t, dtype)
         }
-        typed_data(t, dtype)
     };
     Tensor::new(shape, data).map_err(|e| e.to_string())
 }
@@ -112,6 +135,21 @@ fn typed_len(t: &TensorProto, dtype: DType) -> usize {
     }
 }
 
+/// `count` elements of `dtype` from their serialized little-endian bytes (sub-byte types unpacked to one element
+/// per byte); `None` when the length does not fit.
+fn from_serialized(dtype: DType, bytes: &[u8], count: usize) -> Option<Data> {
+    let bits = dtype.packed_bits();
+    if bits >= 8 {
+        return Data::from_le_bytes(dtype, bytes);
+    }
+    if bytes.len() != kiln_ir::narrow::packed_len(count, bits) {
+        return None;
+    }
+    let signed = matches!(dtype, DType::I4 | DType::I2);
+    Data::from_le_bytes(dtype, &kiln_ir::narrow::unpack_sub_byte(bytes, count, bits, signed))
+}
+
+/// The typed field of a non-narrow dtype (narrow ones are read as serialized bytes).
 fn typed_data(t: &TensorProto, dtype: DType) -> Data {
     match dtype {
         DType::F32 => Data::F32(t.float_data.clone()),
@@ -127,6 +165,10 @@ fn typed_data(t: &TensorProto, dtype: DType) -> Data {
         DType::U16 => Data::U16(t.int32_data.iter().map(|&v| v as u16).collect()),
         DType::U32 => Data::U32(t.uint64_data.iter().map(|&v| v as u32).collect()),
         DType::U64 => Data::U64(t.uint64_data.clone()),
+        narrow => {
+            let bytes: Vec<u8> = t.int32_data.iter().map(|&v| v as u8).collect();
+            Data::from_le_bytes(narrow, &bytes).expect("one byte per element")
+        }
     }
 }
 
@@ -220,6 +262,25 @@ mod tests {
         t.data_type = dtype;
         t.dims = dims.to_vec();
         t
+    }
+
+    #[test]
+    fn sub_byte_types_unpack_to_one_element_per_byte() {
+        // INT4 [-8, 7, -1] packed low nibble first: 0x78, 0x0F; a short buffer is an error, not a read past it.
+        let mut t = proto(22, &[3]);
+        t.raw_data = vec![0x78, 0x0F];
+        let x = tensor_from_proto(&t, None).unwrap();
+        assert_eq!((x.dtype(), x.to_i64_vec()), (DType::I4, vec![-8, 7, -1]));
+        t.raw_data = vec![0x78];
+        assert!(tensor_from_proto(&t, None).unwrap_err().contains("raw data holds 1 bytes"));
+        // UINT2 [1, 2, 3, 0, 3] in int32_data, four per byte.
+        let mut t = proto(25, &[5]);
+        t.int32_data = vec![0b00_11_10_01, 0b11];
+        assert_eq!(tensor_from_proto(&t, None).unwrap().to_i64_vec(), vec![1, 2, 3, 0, 3]);
+        // FLOAT8E4M3FN bytes: 1.0 is 0x38, -448 is 0xFE.
+        let mut t = proto(17, &[2]);
+        t.raw_data = vec![0x38, 0xFE];
+        assert_eq!(tensor_from_proto(&t, None).unwrap().to_f64_vec(), vec![1.0, -448.0]);
     }
 
     #[test]

@@ -69,6 +69,16 @@ fn onnx_type(dtype: DType) -> &'static str {
         DType::U16 => "tensor(uint16)",
         DType::U32 => "tensor(uint32)",
         DType::U64 => "tensor(uint64)",
+        DType::F8E4M3FN => "tensor(float8e4m3fn)",
+        DType::F8E4M3FNUZ => "tensor(float8e4m3fnuz)",
+        DType::F8E5M2 => "tensor(float8e5m2)",
+        DType::F8E5M2FNUZ => "tensor(float8e5m2fnuz)",
+        DType::F8E8M0 => "tensor(float8e8m0)",
+        DType::F4E2M1 => "tensor(float4e2m1)",
+        DType::I4 => "tensor(int4)",
+        DType::U4 => "tensor(uint4)",
+        DType::I2 => "tensor(int2)",
+        DType::U2 => "tensor(uint2)",
     }
 }
 
@@ -88,6 +98,16 @@ fn numpy_name(dtype: DType) -> &'static str {
         DType::U16 => "uint16",
         DType::U32 => "uint32",
         DType::U64 => "uint64",
+        DType::F8E4M3FN => "float8_e4m3fn",
+        DType::F8E4M3FNUZ => "float8_e4m3fnuz",
+        DType::F8E5M2 => "float8_e5m2",
+        DType::F8E5M2FNUZ => "float8_e5m2fnuz",
+        DType::F8E8M0 => "float8_e8m0fnu",
+        DType::F4E2M1 => "float4_e2m1fn",
+        DType::I4 => "int4",
+        DType::U4 => "uint4",
+        DType::I2 => "int2",
+        DType::U2 => "uint2",
     }
 }
 
@@ -248,6 +268,12 @@ fn feed_array<'py>(
         (b'u', 8) => DType::U64,
         (b'b', 1) => DType::Bool,
         (b'V', 2) if descr.str()?.to_cow()? == "bfloat16" => DType::BF16,
+        (b'V', 1) => {
+            let type_name = descr.str()?.to_cow()?.into_owned();
+            DType::ALL.into_iter().find(|&d| d.is_narrow() && numpy_name(d) == type_name).ok_or_else(|| {
+                invalid_input(format!("input `{name}` has dtype {type_name}, which kiln does not take"))
+            })?
+        }
         _ => {
             return Err(invalid_input(format!(
                 "input `{name}` has dtype {}, which kiln does not take (float32, float16, bfloat16, float64, int8, \
@@ -301,6 +327,17 @@ fn to_numpy(py: Python<'_>, t: Tensor) -> PyResult<Bound<'_, PyAny>> {
         Data::U16(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
         Data::U32(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
         Data::U64(v) => PyArray1::from_vec(py, v).reshape(shape)?.into_any(),
+        // One byte per element, as ml_dtypes lays its float8/float4/int4/int2 arrays out: the bytes, viewed.
+        narrow => {
+            let name = numpy_name(narrow.dtype());
+            let ml = py.import("ml_dtypes").map_err(|_| {
+                ExecutionError::new_err(format!(
+                    "a {name} output needs the `ml_dtypes` package (pip install ml_dtypes)"
+                ))
+            })?;
+            let bytes = PyArray1::from_vec(py, narrow.to_le_bytes()).reshape(shape)?;
+            bytes.call_method1("view", (ml.getattr(name)?,))?
+        }
     })
 }
 

@@ -63,6 +63,17 @@ extern "C" {
 #define KILN_DTYPE_U16 10u
 #define KILN_DTYPE_U32 11u
 #define KILN_DTYPE_U64 12u
+/* One element per byte: float8 bit patterns, float4 in the low nibble, int4/int2 sign-extended. */
+#define KILN_DTYPE_F8E4M3FN 13u
+#define KILN_DTYPE_F8E4M3FNUZ 14u
+#define KILN_DTYPE_F8E5M2 15u
+#define KILN_DTYPE_F8E5M2FNUZ 16u
+#define KILN_DTYPE_F8E8M0 17u
+#define KILN_DTYPE_F4E2M1 18u
+#define KILN_DTYPE_I4 19u
+#define KILN_DTYPE_U4 20u
+#define KILN_DTYPE_I2 21u
+#define KILN_DTYPE_U2 22u
 
 /* One input tensor, borrowed for the duration of one run call. */
 typedef struct kiln_tensor_desc {

@@ -8,7 +8,7 @@
 //! that opened is never read out of bounds later.
 //!
 //! A lease holds an `Arc` of the mapping, so the bytes stay mapped as long as any lease lives, even after the
-//! [`Checkpoint`] itself is dropped. Leasing copies nothing. Tensors of dtypes kiln lacks (`F8_E4M3`, …) are
+//! [`Checkpoint`] itself is dropped. Leasing copies nothing. Tensors of dtypes kiln lacks (`F4`, `C64`, …) are
 //! listed and range-checked but cannot be leased: that is an error naming the tensor and its dtype.
 //!
 //! [`CheckpointSource`] is what parameter materialization reads from: a mapped [`Checkpoint`], or a
@@ -496,11 +496,11 @@ mod tests {
 
     #[test]
     fn unsupported_dtypes_are_listed_but_not_leased() {
-        let img = image(&[("w", "F32", &[1], [0, 4]), ("q", "F8_E4M3", &[4], [4, 8])], &[0; 8]);
+        let img = image(&[("w", "F32", &[1], [0, 4]), ("q", "F4", &[8], [4, 8])], &[0; 8]);
         let ck = Checkpoint::from_bytes("mem", img).unwrap();
         assert!(ck.contains("q"));
         let err = ck.lease("q").unwrap_err().to_string();
-        assert!(err.contains("tensor `q` has dtype F8_E4M3, which kiln does not support"), "{err}");
+        assert!(err.contains("tensor `q` has dtype F4, which kiln does not support"), "{err}");
         assert!(ck.lease("missing").unwrap_err().to_string().contains("has no tensor `missing`"));
     }
 

@@ -185,6 +185,17 @@ fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
         DType::U16 => typed::<u16>(file),
         DType::U32 => typed::<u32>(file),
         DType::U64 => typed::<u64>(file),
+        // No descriptor above reads as a narrow type.
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => return Err(FromBytes::Dtype(descr)),
         DType::I32 => typed::<i32>(file),
         DType::I64 => typed::<i64>(file),
         DType::Bool => typed::<bool>(file),
@@ -251,15 +262,30 @@ fn write_to<W: Write>(w: W, t: &Tensor) -> io::Result<()> {
         Data::I32(v) => typed(w, &shape, v),
         Data::I64(v) => typed(w, &shape, v),
         Data::Bool(v) => typed(w, &shape, v),
-        Data::BF16(v) => {
-            let dtype = npyz::DType::Plain("|V2".parse().expect("a valid type string"));
-            let mut out = npyz::WriteOptions::<[u8]>::new().dtype(dtype).shape(&shape).writer(w).begin_nd()?;
-            for x in v {
-                out.push(&x.to_le_bytes())?;
-            }
-            out.finish()
-        }
+        // NumPy has no bfloat16 or float8 of its own: raw void elements (`|V2`, `|V1`) that ml_dtypes' types
+        // view; the sub-byte integers as their one-byte values.
+        Data::BF16(_) => raw(w, &shape, "|V2", t),
+        Data::F8E4M3FN(_)
+        | Data::F8E4M3FNUZ(_)
+        | Data::F8E5M2(_)
+        | Data::F8E5M2FNUZ(_)
+        | Data::F8E8M0(_)
+        | Data::F4E2M1(_) => raw(w, &shape, "|V1", t),
+        Data::I4(v) => typed(w, &shape, &v.iter().map(|x| x.0 as i8).collect::<Vec<_>>()),
+        Data::I2(v) => typed(w, &shape, &v.iter().map(|x| x.0 as i8).collect::<Vec<_>>()),
+        Data::U4(v) => typed(w, &shape, &v.iter().map(|x| x.0).collect::<Vec<_>>()),
+        Data::U2(v) => typed(w, &shape, &v.iter().map(|x| x.0).collect::<Vec<_>>()),
     }
+}
+
+/// Writes `t`'s little-endian element bytes under the npy type `descr` (whose width is the dtype's size).
+fn raw<W: Write>(w: W, shape: &[u64], descr: &str, t: &Tensor) -> io::Result<()> {
+    let dtype = npyz::DType::Plain(descr.parse().expect("a valid type string"));
+    let mut out = npyz::WriteOptions::<[u8]>::new().dtype(dtype).shape(shape).writer(w).begin_nd()?;
+    for x in t.as_bytes().chunks_exact(t.dtype().size_bytes()) {
+        out.push(x)?;
+    }
+    out.finish()
 }
 
 /// One entry of an output directory's `manifest.json`.
@@ -359,8 +385,18 @@ mod tests {
             let t = Tensor::random(dt, vec![2, 3], 3);
             let mut buf = Vec::new();
             write_to(&mut buf, &t).unwrap();
-            let back = from_bytes(&buf).unwrap_or_else(|_| panic!("{dt} did not read back"));
-            assert_eq!(back, t, "{dt}");
+            let back = from_bytes(&buf);
+            if dt.is_narrow_float() {
+                // Written as raw bytes (`|V1`), which name no type to read back as.
+                assert!(back.is_err(), "{dt}");
+            } else if dt.is_narrow() {
+                // int4/int2 as their i8 values, uint4/uint2 as u8.
+                let back = back.unwrap_or_else(|_| panic!("{dt} did not read back"));
+                assert_eq!((back.to_i64_vec(), back.dtype().size_bytes()), (t.to_i64_vec(), 1), "{dt}");
+            } else {
+                let back = back.unwrap_or_else(|_| panic!("{dt} did not read back"));
+                assert_eq!(back, t, "{dt}");
+            }
         }
     }
 

@@ -27,6 +27,8 @@ impl Emitter<'_, '_> {
             Scalar::U16(v) => self.b.ins().iconst(types::I16, i64::from(v)),
             Scalar::U32(v) => self.b.ins().iconst(types::I32, i64::from(v)),
             Scalar::U64(v) => self.b.ins().iconst(types::I64, v as i64),
+            // Narrow types never reach the emitter (lowering refuses them): their byte, as stored.
+            narrow => self.b.ins().iconst(types::I8, i64::from(narrow.to_le_byte())),
         }
     }
 

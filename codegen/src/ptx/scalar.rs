@@ -32,6 +32,8 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
             Scalar::U16(v) => c.i16_type().const_int(u64::from(v), false).into(),
             Scalar::U32(v) => c.i32_type().const_int(u64::from(v), false).into(),
             Scalar::U64(v) => c.i64_type().const_int(v, false).into(),
+            // Narrow types never reach the emitter (lowering refuses them): their byte, as stored.
+            narrow => c.i8_type().const_int(u64::from(narrow.to_le_byte()), false).into(),
         })
     }
 

@@ -344,15 +344,7 @@ pub(super) fn i64_to_f64_round_odd(v: i64) -> f64 {
     f64::from_bits(if (v as i128).abs() > back.abs() { f.to_bits() + 1 } else { f.to_bits() - 1 })
 }
 
-/// f64 → f32 rounded to odd (see [`i64_to_f64_round_odd`]); infinities, NaN and overflow as `as` gives them.
-pub(super) fn f64_to_f32_round_odd(v: f64) -> f32 {
-    let f = v as f32;
-    if !f.is_finite() || f as f64 == v || f.to_bits() & 1 == 1 {
-        return f;
-    }
-    // Sign-magnitude bits: +1 grows the magnitude by one ulp (a zero becomes the smallest subnormal).
-    f32::from_bits(if v.abs() > (f as f64).abs() { f.to_bits() + 1 } else { f.to_bits() - 1 })
-}
+pub(super) use crate::narrow::f64_to_f32_round_odd;
 
 /// `v` converted to any element type as `cast` converts: correctly rounded (to nearest, ties to even) for
 /// floats, truncated and saturated for integers (NaN → 0), `!= 0` for bool.
@@ -372,11 +364,11 @@ pub(super) fn from_f64_rounded<T: Element>(v: f64) -> T {
 /// float → float and int → float round to nearest, ties to even, once. The one conversion the tensor and the
 /// scalar forms of `cast` share.
 pub(super) fn cast_element<S: Element, T: Element>(s: S) -> T {
-    if S::DTYPE.is_float() {
-        // f32/f16/bf16 widen exactly to f64, so one rounding (or truncation) happens, here.
+    if S::DTYPE.is_float() || S::DTYPE.is_narrow_float() {
+        // f32/f16/bf16 and the narrow floats widen exactly to f64, so one rounding (or truncation) happens, here.
         return from_f64_rounded::<T>(s.to_f64());
     }
-    if S::DTYPE == DType::U64 && T::DTYPE.is_float() {
+    if S::DTYPE == DType::U64 && (T::DTYPE.is_float() || T::DTYPE.is_narrow()) {
         // `to_i64` wraps a u64 above 2^63; its float value goes through the unsigned conversions.
         let u = s.to_i64() as u64;
         return match T::DTYPE {
@@ -421,6 +413,8 @@ macro_rules! by_family {
             $crate::tensor::Data::U16($i) => $ie,
             $crate::tensor::Data::U32($i) => $ie,
             $crate::tensor::Data::U64($i) => $ie,
+            // The narrow storage types are converted and moved, never computed on.
+            other => return Err(format!("{} values are only cast and moved, not computed on", other.dtype())),
         }
     };
 }

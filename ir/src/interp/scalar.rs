@@ -33,6 +33,16 @@ pub enum Scalar {
     U16(u16),
     U32(u32),
     U64(u64),
+    F8E4M3FN(crate::narrow::F8E4M3FN),
+    F8E4M3FNUZ(crate::narrow::F8E4M3FNUZ),
+    F8E5M2(crate::narrow::F8E5M2),
+    F8E5M2FNUZ(crate::narrow::F8E5M2FNUZ),
+    F8E8M0(crate::narrow::F8E8M0),
+    F4E2M1(crate::narrow::F4E2M1),
+    I4(crate::narrow::I4),
+    U4(crate::narrow::U4),
+    I2(crate::narrow::I2),
+    U2(crate::narrow::U2),
 }
 
 macro_rules! scalar_from {
@@ -45,7 +55,7 @@ macro_rules! scalar_from {
     };
 }
 scalar_from!(f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8, u8 => U8, i32 => I32, i64 => I64,
-    bool => Bool, i16 => I16, u16 => U16, u32 => U32, u64 => U64);
+    bool => Bool, i16 => I16, u16 => U16, u32 => U32, u64 => U64, crate::narrow::F8E4M3FN => F8E4M3FN, crate::narrow::F8E4M3FNUZ => F8E4M3FNUZ, crate::narrow::F8E5M2 => F8E5M2, crate::narrow::F8E5M2FNUZ => F8E5M2FNUZ, crate::narrow::F8E8M0 => F8E8M0, crate::narrow::F4E2M1 => F4E2M1, crate::narrow::I4 => I4, crate::narrow::U4 => U4, crate::narrow::I2 => I2, crate::narrow::U2 => U2);
 
 /// Runs `$body` with `$v` bound to the element inside a [`Scalar`], whatever its dtype.
 macro_rules! dispatch_scalar {
@@ -64,6 +74,16 @@ macro_rules! dispatch_scalar {
             Scalar::U16($v) => $body,
             Scalar::U32($v) => $body,
             Scalar::U64($v) => $body,
+            Scalar::F8E4M3FN($v) => $body,
+            Scalar::F8E4M3FNUZ($v) => $body,
+            Scalar::F8E5M2($v) => $body,
+            Scalar::F8E5M2FNUZ($v) => $body,
+            Scalar::F8E8M0($v) => $body,
+            Scalar::F4E2M1($v) => $body,
+            Scalar::I4($v) => $body,
+            Scalar::U4($v) => $body,
+            Scalar::I2($v) => $body,
+            Scalar::U2($v) => $body,
         }
     };
 }
@@ -112,6 +132,13 @@ impl Scalar {
         dispatch_scalar!(self, v => v.to_f64())
     }
 
+    /// The first byte of the element's little-endian storage (a narrow element's whole storage).
+    pub fn to_le_byte(self) -> u8 {
+        let mut out = Vec::new();
+        dispatch_scalar!(self, v => v.write_le(&mut out));
+        out[0]
+    }
+
     /// The value as i64 (floats truncate toward zero).
     pub fn to_i64(self) -> i64 {
         dispatch_scalar!(self, v => v.to_i64())
@@ -149,6 +176,9 @@ pub fn unary(k: UnaryOp, x: Scalar) -> Result<Scalar, String> {
         Scalar::U64(v) => int(k, v),
         Scalar::Bool(v) if k == UnaryOp::Not => Ok(Scalar::Bool(!v)),
         Scalar::Bool(_) => Err(format!("{} is not defined on bool", k.name())),
+        other => {
+            Err(format!("{} is not defined on {} (narrow values are only cast and moved)", k.name(), other.dtype()))
+        }
     }
 }
 
@@ -198,6 +228,9 @@ pub fn binary(k: BinaryOp, a: Scalar, b: Scalar) -> Result<Scalar, String> {
             BinaryOp::Eq => Ok(Scalar::Bool(x == y)),
             _ => Err(format!("{} is not defined on bool", k.name())),
         },
+        _ if a.dtype() == b.dtype() => {
+            Err(format!("{} is not defined on {} (narrow values are only cast and moved)", k.name(), a.dtype()))
+        }
         _ => Err(format!("operand dtypes differ: {} and {}", a.dtype(), b.dtype())),
     }
 }

@@ -198,10 +198,43 @@ pub(crate) fn dropout(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, St
 
 pub(crate) fn cast(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let to = onnx_dtype(n.opt_int("to").ok_or("the `to` attribute is required")?)?;
-    if n.int("saturate", 1) != 1 {
-        return Err("saturate=0 (float8 only) is not supported".into());
+    // FLOAT8E8M0's rounding: kiln's cast rounds up, the default.
+    if let Some(mode) = n.string("round_mode").filter(|m| m != "up") {
+        return Err(format!("round_mode `{mode}` is not supported (kiln rounds up)"));
     }
-    cast_to(cx, n.input(0)?, to)
+    cast_saturating(cx, n, n.input(0)?, to)
+}
+
+/// A cast honouring `saturate` (which concerns float8 targets only; float4 always saturates).
+fn cast_saturating(cx: &mut Ctx<'_>, n: &OnnxNode<'_>, x: &Val, to: DType) -> Result<Vec<Val>, String> {
+    if n.int("saturate", 1) == 1 || !to.is_narrow_float() || to == DType::F4E2M1 {
+        return cast_to(cx, x, to);
+    }
+    if x.dtype() == DType::Bool {
+        return cast_to(cx, x, to);
+    }
+    let Some(limit) = kiln_ir::narrow::f8_overflow_threshold(to) else {
+        return Err(format!("saturate=0 is not supported for {to}"));
+    };
+    // kiln's cast saturates; a magnitude past the last value that rounds to a finite one (or ±∞) becomes the
+    // type's overflow value instead: NaN (FLOAT8E4M3FN keeps the sign), or ±∞ for FLOAT8E5M2.
+    let y = cast_to(cx, x, to)?.remove(0);
+    // Compared in f32 (exact for every source but f64 and the widest integers, which cannot straddle a
+    // float8 limit by rounding: the limits are small integers).
+    let wide = if x.dtype() == DType::F64 { x.clone() } else { cx.op(Op::Cast(Cast { to: DType::F32 }), &[x])? };
+    let magnitude = un(cx, U::Abs, &wide)?;
+    let limit = scalar_like(cx, &wide, f64::from(limit))?;
+    let over = bin(cx, B::Gt, &magnitude, &limit)?;
+    let code = |cx: &mut Ctx<'_>, v: f32| {
+        let byte = kiln_ir::narrow::encode_f8(to, v, false).expect("a float8 type");
+        let data = kiln_ir::Data::from_le_bytes(to, &[byte]).expect("one byte");
+        cx.constant(kiln_ir::Tensor::new(vec![], data).expect("a scalar"))
+    };
+    let (pos, neg) = (code(cx, f32::INFINITY)?, code(cx, f32::NEG_INFINITY)?);
+    let zero = scalar_like(cx, &wide, 0.0)?;
+    let negative = bin(cx, B::Lt, &wide, &zero)?;
+    let overflow = cx.op(Op::Select, &[&negative, &neg, &pos])?;
+    Ok(vec![cx.op(Op::Select, &[&over, &overflow, &y])?])
 }
 
 fn cast_to(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Vec<Val>, String> {
@@ -216,11 +249,8 @@ fn cast_to(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Vec<Val>, String> {
 }
 
 pub(crate) fn cast_like(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    if n.int("saturate", 1) != 1 {
-        return Err("saturate=0 (float8 only) is not supported".into());
-    }
     let to = n.input(1)?.dtype();
-    cast_to(cx, n.input(0)?, to)
+    cast_saturating(cx, n, n.input(0)?, to)
 }
 
 pub(crate) fn where_(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

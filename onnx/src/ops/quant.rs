@@ -21,7 +21,14 @@ fn range(d: DType) -> Result<(f64, f64), String> {
             let (lo, hi) = d.int_range().expect("an integer type");
             Ok((lo as f64, hi as f64))
         }
-        other => Err(format!("quantized type {other} is not supported (kiln quantizes to u8, i8, u16 and i16)")),
+        DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
+            let (lo, hi) = d.narrow_int_range().expect("a narrow integer type");
+            Ok((lo as f64, hi as f64))
+        }
+        other => Err(format!(
+            "quantized type {other} is not supported (kiln quantizes to 2-, 4-, 8- and 16-bit integers and the \
+             float8/float4 types)"
+        )),
     }
 }
 
@@ -108,14 +115,27 @@ fn quantize(
 ) -> Result<Val, String> {
     let (x, s) = (cast(cx, x, compute)?, cast(cx, scale, compute)?);
     let v = bin(cx, B::Div, &x, &s)?;
+    if to.is_narrow_float() {
+        // float8/float4: the cast rounds to nearest even and saturates.
+        let v = match zero {
+            Some(z) => {
+                let z = cast(cx, z, compute)?;
+                bin(cx, B::Add, &v, &z)?
+            }
+            None => v,
+        };
+        return cast(cx, &v, to);
+    }
     saturate_round(cx, &v, zero, to)
 }
 
 /// `(q - zero) * scale` as `out`: the subtraction in i32 (exact), the product in f32.
 fn dequantize(cx: &mut Ctx<'_>, q: &Val, scale: &Val, zero: Option<&Val>, out: DType) -> Result<Val, String> {
-    let mut d = cast(cx, q, DType::I32)?;
+    // float8/float4 values subtract in f32 (exact: both are exact f32 values far from f32's precision).
+    let diff = if q.dtype().is_narrow_float() { DType::F32 } else { DType::I32 };
+    let mut d = cast(cx, q, diff)?;
     if let Some(z) = zero {
-        let z = cast(cx, z, DType::I32)?;
+        let z = cast(cx, z, diff)?;
         d = bin(cx, B::Sub, &d, &z)?;
     }
     let (d, s) = (cast(cx, &d, DType::F32)?, cast(cx, scale, DType::F32)?);
@@ -133,8 +153,7 @@ fn dtype_attr(n: &OnnxNode<'_>, name: &str) -> Result<Option<DType>, String> {
 
 pub(crate) fn quantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (x, scale, zero) = (n.input(0)?, n.input(1)?, n.opt_input(2));
-    // `saturate` only concerns float8 outputs, which kiln refuses by type.
-    n.int("saturate", 1);
+    let saturate = n.int("saturate", 1);
     let to = match (zero, dtype_attr(n, "output_dtype")?) {
         (Some(z), Some(d)) if d != z.dtype() => {
             return Err(format!("output_dtype {d} disagrees with the zero point's type {}", z.dtype()));
@@ -143,7 +162,14 @@ pub(crate) fn quantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<
         (None, Some(d)) => d,
         (None, None) => DType::U8,
     };
-    range(to)?;
+    if to.is_narrow_float() {
+        // `saturate` concerns only these.
+        if saturate != 1 {
+            return Err("saturate=0 (float8 only) is not supported".into());
+        }
+    } else {
+        range(to)?;
+    }
     if !x.dtype().is_float() && x.dtype() != DType::I32 {
         return Err(format!("quantizes float or i32 tensors, got {}", x.dtype()));
     }
@@ -162,12 +188,13 @@ pub(crate) fn dequantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Ve
     let (x, scale, zero) = (n.input(0)?, n.input(1)?, n.opt_input(2));
     match x.dtype() {
         DType::U8 | DType::I8 | DType::U16 | DType::I16 => {}
+        d if d.is_narrow() => {}
         DType::I32 => {
             if zero.and_then(Val::ints).is_some_and(|z| z.iter().any(|&v| v != 0)) {
                 return Err("an i32 input needs a zero point of 0".into());
             }
         }
-        other => return Err(format!("dequantizes u8, i8, u16, i16 or i32 tensors, got {other}")),
+        other => return Err(format!("dequantizes integer, float8 or float4 tensors, got {other}")),
     }
     if let Some(z) = zero
         && z.dtype() != x.dtype()

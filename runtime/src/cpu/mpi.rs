@@ -179,8 +179,27 @@ impl CollectiveBackend for MpiBackend {
                 let wide: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
                 Data::BF16(reduce_into(w, &wide, op).into_iter().map(half::bf16::from_f32).collect())
             }
+            Data::I16(v) => Data::I16(reduce_into(w, v, op)),
+            Data::U16(v) => Data::U16(reduce_into(w, v, op)),
+            Data::U32(v) => Data::U32(reduce_into(w, v, op)),
+            Data::U64(v) => Data::U64(reduce_into(w, v, op)),
             Data::Bool(_) => {
                 return Err(RunError::Collective(format!("{what}: dtype bool is not supported (cast to u8 first)")));
+            }
+            Data::F8E4M3FN(_)
+            | Data::F8E4M3FNUZ(_)
+            | Data::F8E5M2(_)
+            | Data::F8E5M2FNUZ(_)
+            | Data::F8E8M0(_)
+            | Data::F4E2M1(_)
+            | Data::I4(_)
+            | Data::U4(_)
+            | Data::I2(_)
+            | Data::U2(_) => {
+                return Err(RunError::Collective(format!(
+                    "{what}: dtype {} is not supported (cast to a wider type first)",
+                    value.dtype()
+                )));
             }
         };
         Tensor::new(value.shape().to_vec(), data).map_err(|e| RunError::Collective(format!("{what}: {e}")))

@@ -74,6 +74,26 @@ pub const KILN_DTYPE_U16: u32 = 10;
 pub const KILN_DTYPE_U32: u32 = 11;
 /// Dtype code of `u64`.
 pub const KILN_DTYPE_U64: u32 = 12;
+/// Dtype code of `f8e4m3fn`, one element per byte.
+pub const KILN_DTYPE_F8E4M3FN: u32 = 13;
+/// Dtype code of `f8e4m3fnuz`, one element per byte.
+pub const KILN_DTYPE_F8E4M3FNUZ: u32 = 14;
+/// Dtype code of `f8e5m2`, one element per byte.
+pub const KILN_DTYPE_F8E5M2: u32 = 15;
+/// Dtype code of `f8e5m2fnuz`, one element per byte.
+pub const KILN_DTYPE_F8E5M2FNUZ: u32 = 16;
+/// Dtype code of `f8e8m0`, one element per byte.
+pub const KILN_DTYPE_F8E8M0: u32 = 17;
+/// Dtype code of `f4e2m1 (low nibble)`, one element per byte.
+pub const KILN_DTYPE_F4E2M1: u32 = 18;
+/// Dtype code of `i4 (sign-extended)`, one element per byte.
+pub const KILN_DTYPE_I4: u32 = 19;
+/// Dtype code of `u4`, one element per byte.
+pub const KILN_DTYPE_U4: u32 = 20;
+/// Dtype code of `i2 (sign-extended)`, one element per byte.
+pub const KILN_DTYPE_I2: u32 = 21;
+/// Dtype code of `u2`, one element per byte.
+pub const KILN_DTYPE_U2: u32 = 22;
 
 /// One input tensor, borrowed by the plugin for the duration of one `run` call.
 #[repr(C)]

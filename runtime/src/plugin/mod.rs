@@ -51,6 +51,16 @@ pub fn dtype_code(dtype: DType) -> u32 {
         DType::U16 => KILN_DTYPE_U16,
         DType::U32 => KILN_DTYPE_U32,
         DType::U64 => KILN_DTYPE_U64,
+        DType::F8E4M3FN => KILN_DTYPE_F8E4M3FN,
+        DType::F8E4M3FNUZ => KILN_DTYPE_F8E4M3FNUZ,
+        DType::F8E5M2 => KILN_DTYPE_F8E5M2,
+        DType::F8E5M2FNUZ => KILN_DTYPE_F8E5M2FNUZ,
+        DType::F8E8M0 => KILN_DTYPE_F8E8M0,
+        DType::F4E2M1 => KILN_DTYPE_F4E2M1,
+        DType::I4 => KILN_DTYPE_I4,
+        DType::U4 => KILN_DTYPE_U4,
+        DType::I2 => KILN_DTYPE_I2,
+        DType::U2 => KILN_DTYPE_U2,
     }
 }
 

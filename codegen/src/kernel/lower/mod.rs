@@ -246,6 +246,16 @@ impl<'g> Ctx<'g> {
                     graph.describe(id)
                 )));
             }
+            let types = node.outputs.iter().map(|t| t.dtype);
+            if let Some(d) = types
+                .chain(node.inputs.iter().filter_map(|&v| graph.value_type(v).map(|t| t.dtype)))
+                .find(|d| d.is_narrow())
+            {
+                return Err(LowerError::NotLowerable {
+                    node: graph.describe(id),
+                    reason: format!("{d} values are not compiled yet (kiln casts and moves them on the interpreter)"),
+                });
+            }
             in_group.insert(id);
         }
         if in_group.is_empty() {
