@@ -139,9 +139,9 @@ fn mlp_reference(x: &[f32]) -> Vec<f32> {
 fn unsupported_model() -> Vec<u8> {
     pb::model(
         pb::Msg::default()
-            .msg(1, pb::node("nz", "NonZero", &["x"], &["idx"]))
+            .msg(1, pb::node("det", "Det", &["x"], &["idx"]))
             .msg(1, pb::node("relu", "Relu", &["x"], &["r"]))
-            .msg(1, pb::node("uniq", "Unique", &["r"], &["u"]))
+            .msg(1, pb::node("bern", "Bernoulli", &["r"], &["u"]))
             .str(2, "unsupported")
             .msg(11, pb::f32_input("x", &["4"]))
             .msg(12, pb::output("idx"))
@@ -178,8 +178,8 @@ fn check_and_inspect_speak_json_with_onnx_op_types() {
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("check --json prints JSON");
     let ops: Vec<&str> = v["unsupported"].as_array().unwrap().iter().map(|u| u["op_type"].as_str().unwrap()).collect();
-    assert_eq!(ops, ["NonZero", "Unique"], "{v}");
-    assert_eq!(v["unsupported"][0]["node"], "nz");
+    assert_eq!(ops, ["Det", "Bernoulli"], "{v}");
+    assert_eq!(v["unsupported"][0]["node"], "det");
     let o = kiln(&["inspect", &mlp, "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json prints JSON");
     let onnx_ops: Vec<&str> =
@@ -198,8 +198,8 @@ fn check_names_every_unsupported_op_and_exits_4() {
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert_no_panic(&o);
     let out = stdout(&o);
-    assert!(out.contains("unsupported: NonZero (node `nz`)"), "{out}");
-    assert!(out.contains("unsupported: Unique (node `uniq`)"), "{out}");
+    assert!(out.contains("unsupported: Det (node `det`)"), "{out}");
+    assert!(out.contains("unsupported: Bernoulli (node `bern`)"), "{out}");
     assert_eq!(out.lines().count(), 2, "one line per problem:\n{out}");
     assert!(stderr(&o).starts_with("error: ") && stderr(&o).contains("2 unsupported feature(s)"), "{}", stderr(&o));
     // Other commands refuse it with the same list.
@@ -207,7 +207,7 @@ fn check_names_every_unsupported_op_and_exits_4() {
     assert_eq!(o.status.code(), Some(4));
     assert_no_panic(&o);
     assert!(
-        stderr(&o).contains("NonZero (node `nz`)") && stderr(&o).contains("Unique (node `uniq`)"),
+        stderr(&o).contains("Det (node `det`)") && stderr(&o).contains("Bernoulli (node `bern`)"),
         "{}",
         stderr(&o)
     );

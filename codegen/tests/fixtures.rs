@@ -53,6 +53,7 @@ fn lowerable_fixtures_match_the_interpreter() {
             "conv3x3_layers",
             "conv_pool",
             "conv_symbolic",
+            "data_dependent",
             "fusion",
             "lstm_gru",
             "mlp_params",

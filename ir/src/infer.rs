@@ -106,6 +106,56 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             shape.0[axis] = Dim::Static(t.k as u64);
             Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
         }
+        Op::NonZero(n) => {
+            let x = &ins[0];
+            computable(x)?;
+            let count = count_dim(&n.count)?;
+            one(TensorType::new(DType::I64, Shape(vec![Dim::Static(x.shape.rank() as u64), count])))
+        }
+        Op::Unique(u) => {
+            let x = &ins[0];
+            computable(x)?;
+            let count = count_dim(&u.count)?;
+            let (y, n) = if u.flatten {
+                let n = x.shape.0.iter().try_fold(crate::dim::DimExpr::constant(1), |acc, d| {
+                    crate::dim::DimExpr::of(d).map(|e| acc.mul(&e))
+                });
+                let n = n.and_then(|e| e.to_dim()).ok_or("cannot size the flattened operand")?;
+                (Shape(vec![count.clone()]), n)
+            } else {
+                let axis = normalize_axis(u.axis, x.shape.rank())?;
+                let mut y = x.shape.clone();
+                let n = std::mem::replace(&mut y.0[axis], count.clone());
+                (y, n)
+            };
+            let vec_of = |d: Dim| TensorType::new(DType::I64, Shape(vec![d]));
+            Ok(vec![TensorType::new(x.dtype, y), vec_of(count.clone()), vec_of(n), vec_of(count)])
+        }
+        Op::NonMaxSuppression(n) => {
+            let (boxes, scores) = (&ins[0], &ins[1]);
+            for (t, what) in [(boxes, "boxes"), (scores, "scores")] {
+                if t.dtype != DType::F32 || t.shape.rank() != 3 {
+                    return Err(format!("{what} must be a rank-3 f32 tensor, got {t}"));
+                }
+            }
+            let (b, s) = (&boxes.shape.0, &scores.shape.0);
+            if b[2] != Dim::Static(4) || !same_extent(&b[0], &s[0]) || !same_extent(&b[1], &s[2]) {
+                return Err(format!(
+                    "boxes {} and scores {} must be [batches, boxes, 4] and [batches, classes, boxes]",
+                    boxes.shape, scores.shape
+                ));
+            }
+            for (t, what, dtype) in
+                [(&ins[2], "max boxes per class", DType::I64), (&ins[3], "IoU threshold", DType::F32)]
+                    .into_iter()
+                    .chain(ins.get(4).map(|t| (t, "score threshold", DType::F32)))
+            {
+                if t.dtype != dtype || t.shape.num_elements().is_some_and(|n| n > 1) {
+                    return Err(format!("the {what} must be one {dtype} element, got {t}"));
+                }
+            }
+            one(TensorType::new(DType::I64, Shape(vec![count_dim(&n.count)?, Dim::Static(3)])))
+        }
         Op::MatMul => matmul(&ins[0], &ins[1]).map(|t| vec![t]),
         Op::Conv(c) => conv(c, ins).map(|t| vec![t]),
         Op::MatMulInteger => matmul_integer(ins).map(|t| vec![t]),
@@ -338,6 +388,20 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
 
 /// Arithmetic, comparisons and reductions are not defined on the narrow storage types (float8, float4, int4, int2):
 /// they are cast and moved only.
+/// The data-dependent dim an op's `count` attribute names.
+fn count_dim(name: &str) -> Result<Dim, String> {
+    if crate::dim::is_identifier(name) {
+        Ok(Dim::sym(name))
+    } else {
+        Err(format!("count symbol `{name}` is not an identifier"))
+    }
+}
+
+/// Whether two dims may be the same extent: equal, or either one symbolic and not provably different.
+fn same_extent(a: &Dim, b: &Dim) -> bool {
+    a == b || matches!((a, b), (Dim::Sym(_), _) | (_, Dim::Sym(_)))
+}
+
 fn computable(t: &TensorType) -> Result<(), String> {
     if t.dtype.is_narrow() {
         return Err(format!("{} values are only cast and moved; cast them to a wider type to compute", t.dtype));

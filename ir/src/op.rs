@@ -129,6 +129,14 @@ define_ops! {
     ArgReduce(ArgReduce) = "arg_reduce", Arity::Exact(1);
     /// The `k` largest (or smallest) elements along one axis, sorted, and their i64 indices: two results.
     TopK(TopK) = "top_k", Arity::Exact(1);
+    /// The indices of the nonzero elements (i64 `[rank, count]`): an output extent known only from the data.
+    NonZero(NonZero) = "non_zero", Arity::Exact(1);
+    /// The distinct elements or slices, first-occurrence indices, inverse and counts: four results sized by the
+    /// data.
+    Unique(Unique) = "unique", Arity::Exact(1);
+    /// ONNX NonMaxSuppression: boxes, scores, max boxes per class, IoU threshold and an optional score threshold;
+    /// the kept `(batch, class, box)` rows, as many as the data keeps.
+    NonMaxSuppression(NonMaxSuppression) = "non_max_suppression", Arity::Range(4, 5);
     /// Batched matrix product with numpy broadcasting of the batch dims; rank-1 operands are promoted as numpy does.
     MatMul = "matmul", Arity::Exact(2);
     /// N-d convolution `conv(x[N,C,*], w[M,C/groups,*])`, optional `bias[M]` as a third operand.
@@ -412,6 +420,35 @@ attrs! {
     /// and NaN ranks above every number (first when largest, last otherwise), NaNs in index order. `sorted=false`
     /// allows any order of the `k` results; the interpreter sorts regardless, which is one such order.
     pub struct TopK { axis: i64, k: i64, largest: bool, sorted: bool }
+}
+
+attrs! {
+    /// The indices of the operand's nonzero elements (false for bool, `±0` for floats; NaN is nonzero), as an
+    /// i64 `[rank, count]` tensor whose column `j` is the `j`-th nonzero element's index, in row-major order (a
+    /// scalar operand gives `[0, count]`). `count` names the symbol of the result's second extent: a
+    /// *data-dependent dim*, bound when the op runs (a run's inputs cannot bind it), which later ops may use
+    /// like any symbolic dim. Two nodes never share one.
+    pub struct NonZero { count: String }
+}
+
+attrs! {
+    /// The distinct slices of the operand along `axis` (its distinct elements, as a vector, when `flatten`),
+    /// ascending (lexicographically for slices; NaN above every number) when `sorted`, else in the order they
+    /// first occur; then the index of each one's first occurrence (i64 `[count]`), the group of every slice or
+    /// element of the operand (i64 `[n]`: the inverse) and each group's size (i64 `[count]`). `count` names the
+    /// data-dependent dim of the distinct values, as for [`NonZero`].
+    pub struct Unique { axis: i64, flatten: bool, sorted: bool, count: String }
+}
+
+attrs! {
+    /// Greedy non-maximum suppression, ONNX's `NonMaxSuppression`: operands boxes (f32 `[batches, boxes, 4]`,
+    /// `[y1, x1, y2, x2]` corners or, with `center_point_box`, `[x_center, y_center, width, height]`), scores
+    /// (f32 `[batches, classes, boxes]`), the most boxes kept per class (i64, one element), the IoU threshold
+    /// (f32, one element) and, optionally, a score threshold (f32, one element: only boxes scoring above it are
+    /// candidates). Per batch and class, candidates best first (the lower box index first on ties) are kept
+    /// unless their IoU with a kept box exceeds the threshold. Result: i64 `[count, 3]` rows of
+    /// `(batch, class, box)`, batch by batch, class by class, in keeping order; `count` is data-dependent.
+    pub struct NonMaxSuppression { center_point_box: bool, count: String }
 }
 
 attrs! {

@@ -9,6 +9,25 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// A pattern matching every narrow storage dtype (float8, float4, int4/uint4, int2/uint2): one byte per
+/// element in memory, converted but never computed on. Matches that treat them alike use it, so adding a narrow
+/// type is one edit here.
+#[macro_export]
+macro_rules! narrow_dtypes {
+    () => {
+        $crate::DType::F8E4M3FN
+            | $crate::DType::F8E4M3FNUZ
+            | $crate::DType::F8E5M2
+            | $crate::DType::F8E5M2FNUZ
+            | $crate::DType::F8E8M0
+            | $crate::DType::F4E2M1
+            | $crate::DType::I4
+            | $crate::DType::U4
+            | $crate::DType::I2
+            | $crate::DType::U2
+    };
+}
+
 /// The element type of a tensor.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -126,17 +145,7 @@ impl DType {
     /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
-            DType::I8 | DType::U8 | DType::Bool => 1,
-            DType::F8E4M3FN
-            | DType::F8E4M3FNUZ
-            | DType::F8E5M2
-            | DType::F8E5M2FNUZ
-            | DType::F8E8M0
-            | DType::F4E2M1
-            | DType::I4
-            | DType::U4
-            | DType::I2
-            | DType::U2 => 1,
+            DType::I8 | DType::U8 | DType::Bool | crate::narrow_dtypes!() => 1,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -173,19 +182,7 @@ impl DType {
     /// ops), moves them (reshape, transpose, gather, concat, …) and computes nothing else on them. They run on
     /// the reference interpreter.
     pub fn is_narrow(self) -> bool {
-        matches!(
-            self,
-            DType::F8E4M3FN
-                | DType::F8E4M3FNUZ
-                | DType::F8E5M2
-                | DType::F8E5M2FNUZ
-                | DType::F8E8M0
-                | DType::F4E2M1
-                | DType::I4
-                | DType::U4
-                | DType::I2
-                | DType::U2
-        )
+        matches!(self, crate::narrow_dtypes!())
     }
 
     /// True for the narrow float formats (float8, float4).

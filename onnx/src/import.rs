@@ -89,6 +89,8 @@ pub(crate) struct Ctx<'m> {
     node_name: Option<String>,
     /// The graph inputs a caller feeds (for messages that say how to give a value import needs).
     graph_inputs: std::collections::HashSet<String>,
+    /// The data-dependent dims issued so far ([`Ctx::fresh_symbol`]).
+    issued: std::collections::HashSet<String>,
 }
 
 impl<'m> Ctx<'m> {
@@ -103,6 +105,30 @@ impl<'m> Ctx<'m> {
     fn wrap(&self, v: Value, konst: Option<Arc<Tensor>>) -> Val {
         let ty = self.b.graph().value_type(v).expect("a value just built").clone();
         Val { v, ty, konst, dims: None }
+    }
+
+    /// A new symbol for a data-dependent dim (the extent of `non_zero`'s result, say), named after the ONNX value
+    /// `hint` it sizes (`<hint>_len`, then `<hint>_len2`, …): never a symbol of a graph input nor one issued
+    /// before.
+    pub fn fresh_symbol(&mut self, hint: &str) -> String {
+        let g = self.b.graph();
+        let mut taken: std::collections::HashSet<String> = g
+            .inputs()
+            .iter()
+            .flat_map(|&id| g.node(id).outputs.iter().flat_map(|t| t.shape.0.iter()))
+            .filter_map(|d| match d {
+                Dim::Sym(s) => Some(s.clone()),
+                Dim::Static(_) => None,
+            })
+            .collect();
+        taken.extend(self.issued.iter().cloned());
+        let base = format!("{}_len", sanitize(hint));
+        let name = (1..)
+            .map(|k| if k == 1 { base.clone() } else { format!("{base}{k}") })
+            .find(|n| !taken.contains(n))
+            .expect("an unbounded sequence of names");
+        self.issued.insert(name.clone());
+        name
     }
 
     /// A constant value.
@@ -462,6 +488,7 @@ pub fn import_model(
             let inits: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
             g.input.iter().filter(|i| !inits.contains(i.name.as_str())).map(|i| i.name.clone()).collect()
         },
+        issued: std::collections::HashSet::new(),
     };
     if !OPSETS.contains(&opset) {
         cx.problems.push(Unsupported {

@@ -71,6 +71,11 @@ impl<'a> OnnxNode<'a> {
         }
     }
 
+    /// The name of output `i` (empty when the node leaves it unnamed or has fewer).
+    pub fn output_name(&self, i: usize) -> &str {
+        self.proto.output.get(i).map_or("", String::as_str)
+    }
+
     /// Required input `i`.
     pub fn input(&self, i: usize) -> Result<&Val, String> {
         self.read_inputs.borrow_mut().insert(i);

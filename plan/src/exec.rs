@@ -73,11 +73,25 @@ pub enum Routine {
     Gru(kiln_ir::op::Gru),
     /// `top_k` on f32: operand x; results values (f32) and indices (i64).
     TopK(kiln_ir::op::TopK),
+    /// `non_zero` on any computable dtype: operand x; result the i64 indices, whose extent (the count) the
+    /// routine binds when it runs (a data-dependent dim: the result's buffer is sized then).
+    NonZero(kiln_ir::op::NonZero),
+    /// `unique` on any computable dtype: four results sized when it runs.
+    Unique(kiln_ir::op::Unique),
+    /// `non_max_suppression`: the kept rows, sized when it runs.
+    NonMaxSuppression(kiln_ir::op::NonMaxSuppression),
 }
 
 impl Routine {
-    /// The routine of an IR op, when the library has one for it and these dtypes (every operand f32).
+    /// The routine of an IR op, when the library has one for it and these dtypes (every operand f32, but
+    /// `non_zero`, which takes any).
     pub fn of(op: &Op, dtypes: &[kiln_ir::DType]) -> Option<Routine> {
+        match op {
+            Op::NonZero(n) => return Some(Routine::NonZero(n.clone())),
+            Op::Unique(u) => return Some(Routine::Unique(u.clone())),
+            Op::NonMaxSuppression(n) => return Some(Routine::NonMaxSuppression(n.clone())),
+            _ => {}
+        }
         if !dtypes.iter().all(|&d| d == kiln_ir::DType::F32) {
             return None;
         }
@@ -95,7 +109,16 @@ impl Routine {
             Routine::Lstm(l) => Op::Lstm(l.clone()),
             Routine::Gru(g) => Op::Gru(g.clone()),
             Routine::TopK(t) => Op::TopK(t.clone()),
+            Routine::NonZero(n) => Op::NonZero(n.clone()),
+            Routine::Unique(u) => Op::Unique(u.clone()),
+            Routine::NonMaxSuppression(n) => Op::NonMaxSuppression(n.clone()),
         }
+    }
+
+    /// Whether its results' extents depend on the data (`non_zero`, `unique`, `non_max_suppression`): the
+    /// routine returns them as tensors, and the runtime binds their dims and adopts them as the buffers.
+    pub fn is_data_dependent(&self) -> bool {
+        matches!(self, Routine::NonZero(_) | Routine::Unique(_) | Routine::NonMaxSuppression(_))
     }
 }
 

@@ -268,7 +268,8 @@ fn feed_array<'py>(
         (b'u', 8) => DType::U64,
         (b'b', 1) => DType::Bool,
         (b'V', 2) if descr.str()?.to_cow()? == "bfloat16" => DType::BF16,
-        (b'V', 1) => {
+        // ml_dtypes' one-byte types: most have kind `V`, float8_e5m2 has kind `f`.
+        (b'V' | b'f', 1) => {
             let type_name = descr.str()?.to_cow()?.into_owned();
             DType::ALL.into_iter().find(|&d| d.is_narrow() && numpy_name(d) == type_name).ok_or_else(|| {
                 invalid_input(format!("input `{name}` has dtype {type_name}, which kiln does not take"))
@@ -277,7 +278,7 @@ fn feed_array<'py>(
         _ => {
             return Err(invalid_input(format!(
                 "input `{name}` has dtype {}, which kiln does not take (float32, float16, bfloat16, float64, int8, \
-                 uint8, int16, uint16, int32, uint32, int64, uint64, bool)",
+                 uint8, int16, uint16, int32, uint32, int64, uint64, bool, and ml_dtypes' float8/float4/int4/int2)",
                 descr.str()?
             )));
         }

@@ -133,7 +133,8 @@ BAD_FEEDS = [
     ("wrong static dim", lambda f: {**f, "x": np.zeros([3, 9], np.float32)}, r"input `x` should have shape"),
     ("object array", lambda f: {**f, "x": np.array([[object()] * 8], dtype=object)}, r"dtype object"),
     ("strings", lambda f: {**f, "x": np.array([["a"] * 8])}, r"input `x` has dtype <U1"),
-    ("int16", lambda f: {**f, "x": f["x"].astype(np.int16)}, r"dtype int16, which kiln does not take"),
+    ("complex64", lambda f: {**f, "x": f["x"].astype(np.complex64)}, r"dtype complex64, which kiln does not take"),
+    ("int16 for float32", lambda f: {**f, "x": f["x"].astype(np.int16)}, r"input `x` must be float32.*got int16"),
 ]
 
 
@@ -250,6 +251,53 @@ def test_top_k_is_compiled(tmp_path):
     want = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     for got, w in zip(session.run(None, feeds), want):
         np.testing.assert_array_equal(got, w)
+
+
+def test_every_dtype_crosses_the_boundary(tmp_path):
+    """16-bit integers, bfloat16 and the narrow types (float8 via ml_dtypes, int4) go in and come out as numpy
+    arrays of the same dtype, and a float8 cast matches ONNX's reference bit for bit."""
+    import ml_dtypes
+    from onnx.reference import ReferenceEvaluator
+
+    types = [
+        ("u16", TensorProto.UINT16, np.uint16),
+        ("i16", TensorProto.INT16, np.int16),
+        ("bf16", TensorProto.BFLOAT16, ml_dtypes.bfloat16),
+        ("e4m3", TensorProto.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn),
+        ("e5m2", TensorProto.FLOAT8E5M2, ml_dtypes.float8_e5m2),
+        ("i4", TensorProto.INT4, ml_dtypes.int4),
+    ]
+    nodes = [helper.make_node("Identity", [f"{n}_in"], [f"{n}_out"]) for n, _, _ in types]
+    nodes.append(helper.make_node("Cast", ["x"], ["x8"], to=TensorProto.FLOAT8E4M3FN))
+    inputs = [helper.make_tensor_value_info(f"{n}_in", t, [5]) for n, t, _ in types]
+    outputs = [helper.make_tensor_value_info(f"{n}_out", t, [5]) for n, t, _ in types]
+    graph = helper.make_graph(
+        nodes,
+        "dtypes",
+        inputs + [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])],
+        outputs + [helper.make_tensor_value_info("x8", TensorProto.FLOAT8E4M3FN, [5])],
+    )
+    path = tmp_path / "dtypes.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    values = np.array([-3.0, -0.5, 0.0, 1.0, 7.0], np.float32)
+    feeds = {f"{n}_in": values.astype(np.int64).astype(d) if n in ("u16", "i16", "i4") else values.astype(d)
+             for n, _, d in types}
+    feeds["u16_in"] = np.array([0, 1, 300, 40000, 65535], np.uint16)
+    feeds["x"] = np.array([0.1, -2.7, 500.0, 1e-3, -448.0], np.float32)
+    # The float8 cast is computed on the interpreter, and says so.
+    with pytest.warns(kiln.FallbackWarning, match="f8e4m3fn"):
+        session = kiln.InferenceSession(str(path))
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+    def bits(a):
+        return a.view(f"u{a.dtype.itemsize}")
+
+    for n, _, d in types:
+        assert got[f"{n}_out"].dtype == np.dtype(d), n
+        np.testing.assert_array_equal(bits(got[f"{n}_out"]), bits(feeds[f"{n}_in"]), err_msg=n)
+    (want,) = ReferenceEvaluator(str(path)).run(["x8"], feeds)
+    assert got["x8"].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(got["x8"].view(np.uint8), np.asarray(want).view(np.uint8))
 
 
 def test_onnxruntime_options_and_providers(tiny):

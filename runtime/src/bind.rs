@@ -72,16 +72,86 @@ pub fn bind_symbols(exe: &Executable, given: &[TensorView<'_>]) -> Result<HashMa
             }
         }
     }
+    derive_symbols(exe, &mut symbols)?;
+    Ok(symbols)
+}
+
+/// Binds the data-dependent symbols of buffer `b`'s declared type to the extents `got` of the result a step
+/// produced for it (`non_zero`'s count), checking every other dim against its static or bound value, then
+/// derives the dims that depend on them. On a mismatch nothing is bound and the error says what was declared.
+pub fn bind_result(
+    exe: &Executable,
+    b: kiln_plan::exec::BufferId,
+    dtype: kiln_ir::DType,
+    got: &[usize],
+    symbols: &mut HashMap<String, u64>,
+) -> Result<(), RunError> {
+    let ty = &exe.buffers[b.0 as usize].ty;
+    let wrong = |symbols: &HashMap<String, u64>| {
+        let bound: Vec<String> = ty
+            .shape
+            .0
+            .iter()
+            .filter_map(|d| match d {
+                Dim::Sym(s) => symbols.get(s).map(|v| format!("{s} = {v}")),
+                Dim::Static(_) => None,
+            })
+            .collect();
+        RunError::Op(format!(
+            "a result of data-dependent extent is {dtype}{got:?}, the program declares {ty}{}",
+            if bound.is_empty() { String::new() } else { format!(" with {}", bound.join(", ")) }
+        ))
+    };
+    if dtype != ty.dtype || got.len() != ty.shape.rank() {
+        return Err(wrong(symbols));
+    }
+    let mut bound = symbols.clone();
+    for (d, &n) in ty.shape.0.iter().zip(got) {
+        let n = n as u64;
+        let have = match d {
+            Dim::Static(s) => Some(*s),
+            Dim::Sym(s) => symbol_value(s, &bound).ok().map(|v| v as u64),
+        };
+        match (have, d) {
+            (Some(h), _) if h != n => return Err(wrong(symbols)),
+            (Some(_), _) => {}
+            (None, Dim::Sym(s)) if !d.is_derived() => {
+                bound.insert(s.clone(), n);
+            }
+            (None, _) => return Err(wrong(symbols)),
+        }
+    }
+    *symbols = bound;
+    derive_symbols(exe, symbols)
+}
+
+/// The extents of buffer `b`, or `None` while a data-dependent symbol of its type is unbound (a result of
+/// `non_zero`, or of an op over one, before the producing step has run).
+pub fn known_dims(
+    exe: &Executable,
+    b: kiln_plan::exec::BufferId,
+    symbols: &HashMap<String, u64>,
+) -> Result<Option<Vec<usize>>, RunError> {
+    let unbound = exe.buffers[b.0 as usize].ty.shape.0.iter().any(|d| match d {
+        Dim::Sym(s) => symbol_value(s, symbols).is_err(),
+        Dim::Static(_) => false,
+    });
+    if unbound { Ok(None) } else { exe.dims(b, symbols).map(Some).map_err(RunError::Backend) }
+}
+
+/// Adds to `symbols` the value of every derived dim of the program's buffers that the bound symbols determine:
+/// after the inputs bind theirs, and again whenever a step binds a data-dependent one (`non_zero`'s count).
+pub fn derive_symbols(exe: &Executable, symbols: &mut HashMap<String, u64>) -> Result<(), RunError> {
     for d in exe.buffers.iter().flat_map(|b| &b.ty.shape.0) {
         if let Dim::Sym(s) = d
             && d.is_derived()
             && !symbols.contains_key(s)
-            && let Some(v) = derived_value(s, &symbols)?
+            && let Some(v) = derived_value(s, symbols)?
         {
             symbols.insert(s.clone(), v);
         }
     }
-    Ok(symbols)
+    Ok(())
 }
 
 /// The value of symbol `name` for a kernel launch: bound, or a derived dim evaluated from the bound symbols

@@ -186,16 +186,7 @@ fn from_bytes(bytes: &[u8]) -> Result<Tensor, FromBytes> {
         DType::U32 => typed::<u32>(file),
         DType::U64 => typed::<u64>(file),
         // No descriptor above reads as a narrow type.
-        DType::F8E4M3FN
-        | DType::F8E4M3FNUZ
-        | DType::F8E5M2
-        | DType::F8E5M2FNUZ
-        | DType::F8E8M0
-        | DType::F4E2M1
-        | DType::I4
-        | DType::U4
-        | DType::I2
-        | DType::U2 => return Err(FromBytes::Dtype(descr)),
+        kiln_ir::narrow_dtypes!() => return Err(FromBytes::Dtype(descr)),
         DType::I32 => typed::<i32>(file),
         DType::I64 => typed::<i64>(file),
         DType::Bool => typed::<bool>(file),

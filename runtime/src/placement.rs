@@ -88,7 +88,7 @@ impl PlacedBackends {
         op: &Op,
         node: &str,
         operands: &[Tensor],
-        expected: &[(DType, Vec<usize>)],
+        expected: &[(DType, Option<Vec<usize>>)],
     ) -> Result<Vec<Tensor>, RunError> {
         // An op whose shape attribute is symbolic (a resize to `2*((H+1)/2)`) gets this run's extents: its result
         // shape, which is what the attribute says.
@@ -126,9 +126,11 @@ impl PlacedBackends {
             )));
         }
         for (i, (t, (dtype, dims))) in results.iter().zip(expected).enumerate() {
-            if t.dtype() != *dtype || t.shape() != dims.as_slice() {
+            // A result of data-dependent extent (`None`) is checked against its declared type when it is bound.
+            if t.dtype() != *dtype || dims.as_ref().is_some_and(|d| t.shape() != d.as_slice()) {
+                let dims = dims.as_ref().map_or_else(|| "[data-dependent]".to_string(), |d| format!("{d:?}"));
                 return Err(RunError::Op(format!(
-                    "{node}: {who} returned result {i} as {}{:?}, the program expects {dtype}{dims:?}",
+                    "{node}: {who} returned result {i} as {}{:?}, the program expects {dtype}{dims}",
                     t.dtype(),
                     t.shape()
                 )));
@@ -187,10 +189,10 @@ pub fn explain(exe: &kiln_plan::exec::Executable, registry: &BackendRegistry, co
 
 /// `op` with a symbolic shape attribute (reshape, broadcast, iota, resize: the attribute is the result's shape)
 /// replaced by the run's result extents `expected[0]`.
-fn with_result_shape<'o>(op: &'o Op, expected: &[(DType, Vec<usize>)]) -> std::borrow::Cow<'o, Op> {
+fn with_result_shape<'o>(op: &'o Op, expected: &[(DType, Option<Vec<usize>>)]) -> std::borrow::Cow<'o, Op> {
     use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
     use std::borrow::Cow;
-    let Some((_, dims)) = expected.first() else { return Cow::Borrowed(op) };
+    let Some((_, Some(dims))) = expected.first() else { return Cow::Borrowed(op) };
     let shape = || kiln_ir::Shape::of(&dims.iter().map(|&d| d as u64).collect::<Vec<_>>());
     match op {
         Op::Reshape(r) if !r.shape.is_static() => Cow::Owned(Op::Reshape(Reshape { shape: shape() })),

@@ -56,16 +56,7 @@ pub(crate) fn reg_type(d: DType) -> Type {
         DType::F64 => types::F64,
         // Narrow types never reach the emitter (lowering refuses them); their storage is a byte.
         DType::I8 | DType::U8 | DType::Bool => types::I8,
-        DType::F8E4M3FN
-        | DType::F8E4M3FNUZ
-        | DType::F8E5M2
-        | DType::F8E5M2FNUZ
-        | DType::F8E8M0
-        | DType::F4E2M1
-        | DType::I4
-        | DType::U4
-        | DType::I2
-        | DType::U2 => types::I8,
+        kiln_ir::narrow_dtypes!() => types::I8,
         DType::I16 | DType::U16 => types::I16,
         DType::I32 | DType::U32 => types::I32,
         DType::I64 | DType::U64 => types::I64,

@@ -705,16 +705,7 @@ impl<'a, 'ctx> KernelEmitter<'a, 'ctx> {
             DType::F64 => self.ctx.f64_type().into(),
             DType::I8 | DType::U8 => self.ctx.i8_type().into(),
             // Narrow types never reach the emitter (lowering refuses them); their storage is a byte.
-            DType::F8E4M3FN
-            | DType::F8E4M3FNUZ
-            | DType::F8E5M2
-            | DType::F8E5M2FNUZ
-            | DType::F8E8M0
-            | DType::F4E2M1
-            | DType::I4
-            | DType::U4
-            | DType::I2
-            | DType::U2 => self.ctx.i8_type().into(),
+            kiln_ir::narrow_dtypes!() => self.ctx.i8_type().into(),
             DType::I16 | DType::U16 => self.ctx.i16_type().into(),
             DType::I32 | DType::U32 => self.ctx.i32_type().into(),
             DType::I64 | DType::U64 => self.ctx.i64_type().into(),

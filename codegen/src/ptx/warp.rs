@@ -311,16 +311,7 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
                 let o = self.shuffle_i32(w, offset)?;
                 self.b.build_int_truncate(o, x.get_type(), "n")?.into()
             }
-            DType::F8E4M3FN
-            | DType::F8E4M3FNUZ
-            | DType::F8E5M2
-            | DType::F8E5M2FNUZ
-            | DType::F8E8M0
-            | DType::F4E2M1
-            | DType::I4
-            | DType::U4
-            | DType::I2
-            | DType::U2 => {
+            kiln_ir::narrow_dtypes!() => {
                 let x = v.into_int_value();
                 let w = self.b.build_int_z_extend(x, i32t, "w")?;
                 let o = self.shuffle_i32(w, offset)?;

@@ -15,6 +15,7 @@
 //! integer exponents and empty `max`/`min` reductions are errors. Numeric conventions (compute types, wrapping,
 //! NaN handling) are stated in each kernel file.
 
+mod dynamic;
 mod elementwise;
 mod index;
 mod nn;
@@ -25,6 +26,7 @@ pub mod scalar;
 mod shape;
 mod topk;
 
+pub use dynamic::{data_dependent, non_zero};
 pub use index::resolve_index;
 
 use std::borrow::Cow;
@@ -79,6 +81,10 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::Reduce(r) => one(reduce::reduce(r, inputs[0])?),
         Op::ArgReduce(r) => one(reduce::arg_reduce(r, inputs[0])?),
         Op::TopK(t) => topk::top_k(t, inputs[0])?,
+        Op::NonZero(_) | Op::Unique(_) | Op::NonMaxSuppression(_) => {
+            let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+            dynamic::data_dependent(op, &views)?
+        }
         Op::MatMul => one(reduce::matmul(inputs[0], inputs[1])?),
         Op::MatMulInteger => one(quant::matmul_integer(inputs)?),
         Op::ConvInteger(c) => one(quant::conv_integer(c, inputs)?),
@@ -108,7 +114,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     };
     // The kernel must agree with the type rule; a disagreement is a bug in one of them, reported, not hidden.
     let got: Vec<TensorType> = results.iter().map(Tensor::tensor_type).collect();
-    if got != expected {
+    if got.len() != expected.len() || got.iter().zip(&expected).any(|(g, e)| !conforms(g, e)) {
         return Err(format!(
             "internal error: {} produced {} but its type rule gives {}",
             op.mnemonic(),
@@ -117,6 +123,14 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         ));
     }
     Ok(results)
+}
+
+/// Whether a kernel's result type `got` (static) is what the type rule gave: equal, except that a data-dependent
+/// dim (a symbol of the rule's result on static operands, such as `non_zero`'s count) takes any extent.
+fn conforms(got: &TensorType, rule: &TensorType) -> bool {
+    got.dtype == rule.dtype
+        && got.shape.rank() == rule.shape.rank()
+        && got.shape.0.iter().zip(&rule.shape.0).all(|(g, r)| matches!(r, Dim::Sym(_)) || g == r)
 }
 
 fn list(types: &[TensorType]) -> String {

@@ -602,16 +602,65 @@ pub(crate) fn reverse_sequence(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec
     Ok(vec![cx.op(Op::GatherElements(GatherElements { axis: time_axis }), &[x, &idx])?])
 }
 
-pub(crate) fn compress(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    // The result's extent depends on the condition, so it must be known: then Compress is a gather.
+pub(crate) fn non_zero(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let count = cx.fresh_symbol(n.output_name(0));
+    Ok(vec![cx.op(Op::NonZero(kiln_ir::op::NonZero { count }), &[n.input(0)?])?])
+}
+
+pub(crate) fn unique(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
-    let cond = const_ints(n, 1, "condition")?.ok_or("`condition` is required")?;
+    let count = cx.fresh_symbol(n.output_name(0));
+    let axis = n.opt_int("axis");
+    let attrs = kiln_ir::op::Unique {
+        axis: axis.unwrap_or(0),
+        flatten: axis.is_none(),
+        sorted: n.int("sorted", 1) != 0,
+        count,
+    };
+    cx.op_multi(Op::Unique(attrs), &[x])
+}
+
+pub(crate) fn non_max_suppression(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (boxes, scores) = (n.input(0)?, n.input(1)?);
+    // Absent operands take ONNX's defaults: no box kept per class, IoU threshold 0, no score threshold.
+    let max = match n.opt_input(2) {
+        Some(v) => v.clone(),
+        None => cx.constant(Tensor::scalar(0i64))?,
+    };
+    let iou = match n.opt_input(3) {
+        Some(v) => v.clone(),
+        None => cx.constant(Tensor::scalar(0f32))?,
+    };
+    let mut operands = vec![boxes, scores, &max, &iou];
+    if let Some(s) = n.opt_input(4) {
+        operands.push(s);
+    }
+    let count = cx.fresh_symbol(n.output_name(0));
+    let attrs = kiln_ir::op::NonMaxSuppression { center_point_box: n.int("center_point_box", 0) != 0, count };
+    Ok(vec![cx.op(Op::NonMaxSuppression(attrs), &operands)?])
+}
+
+pub(crate) fn compress(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    // A gather of the selected positions: constant indices when the condition is known, else the condition's
+    // `non_zero` (a data-dependent extent), which the gather checks against the axis at run time.
+    let x = n.input(0)?;
+    let known = n.input(1)?.ints();
     let (data, a) = match n.opt_int("axis") {
         Some(a) => (x.clone(), axis(a, x.rank())?),
         None => {
             let len = static_shape(x, "Compress")?.iter().product::<usize>() as u64;
             (super::reshape(cx, x, vec![Dim::Static(len)])?, 0)
         }
+    };
+    let Some(cond) = known else {
+        let c = n.input(1)?;
+        if c.rank() != 1 {
+            return Err(format!("`condition` must be 1-D, got rank {}", c.rank()));
+        }
+        let count = cx.fresh_symbol(n.output_name(0));
+        let nz = cx.op(Op::NonZero(kiln_ir::op::NonZero { count: count.clone() }), &[c])?;
+        let idx = super::reshape(cx, &nz, vec![Dim::sym(&count)])?;
+        return Ok(vec![cx.op(Op::Gather(Gather { axis: a as i64 }), &[&data, &idx])?]);
     };
     let extent = static_shape(&data, "Compress")?[a];
     let picked: Vec<i64> = cond.iter().enumerate().filter(|(_, c)| **c != 0).map(|(i, _)| i as i64).collect();

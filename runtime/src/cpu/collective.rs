@@ -125,19 +125,7 @@ pub fn reduce(parts: &[&Tensor], op: ReduceOp) -> Result<Tensor, RunError> {
         (DType::Bool, _) => {
             return Err(RunError::Collective(format!("{what}: dtype bool is not supported (cast to u8 first)")));
         }
-        (
-            d @ (DType::F8E4M3FN
-            | DType::F8E4M3FNUZ
-            | DType::F8E5M2
-            | DType::F8E5M2FNUZ
-            | DType::F8E8M0
-            | DType::F4E2M1
-            | DType::I4
-            | DType::U4
-            | DType::I2
-            | DType::U2),
-            _,
-        ) => {
+        (d @ kiln_ir::narrow_dtypes!(), _) => {
             return Err(RunError::Collective(format!(
                 "{what}: dtype {d} is not supported (cast to a wider type first)"
             )));

@@ -225,6 +225,29 @@ fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, RunError> {
     Ok(pool)
 }
 
+/// A run's step loop, handed to the pool's thread while the caller waits for it (so nothing it borrows is
+/// touched concurrently): its raw buffer pointers are what keeps it from being `Send` by itself.
+struct AssertSend<F>(F);
+
+// SAFETY: see the type's docs.
+unsafe impl<F> Send for AssertSend<F> {}
+
+impl<F: FnOnce() -> R, R> AssertSend<F> {
+    fn call(self) -> R {
+        (self.0)()
+    }
+}
+
+/// What a run updates when a step produces results of a data-dependent extent (see `CpuProgram::adopt`).
+struct LateRun<'r> {
+    ptrs: &'r mut Vec<*mut u8>,
+    symbols: &'r mut HashMap<String, u64>,
+    spare: &'r mut Vec<AlignedBuf>,
+    dynamic: &'r mut Vec<AlignedBuf>,
+    results: &'r mut HashMap<BufferId, Tensor>,
+    late: &'r mut Vec<Tensor>,
+}
+
 /// Raw buffer pointers of one run, shareable with the pool's threads (the steps' buffer discipline — a step
 /// writes only its results, which no concurrent chunk writes at the same element — makes this sound).
 #[derive(Clone, Copy)]
@@ -313,7 +336,11 @@ impl CpuProgram {
                 }
                 // A recurrent step's gates: (gates · hidden) multiply-adds per input and hidden element, per time
                 // step; a top_k: a selection over its operand.
-                Step::Routine { routine: Routine::TopK(_), inputs, .. } => elems(&inputs[0])?,
+                Step::Routine {
+                    routine: Routine::TopK(_) | Routine::NonZero(_) | Routine::Unique(_) | Routine::NonMaxSuppression(_),
+                    inputs,
+                    ..
+                } => elems(&inputs[0])?,
                 Step::Routine { inputs, outputs, .. } => elems(inputs.get(1)?)?
                     .saturating_add(elems(inputs.get(2)?)?)
                     .saturating_mul(elems(&outputs[0])? / last(&outputs[0])?.max(1)),
@@ -336,7 +363,9 @@ impl CpuProgram {
             let ptrs = self.pointers(set, &[], &symbols, None, &storage, &mut Vec::new(), &mut Vec::new(), None)?;
             let sym_values = self.symbol_values(&symbols);
             for step in &self.exe.prepare {
-                self.step(set, step, Ptrs(&ptrs), &symbols, &sym_values)?;
+                if !self.step(set, step, Ptrs(&ptrs), &symbols, &sym_values)?.is_empty() {
+                    return Err(RunError::Backend("a prepare step has a result of data-dependent extent".into()));
+                }
             }
         }
         for (&b, buf) in self.exe.prepared.iter().zip(&storage) {
@@ -534,7 +563,7 @@ impl CpuProgram {
         mut times: Option<&mut Vec<std::time::Duration>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let given = crate::bind::check_inputs(&self.exe, inputs)?;
-        let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
+        let mut symbols = crate::bind::bind_symbols(&self.exe, &given)?;
         // Read once: a weight swap during this run does not change what it reads.
         let set = self.weight_set();
         let set = set.as_ref();
@@ -543,14 +572,27 @@ impl CpuProgram {
         let mut dynamic = Vec::new();
         let result = (|| {
             let mut results = HashMap::new();
-            let ptrs =
+            let mut ptrs =
                 self.pointers(set, &given, &symbols, Some(&arena), &[], &mut spare, &mut dynamic, Some(&mut results))?;
-            let sym_values = self.symbol_values(&symbols);
-            let shared = Ptrs(&ptrs);
+            let mut sym_values = self.symbol_values(&symbols);
+            // Results of data-dependent extent (`non_zero`'s), owned here: their buffers point into them.
+            let mut late = Vec::new();
             let mut steps = || -> Result<(), RunError> {
                 for step in &self.exe.steps {
                     let t = std::time::Instant::now();
-                    self.step(set, step, shared, &symbols, &sym_values)?;
+                    let produced = self.step(set, step, Ptrs(&ptrs), &symbols, &sym_values)?;
+                    if !produced.is_empty() {
+                        let mut run = LateRun {
+                            ptrs: &mut ptrs,
+                            symbols: &mut symbols,
+                            spare: &mut spare,
+                            dynamic: &mut dynamic,
+                            results: &mut results,
+                            late: &mut late,
+                        };
+                        self.adopt(produced, &mut run)?;
+                        sym_values = self.symbol_values(&symbols);
+                    }
                     if let Some(times) = times.as_deref_mut() {
                         times.push(t.elapsed());
                     }
@@ -562,7 +604,8 @@ impl CpuProgram {
             if self.workers == 1 {
                 steps()?
             } else {
-                self.pool.install(steps)?
+                let steps = AssertSend(steps);
+                self.pool.install(move || steps.call())?
             }
             let mut out = Vec::with_capacity(self.exe.outputs.len());
             for (i, (name, b)) in self.exe.outputs.iter().enumerate() {
@@ -655,45 +698,99 @@ impl CpuProgram {
                     _ => std::ptr::null_mut(),
                 },
                 Home::Dynamic => {
-                    let id = BufferId(i as u32);
-                    let dims = self.exe.dims(id, symbols);
-                    let is_result = self.exe.outputs.iter().any(|(_, b)| *b == id);
-                    match (dims, results.as_deref_mut()) {
-                        (Ok(dims), Some(results)) if is_result => {
-                            // The returned tensor itself: no copy at the end of the run.
-                            let mut t = Tensor::try_zeros(info.ty.dtype, dims).map_err(RunError::Memory)?;
-                            // SAFETY: steps write this buffer only with values of its dtype (bools as 0 or 1);
-                            // the tensor's heap storage does not move when the tensor moves into the map.
-                            let bytes = unsafe { t.as_bytes_mut() };
-                            advise_huge_pages(bytes);
-                            let p = bytes.as_mut_ptr();
-                            results.insert(id, t);
-                            p
-                        }
-                        (Ok(dims), _) => {
-                            // A buffer of this size from an earlier run, or a fresh one.
-                            let len = self.bytes(BufferId(i as u32), &dims);
-                            let buf = match spare.iter().position(|b| b.len == len) {
-                                Some(k) => spare.swap_remove(k),
-                                None => AlignedBuf::zeroed(len)?,
-                            };
-                            let p = buf.as_ptr();
-                            dynamic.push(buf);
-                            p
-                        }
-                        (Err(_), _) => std::ptr::null_mut(),
-                    }
+                    self.dynamic_pointer(BufferId(i as u32), symbols, spare, dynamic, results.as_deref_mut())?
                 }
             };
-            // An empty buffer points at a zeroed block: kernels read operands at clamped indices, and the clamped
-            // read of an empty operand (a concat's empty past, never selected) must still be a valid address.
-            let empty = match info.ty.shape.num_elements() {
-                Some(n) => n == 0,
-                None => self.exe.dims(BufferId(i as u32), symbols).is_ok_and(|d| d.contains(&0)),
-            };
-            out.push(if empty && !p.is_null() { EMPTY_BUFFER.0.as_ptr().cast_mut() } else { p });
+            out.push(self.or_empty(BufferId(i as u32), p, symbols));
         }
         Ok(out)
+    }
+
+    /// Memory for per-run buffer `id` when this run's symbols size it (null while a data-dependent one is
+    /// unbound): a graph output is the tensor returned to the caller; anything else a buffer of `spare` (an
+    /// earlier run's, same size) or a fresh one, kept in `dynamic` for the run.
+    fn dynamic_pointer(
+        &self,
+        id: BufferId,
+        symbols: &HashMap<String, u64>,
+        spare: &mut Vec<AlignedBuf>,
+        dynamic: &mut Vec<AlignedBuf>,
+        results: Option<&mut HashMap<BufferId, Tensor>>,
+    ) -> Result<*mut u8, RunError> {
+        let Ok(dims) = self.exe.dims(id, symbols) else { return Ok(std::ptr::null_mut()) };
+        let is_result = self.exe.outputs.iter().any(|(_, b)| *b == id);
+        match results {
+            Some(results) if is_result => {
+                // The returned tensor itself: no copy at the end of the run.
+                let mut t =
+                    Tensor::try_zeros(self.exe.buffers[id.0 as usize].ty.dtype, dims).map_err(RunError::Memory)?;
+                // SAFETY: steps write this buffer only with values of its dtype (bools as 0 or 1); the tensor's
+                // heap storage does not move when the tensor moves into the map.
+                let bytes = unsafe { t.as_bytes_mut() };
+                advise_huge_pages(bytes);
+                let p = bytes.as_mut_ptr();
+                results.insert(id, t);
+                Ok(p)
+            }
+            _ => {
+                let len = self.bytes(id, &dims);
+                let buf = match spare.iter().position(|b| b.len == len) {
+                    Some(k) => spare.swap_remove(k),
+                    None => AlignedBuf::zeroed(len)?,
+                };
+                let p = buf.as_ptr();
+                dynamic.push(buf);
+                Ok(p)
+            }
+        }
+    }
+
+    /// `p`, or for an empty buffer a zeroed block: kernels read operands at clamped indices, and the clamped read
+    /// of an empty operand (a concat's empty past, never selected) must still be a valid address.
+    fn or_empty(&self, id: BufferId, p: *mut u8, symbols: &HashMap<String, u64>) -> *mut u8 {
+        let empty = match self.exe.buffers[id.0 as usize].ty.shape.num_elements() {
+            Some(n) => n == 0,
+            None => self.exe.dims(id, symbols).is_ok_and(|d| d.contains(&0)),
+        };
+        if empty && !p.is_null() { EMPTY_BUFFER.0.as_ptr().cast_mut() } else { p }
+    }
+
+    /// Takes the results of data-dependent extent a step produced: binds the symbols of each one's declared type
+    /// to its extents (checking every other dim), keeps the tensor as the buffer's memory (a graph output is
+    /// returned as it is), derives the dims that depend on the new symbols, and sizes the per-run buffers they
+    /// determine now.
+    fn adopt(&self, produced: Vec<(BufferId, Tensor)>, run: &mut LateRun<'_>) -> Result<(), RunError> {
+        for (b, mut t) in produced {
+            crate::bind::bind_result(&self.exe, b, t.dtype(), t.shape(), run.symbols)?;
+            let at = run.ptrs[b.0 as usize];
+            if !at.is_null() {
+                // A result whose extent was known (`unique`'s inverse): its buffer has memory already.
+                let bytes = t.as_bytes();
+                // SAFETY: `bind_result` checked the extents, so the buffer holds exactly these bytes.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len()) };
+                continue;
+            }
+            let p = if t.is_empty() {
+                EMPTY_BUFFER.0.as_ptr().cast_mut()
+            } else {
+                // SAFETY: later steps only read this buffer; the heap storage stays put while the tensor moves.
+                unsafe { t.as_bytes_mut() }.as_mut_ptr()
+            };
+            run.ptrs[b.0 as usize] = p;
+            if self.exe.outputs.iter().any(|(_, o)| *o == b) {
+                run.results.insert(b, t);
+            } else {
+                run.late.push(t);
+            }
+        }
+        for (i, info) in self.exe.buffers.iter().enumerate() {
+            if run.ptrs[i].is_null() && info.home == Home::Dynamic {
+                let id = BufferId(i as u32);
+                let p = self.dynamic_pointer(id, run.symbols, run.spare, run.dynamic, Some(run.results))?;
+                run.ptrs[i] = self.or_empty(id, p, run.symbols);
+            }
+        }
+        Ok(())
     }
 
     fn step(
@@ -703,18 +800,37 @@ impl CpuProgram {
         ptrs: Ptrs<'_>,
         symbols: &HashMap<String, u64>,
         sym_values: &[Result<Vec<i64>, RunError>],
-    ) -> Result<(), RunError> {
+    ) -> Result<Vec<(BufferId, Tensor)>, RunError> {
+        let done = |r: Result<(), RunError>| r.map(|()| Vec::new());
         match step {
-            Step::Kernel { kernel, args } => self.launch(*kernel, args, ptrs, symbols, sym_values),
+            Step::Kernel { kernel, args } => done(self.launch(*kernel, args, ptrs, symbols, sym_values)),
             Step::Library { op, inputs, output, epilogue } => {
                 self.library(set, op, inputs, *output, ptrs, symbols)?;
                 match epilogue {
                     Some(e) => self.step(set, e, ptrs, symbols, sym_values),
-                    None => Ok(()),
+                    None => Ok(Vec::new()),
                 }
             }
+            Step::Routine { routine, inputs, outputs, node } if routine.is_data_dependent() => {
+                let dims = inputs
+                    .iter()
+                    .map(|&b| self.exe.dims(b, symbols).map_err(RunError::Backend))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let views =
+                    inputs.iter().zip(&dims).map(|(&b, d)| self.view_at(b, d, ptrs)).collect::<Result<Vec<_>, _>>()?;
+                let results = kiln_ir::interp::data_dependent(&routine.op(), &views)
+                    .map_err(|e| RunError::Op(format!("{node}: {e}")))?;
+                if results.len() != outputs.len() {
+                    return Err(RunError::Backend(format!(
+                        "{node}: {} results for {} buffers",
+                        results.len(),
+                        outputs.len()
+                    )));
+                }
+                Ok(outputs.iter().copied().zip(results).collect())
+            }
             Step::Routine { routine, inputs, outputs, node } => {
-                self.routine(routine, inputs, outputs, node, ptrs, symbols)
+                done(self.routine(routine, inputs, outputs, node, ptrs, symbols))
             }
             Step::Interp { op, inputs, outputs, node } => {
                 self.host_step(None, op, inputs, outputs, node, ptrs, symbols)
@@ -730,7 +846,7 @@ impl CpuProgram {
                     // SAFETY: both buffers hold `n` bytes; `copy` tolerates overlap.
                     unsafe { std::ptr::copy(s, d, n) };
                 }
-                Ok(())
+                Ok(Vec::new())
             }
         }
     }
@@ -810,18 +926,22 @@ impl CpuProgram {
         node: &str,
         ptrs: Ptrs<'_>,
         symbols: &HashMap<String, u64>,
-    ) -> Result<(), RunError> {
+    ) -> Result<Vec<(BufferId, Tensor)>, RunError> {
         let mut operands = Vec::with_capacity(inputs.len());
         for &b in inputs {
             operands.push(self.tensor_at(b, ptrs, symbols)?);
         }
         let mut expected = Vec::with_capacity(outputs.len());
         for &b in outputs {
-            expected
-                .push((self.exe.buffers[b.0 as usize].ty.dtype, self.exe.dims(b, symbols).map_err(RunError::Backend)?));
+            expected.push((self.exe.buffers[b.0 as usize].ty.dtype, crate::bind::known_dims(&self.exe, b, symbols)?));
         }
         let results = self.placed.run(backend, op, node, &operands, &expected)?;
-        for ((&b, t), (_, dims)) in outputs.iter().zip(&results).zip(&expected) {
+        let mut late = Vec::new();
+        for ((&b, t), (_, dims)) in outputs.iter().zip(results).zip(&expected) {
+            let Some(dims) = dims else {
+                late.push((b, t));
+                continue;
+            };
             let bytes = t.as_bytes();
             if bytes.len() != self.bytes(b, dims) {
                 return Err(RunError::Op(format!("{node}: a result has the wrong byte count")));
@@ -830,7 +950,16 @@ impl CpuProgram {
             // overlap the freshly computed result.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptrs.0[b.0 as usize], bytes.len()) };
         }
-        Ok(())
+        Ok(late)
+    }
+
+    /// A borrowed view of buffer `b`, whose extents this run are `dims`.
+    fn view_at<'p>(&self, b: BufferId, dims: &'p [usize], ptrs: Ptrs<'p>) -> Result<TensorView<'p>, RunError> {
+        let n = self.bytes(b, dims);
+        let p = ptrs.0[b.0 as usize];
+        // SAFETY: the buffer holds `n` initialized bytes that no step writes while this step reads them.
+        let bytes: &[u8] = if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(p, n) } };
+        TensorView::new(self.exe.buffers[b.0 as usize].ty.dtype, dims, bytes).map_err(RunError::Backend)
     }
 
     /// A copy of buffer `b` as a tensor.

@@ -168,12 +168,12 @@ impl<G: Gpu> GpuProgram<G> {
             self.resident.insert(id, p);
         }
         if !self.plan.prepare.is_empty() {
-            let addrs: Vec<DevPtr> = (0..self.exe.buffers.len())
+            let mut addrs: Vec<DevPtr> = (0..self.exe.buffers.len())
                 .map(|i| self.resident.get(&BufferId(i as u32)).copied().unwrap_or(DevPtr(0)))
                 .collect();
             let steps = self.plan.prepare.clone();
             let mut scratch = Vec::new();
-            let ran = self.run_steps(&self.gpu, &steps, &addrs, &no_symbols, &mut scratch);
+            let ran = self.run_steps(&self.gpu, &steps, &mut addrs, &mut no_symbols.clone(), &mut scratch);
             free_after_queue(self.gpu.as_ref(), scratch);
             ran?;
         }
@@ -210,7 +210,7 @@ impl<G: Gpu> GpuProgram<G> {
         arena: Option<DevPtr>,
     ) -> Result<PendingRun<G>, RunError> {
         let given = crate::bind::check_inputs(&self.exe, inputs)?;
-        let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
+        let mut symbols = crate::bind::bind_symbols(&self.exe, &given)?;
         // Until the run is queued, the run's memory is freed here if anything fails.
         let mut pending =
             PendingRun { gpu: gpu.clone(), event: None, outputs: Vec::new(), owned: Vec::new(), done: false };
@@ -222,8 +222,8 @@ impl<G: Gpu> GpuProgram<G> {
                 p
             }
         };
-        let addrs = self.place(gpu, &given, &symbols, arena, &mut pending.owned)?;
-        self.run_steps(gpu, &self.plan.steps, &addrs, &symbols, &mut pending.owned)?;
+        let mut addrs = self.place(gpu, &given, &symbols, arena, &mut pending.owned)?;
+        self.run_steps(gpu, &self.plan.steps, &mut addrs, &mut symbols, &mut pending.owned)?;
         for (name, b) in &self.exe.outputs {
             let dims = self.exe.dims(*b, &symbols).map_err(backend)?;
             let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
@@ -243,7 +243,9 @@ impl<G: Gpu> GpuProgram<G> {
     }
 
     /// Every buffer's device address for a run: inputs uploaded and outputs and unplanned values allocated (added
-    /// to `owned`), planned values in `arena`, weights where they reside.
+    /// to `owned`), planned values in `arena`, weights where they reside. A value whose extent depends on a
+    /// data-dependent dim (`non_zero`'s count) gets no memory yet (address 0): the step that binds the dim
+    /// allocates it (`GpuProgram::adopt`).
     fn place(
         &self,
         gpu: &G,
@@ -266,14 +268,50 @@ impl<G: Gpu> GpuProgram<G> {
                 }
                 Home::Weight(_) | Home::Constant(_) | Home::Prepared(_) => self.resident[&id],
                 Home::Arena(offset) => arena.offset(*offset as usize),
-                Home::Dynamic => {
-                    let p = gpu.alloc(self.bytes(id, symbols)?)?;
-                    owned.push(p);
-                    p
-                }
+                Home::Dynamic => match crate::bind::known_dims(&self.exe, id, symbols)? {
+                    Some(_) => {
+                        let p = gpu.alloc(self.bytes(id, symbols)?)?;
+                        owned.push(p);
+                        p
+                    }
+                    None => DevPtr(0),
+                },
             };
         }
         Ok(addrs)
+    }
+
+    /// Binds the data-dependent dims of the results a host step produced (`bind::bind_result`), allocates their
+    /// buffers and every per-run buffer the new dims size, and uploads the results.
+    fn adopt(
+        &self,
+        gpu: &G,
+        produced: &[(BufferId, Tensor)],
+        addrs: &mut [DevPtr],
+        symbols: &mut HashMap<String, u64>,
+        owned: &mut Vec<DevPtr>,
+    ) -> Result<(), RunError> {
+        for (b, t) in produced {
+            crate::bind::bind_result(&self.exe, *b, t.dtype(), t.shape(), symbols)?;
+        }
+        for (i, info) in self.exe.buffers.iter().enumerate() {
+            let id = BufferId(i as u32);
+            if addrs[i] == DevPtr(0)
+                && info.home == Home::Dynamic
+                && crate::bind::known_dims(&self.exe, id, symbols)?.is_some()
+            {
+                let p = gpu.alloc(self.bytes(id, symbols)?)?;
+                owned.push(p);
+                addrs[i] = p;
+            }
+        }
+        for (b, t) in produced {
+            if !t.as_bytes().is_empty() {
+                // SAFETY: the buffer was just sized for these dims.
+                unsafe { gpu.upload(addrs[b.0 as usize], t.as_bytes())? };
+            }
+        }
+        Ok(())
     }
 
     /// Times the steps alone, with the inputs already on the device and the outputs left there: `warmup` untimed
@@ -287,19 +325,21 @@ impl<G: Gpu> GpuProgram<G> {
     ) -> Result<Vec<std::time::Duration>, RunError> {
         let views = crate::bind::views(inputs);
         let given = crate::bind::check_inputs(&self.exe, &views)?;
-        let symbols = crate::bind::bind_symbols(&self.exe, &given)?;
+        let bound = crate::bind::bind_symbols(&self.exe, &given)?;
         let gpu = self.gpu.as_ref();
         let mut owned = Vec::new();
         let timed = (|| {
             let arena = gpu.alloc((self.exe.arena_bytes as usize).max(1))?;
             owned.push(arena);
-            let addrs = self.place(gpu, &given, &symbols, arena, &mut owned)?;
+            let placed = self.place(gpu, &given, &bound, arena, &mut owned)?;
             let mut times = Vec::with_capacity(runs);
             for i in 0..warmup + runs {
                 gpu.synchronize()?;
                 let t = std::time::Instant::now();
                 let mut scratch = Vec::new();
-                let ran = self.run_steps(gpu, &self.plan.steps, &addrs, &symbols, &mut scratch);
+                // Buffers of data-dependent extent are allocated by each run, into its scratch.
+                let (mut addrs, mut symbols) = (placed.clone(), bound.clone());
+                let ran = self.run_steps(gpu, &self.plan.steps, &mut addrs, &mut symbols, &mut scratch);
                 let waited = gpu.synchronize();
                 let elapsed = t.elapsed();
                 free_after_queue(gpu, scratch);
@@ -372,13 +412,30 @@ impl<G: Gpu> GpuProgram<G> {
         &self,
         gpu: &G,
         steps: &[DeviceStep],
+        addrs: &mut [DevPtr],
+        symbols: &mut HashMap<String, u64>,
+        scratch: &mut Vec<DevPtr>,
+    ) -> Result<(), RunError> {
+        for step in steps {
+            if let Some(produced) = self.run_step(gpu, step, addrs, symbols, scratch)? {
+                self.adopt(gpu, &produced, addrs, symbols, scratch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step; a host step whose results have a data-dependent extent returns them, to be adopted.
+    fn run_step(
+        &self,
+        gpu: &G,
+        step: &DeviceStep,
         addrs: &[DevPtr],
         symbols: &HashMap<String, u64>,
         scratch: &mut Vec<DevPtr>,
-    ) -> Result<(), RunError> {
+    ) -> Result<Option<Vec<(BufferId, Tensor)>>, RunError> {
         let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(backend);
         let at = |b: BufferId| addrs[b.0 as usize];
-        for step in steps {
+        {
             match step {
                 DeviceStep::Kernel { kernel, args } => self.launch(gpu, *kernel, args, addrs, symbols)?,
                 DeviceStep::MatMul { a, b, out } => {
@@ -390,7 +447,7 @@ impl<G: Gpu> GpuProgram<G> {
                         .ok_or_else(|| backend(format!("conv of {xd:?} by {wd:?} into {od:?}")))?;
                     let n = xd[0];
                     if n * g.cout * g.p == 0 {
-                        continue;
+                        return Ok(None);
                     }
                     match bias {
                         Some((b, fill)) => self.launch(gpu, *fill, &[*b, *out], addrs, symbols)?,
@@ -448,19 +505,28 @@ impl<G: Gpu> GpuProgram<G> {
                     }
                     let mut expected = Vec::with_capacity(outputs.len());
                     for &b in outputs {
-                        expected.push((self.exe.buffers[b.0 as usize].ty.dtype, dims(b)?));
+                        expected.push((
+                            self.exe.buffers[b.0 as usize].ty.dtype,
+                            crate::bind::known_dims(&self.exe, b, symbols)?,
+                        ));
                     }
                     let results = self.placed.run(backend.as_deref(), op, node, &operands, &expected)?;
-                    for (&b, t) in outputs.iter().zip(&results) {
-                        if !t.as_bytes().is_empty() {
+                    let mut late = Vec::new();
+                    for ((&b, t), (_, known)) in outputs.iter().zip(results).zip(&expected) {
+                        if known.is_none() {
+                            late.push((b, t));
+                        } else if !t.as_bytes().is_empty() {
                             // SAFETY: the buffer holds exactly this many bytes for these dims.
                             unsafe { gpu.upload(at(b), t.as_bytes())? };
                         }
                     }
+                    if !late.is_empty() {
+                        return Ok(Some(late));
+                    }
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// `out = a · b` on f32, numpy semantics, as few GEMMs as the batch layout allows.

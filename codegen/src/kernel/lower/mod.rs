@@ -644,6 +644,9 @@ impl<'g> Ctx<'g> {
             | Op::Lstm(_)
             | Op::Gru(_)
             | Op::TopK(_)
+            | Op::NonZero(_)
+            | Op::Unique(_)
+            | Op::NonMaxSuppression(_)
             | Op::Fusion(_)) => {
                 Err(LowerError::Unsupported { node: graph.describe(v.node), op: op.mnemonic().to_string() })
             }
