@@ -50,6 +50,7 @@ fn lowerable_fixtures_match_the_interpreter() {
     assert_eq!(
         refused,
         [
+            "control_flow",
             "conv3x3_layers",
             "conv_pool",
             "conv_symbolic",

@@ -23,6 +23,10 @@ use crate::types::TensorType;
 #[derive(Clone, Debug, Default)]
 pub struct FusionBody(pub Box<Graph>);
 
+/// How deeply region bodies (fusion bodies, `if` branches, loop bodies) may nest: the parser and the ONNX importer
+/// refuse deeper nesting rather than recurse without bound.
+pub const MAX_NESTING: usize = 16;
+
 impl FusionBody {
     /// The name the `i`th body input must have.
     pub fn param_name(i: usize) -> String {

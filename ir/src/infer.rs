@@ -383,7 +383,145 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         Op::Lstm(l) => recurrent(ins, l.hidden_size, l.direction, 4, 8, true),
         Op::Gru(g) => recurrent(ins, g.hidden_size, g.direction, 3, 6, false),
         Op::Fusion(f) => f.body.infer(ins),
+        Op::If(i) => if_types(i, ins),
+        Op::Loop(l) => loop_types(l, ins),
     }
+}
+
+/// The symbols `types` mention (in derived dims too): those the operands of a region op bind.
+fn symbols_of(types: &[TensorType]) -> std::collections::BTreeSet<String> {
+    types.iter().flat_map(|t| &t.shape.0).filter_map(DimExpr::of).flat_map(|e| e.symbols()).collect()
+}
+
+/// Whether a region's extent `d` means the same outside it: static, or made of symbols the operands bind.
+fn stable(d: &Dim, outer: &std::collections::BTreeSet<String>) -> bool {
+    match d {
+        Dim::Static(_) => true,
+        Dim::Sym(_) => DimExpr::of(d).is_some_and(|e| e.symbols().iter().all(|s| outer.contains(s))),
+    }
+}
+
+/// The data-dependent dim of a region op's result `result` along `axis`.
+fn region_dim(count: &str, result: usize, axis: usize) -> Dim {
+    Dim::sym(format!("{count}_{result}_{axis}"))
+}
+
+fn if_types(i: &If, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
+    let cond = &ins[0];
+    expect_dtype(cond, |d| d == DType::Bool, "a bool condition")?;
+    if cond.shape.num_elements() != Some(1) {
+        return Err(format!("the condition must be one element, got {cond}"));
+    }
+    count_dim(&i.count)?;
+    let captures = &ins[1..];
+    let then_types = i.then_branch.infer(captures).map_err(|e| format!("then_branch: {e}"))?;
+    let else_types = i.else_branch.infer(captures).map_err(|e| format!("else_branch: {e}"))?;
+    if then_types.len() != else_types.len() {
+        return Err(format!("then_branch gives {} output(s), else_branch {}", then_types.len(), else_types.len()));
+    }
+    let outer = symbols_of(ins);
+    then_types
+        .iter()
+        .zip(&else_types)
+        .enumerate()
+        .map(|(k, (a, b))| {
+            if a.dtype != b.dtype || a.shape.rank() != b.shape.rank() {
+                return Err(format!("output {k}: then_branch gives {a}, else_branch {b}"));
+            }
+            let dims = (a.shape.0.iter().zip(&b.shape.0).enumerate())
+                .map(
+                    |(axis, (x, y))| {
+                        if x == y && stable(x, &outer) { x.clone() } else { region_dim(&i.count, k, axis) }
+                    },
+                )
+                .collect();
+            Ok(TensorType::new(a.dtype, Shape(dims)))
+        })
+        .collect()
+}
+
+fn loop_types(l: &Loop, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
+    let count = count_dim(&l.count)?;
+    let n = usize::try_from(l.carried)
+        .ok()
+        .filter(|&n| n <= ins.len() - 2)
+        .ok_or_else(|| format!("carried={} does not fit {} operand(s)", l.carried, ins.len()))?;
+    let (max_trip, cond) = (&ins[0], &ins[1]);
+    if max_trip.dtype != DType::I64 || max_trip.shape.rank() != 0 {
+        return Err(format!("max_trip must be an i64 scalar, got {max_trip}"));
+    }
+    if cond.dtype != DType::Bool || cond.shape.rank() != 0 {
+        return Err(format!("cond must be a bool scalar, got {cond}"));
+    }
+    if let Some(p) = l.body.problems(ins.len()).into_iter().next() {
+        return Err(p);
+    }
+    let body = &l.body.0;
+    let declared = (body.inputs().iter())
+        .map(|&id| body.node(id).outputs.first())
+        .collect::<Option<Vec<&TensorType>>>()
+        .ok_or("a body input declares no type")?;
+    let outer = symbols_of(ins);
+    for (k, (t, d)) in ins.iter().zip(&declared).enumerate() {
+        // A carried value's body input may name its own symbols where the extent changes between iterations.
+        let fits = if (2..2 + n).contains(&k) {
+            t.dtype == d.dtype
+                && t.shape.rank() == d.shape.rank()
+                && t.shape.0.iter().zip(&d.shape.0).all(|(a, b)| a == b || !stable(b, &outer))
+        } else {
+            t == *d
+        };
+        if !fits {
+            return Err(format!("operand {k} is {t}, but body input p{k} is {d}"));
+        }
+    }
+    let outs = (body.outputs().iter())
+        .map(|(name, v)| {
+            body.value_type(*v)
+                .cloned()
+                .ok_or_else(|| format!("body output \"{}\" names no value", name.escape_debug()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if outs.len() < 1 + n {
+        return Err(format!(
+            "the body gives {} output(s), fewer than the condition and {n} carried value(s)",
+            outs.len()
+        ));
+    }
+    if outs[0].dtype != DType::Bool || outs[0].shape.num_elements() != Some(1) {
+        return Err(format!("the body's first output (the condition) must be one bool, got {}", outs[0]));
+    }
+    let mut results = Vec::with_capacity(outs.len() - 1);
+    for k in 0..n {
+        let (init, input, output) = (&ins[2 + k], declared[2 + k], &outs[1 + k]);
+        if input.dtype != output.dtype || input.shape.rank() != output.shape.rank() {
+            return Err(format!("carried value {k}: the body takes {input} and gives {output}"));
+        }
+        // An extent the body leaves as it found it is the initial one after any number of iterations.
+        let dims = (0..init.shape.rank())
+            .map(|axis| {
+                let d = &init.shape.0[axis];
+                if input.shape.0[axis] == output.shape.0[axis] && stable(d, &outer) {
+                    d.clone()
+                } else {
+                    region_dim(&l.count, k, axis)
+                }
+            })
+            .collect();
+        results.push(TensorType::new(init.dtype, Shape(dims)));
+    }
+    for (j, t) in outs[1 + n..].iter().enumerate() {
+        let dims =
+            std::iter::once(count.clone())
+                .chain(
+                    t.shape.0.iter().enumerate().map(|(axis, d)| {
+                        if stable(d, &outer) { d.clone() } else { region_dim(&l.count, n + j, axis + 1) }
+                    }),
+                )
+                .collect();
+        results.push(TensorType::new(t.dtype, Shape(dims)));
+    }
+    Ok(results)
 }
 
 /// Arithmetic, comparisons and reductions are not defined on the narrow storage types (float8, float4, int4, int2):

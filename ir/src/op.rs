@@ -193,6 +193,12 @@ define_ops! {
     Lstm(Lstm) = "lstm", Arity::Exact(6);
     /// ONNX GRU (layout 0): `gru(x, w, r, b, h0)` → `y, y_h`.
     Gru(Gru) = "gru", Arity::Exact(5);
+    /// Run-time choice between two regions: `if cond, captures…` runs `then_branch` or `else_branch` on the
+    /// captures; the chosen branch's outputs are the results.
+    If(If) = "if", Arity::AtLeast(1);
+    /// A loop region: `loop max_trip, cond, carried…, captures…` runs `body` while the iteration is below
+    /// `max_trip` and `cond` holds; results are the carried values, then the stacked scan outputs.
+    Loop(Loop) = "loop", Arity::AtLeast(2);
     /// A fusion group: a nested body graph run on the operands (`p0`, `p1`, … by position), one kernel or
     /// library call once lowered.
     Fusion(Fusion) = "fusion", Arity::AtLeast(0);
@@ -700,6 +706,31 @@ attrs! {
     }
 }
 
+attrs! {
+    /// Control flow on a run-time condition (ONNX `If`). Operands: the condition (bool, one element), then the
+    /// captures — the values of the enclosing graph the branches read — which bind both bodies' inputs `p0`,
+    /// `p1`, … by position, with the operands' types. Both branches give the same number of outputs, pairwise of
+    /// one dtype and rank; the results are the chosen branch's outputs. A result extent on which the branches
+    /// agree (static, or symbols the operands bind) keeps it; any other is a data-dependent dim named
+    /// `<count>_<result>_<axis>`, bound when the op runs. Two nodes never share a `count`.
+    pub struct If { then_branch: FusionBody, else_branch: FusionBody, count: String }
+}
+
+attrs! {
+    /// A loop (ONNX `Loop`; `Scan` imports as one). Operands: `max_trip` (i64, rank 0), `cond` (bool, rank 0), the
+    /// `carried` loop-carried values, then the captures. The body's inputs bind, by position, the iteration
+    /// number (i64 rank 0, from 0), the condition (bool rank 0), the carried values and the captures; its outputs
+    /// are the next condition, the next carried values (each of its carried input's dtype and rank), then any
+    /// number of *scan outputs*. While `iteration < max_trip` and the condition holds, the body runs on the
+    /// current values. Results: the final carried values (the initial ones after zero iterations), then each scan
+    /// output's per-iteration values stacked along a new leading axis of extent `count`, the data-dependent
+    /// iteration count. A carried value's body input may declare symbols of its own where its extent changes
+    /// from one iteration to the next; a result extent that is neither static nor made of symbols the operands
+    /// bind is data-dependent, named `<count>_<result>_<axis>`. The interpreter stops a loop that runs past
+    /// `KILN_MAX_LOOP_ITERATIONS` (default 2^24) iterations with an error.
+    pub struct Loop { body: FusionBody, carried: i64, count: String }
+}
+
 named_enum! {
     /// What a fusion group becomes once lowered.
     pub enum FusionKind {
@@ -722,6 +753,27 @@ impl Op {
     /// True for ops with no operands whose value is known without inputs (constants, iota).
     pub fn is_source(&self) -> bool {
         matches!(self, Op::Input(_) | Op::Parameter(_) | Op::Constant(_) | Op::Iota(_))
+    }
+
+    /// The nested regions the op carries (a fusion body, the branches of an `if`, a loop body), in attribute
+    /// order.
+    pub fn bodies(&self) -> Vec<&FusionBody> {
+        match self {
+            Op::Fusion(f) => vec![&f.body],
+            Op::If(i) => vec![&i.then_branch, &i.else_branch],
+            Op::Loop(l) => vec![&l.body],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Mutable access to [`Op::bodies`].
+    pub fn bodies_mut(&mut self) -> Vec<&mut FusionBody> {
+        match self {
+            Op::Fusion(f) => vec![&mut f.body],
+            Op::If(i) => vec![&mut i.then_branch, &mut i.else_branch],
+            Op::Loop(l) => vec![&mut l.body],
+            _ => Vec::new(),
+        }
     }
 
     /// The op's attributes as `.kir` text (empty when it has none).

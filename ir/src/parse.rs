@@ -91,8 +91,8 @@ struct Parser<'a> {
     depth: usize,
 }
 
-/// How deeply `fusion` bodies may nest; deeper text is an error rather than a stack overflow.
-const MAX_DEPTH: usize = 16;
+/// How deeply region bodies may nest; deeper text is an error rather than a stack overflow.
+const MAX_DEPTH: usize = crate::fusion::MAX_NESTING;
 
 impl Parser<'_> {
     fn peek(&self) -> &Token {
@@ -198,7 +198,7 @@ impl Parser<'_> {
     /// A nested body graph: read with fresh value and name scopes, which are restored afterwards.
     fn nested_graph(&mut self) -> Result<Graph, Fail> {
         if self.depth >= MAX_DEPTH {
-            return Err((self.pos, format!("fusion bodies nest more than {MAX_DEPTH} deep")));
+            return Err((self.pos, format!("region bodies nest more than {MAX_DEPTH} deep")));
         }
         let saved = (
             std::mem::replace(&mut self.graph, Graph::new("")),

@@ -431,10 +431,18 @@ impl<'g> Verifier<'g> {
         if self.is_broken(i) {
             return;
         }
-        if let Op::Fusion(f) = &node.op {
-            // The body is a graph of its own: all its errors, each prefixed so the fusion node is named too.
-            let mut problems = f.body.problems(node.inputs.len());
-            problems.extend(verify(&f.body.0).err().into_iter().flatten().map(|e| e.to_string()));
+        let bodies = node.op.bodies();
+        if !bodies.is_empty() {
+            // Each body is a graph of its own: all its errors, each prefixed so the node is named too. (An `if`
+            // branch binds the operands after the condition; a loop body's own inputs are checked by the type rule.)
+            let mut problems = Vec::new();
+            for body in bodies {
+                match &node.op {
+                    Op::If(_) => problems.extend(body.problems(node.inputs.len().saturating_sub(1))),
+                    _ => problems.extend(body.problems(node.inputs.len())),
+                }
+                problems.extend(verify(&body.0).err().into_iter().flatten().map(|e| e.to_string()));
+            }
             if !problems.is_empty() {
                 for p in problems {
                     self.report(i, VerifyErrorKind::FusionBody, format!("body: {p}"));

@@ -16,6 +16,9 @@ use crate::{ImportError, ImportOptions, Unsupported, ops};
 /// own node tests at those opsets confirm in `kiln conformance`.
 pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
+/// The error of a handler whose subgraph depends on an unsupported node: already reported, so not again.
+const REPORTED: &str = "a subgraph output depends on an unsupported node (reported)";
+
 /// Operand sets at most this large are folded at import time when all their values are known.
 const FOLD_LIMIT: usize = 1 << 16;
 
@@ -91,14 +94,185 @@ pub(crate) struct Ctx<'m> {
     graph_inputs: std::collections::HashSet<String>,
     /// The data-dependent dims issued so far ([`Ctx::fresh_symbol`]).
     issued: std::collections::HashSet<String>,
+    /// The enclosing graphs while a region is imported, outermost first ([`Ctx::region`]).
+    frames: Vec<Frame>,
+    /// How many subgraphs enclose the node being imported.
+    depth: usize,
+}
+
+/// An enclosing graph while a region (an `If` branch, a loop body) is imported: its builder, the first of the
+/// region's scopes, and the values the region has captured from it.
+struct Frame {
+    outer: Builder,
+    base: usize,
+    /// The region's own inputs (`p0`, … before the captures).
+    formal: usize,
+    /// Each capture: its key (the ONNX name, or a synthetic one) and its value in the enclosing graph.
+    captures: Vec<(String, Val)>,
+    /// By key: the capture's value inside the region.
+    captured: HashMap<String, Val>,
+}
+
+/// Work done inside a region before its graph's nodes, given the region's own inputs ([`Ctx::region`]).
+pub(crate) type Prelude<'a, 'm> = dyn FnMut(&mut Ctx<'m>, &[Val]) -> Result<(), String> + 'a;
+
+/// An imported region: its body, and the enclosing values its captures bind (the operands after the op's own).
+pub(crate) struct Region {
+    pub body: kiln_ir::fusion::FusionBody,
+    pub captures: Vec<(String, Val)>,
+    /// The body's output types, in order.
+    pub outputs: Vec<TensorType>,
 }
 
 impl<'m> Ctx<'m> {
-    fn lookup(&self, name: &str) -> Option<&Option<Val>> {
+    /// The value named `name` in the model's graph, outside any region.
+    fn find(&self, name: &str) -> Option<&Option<Val>> {
         self.scopes.iter().rev().find_map(|s| s.get(name))
     }
 
-    fn define(&mut self, name: &str, v: Option<Val>) {
+    /// The value named `name` in the innermost scope that defines it (`Some(None)`: defined by an unsupported
+    /// node). Inside a region a value of an enclosing graph is captured on first use: re-created when it is a
+    /// small known constant, else bound to a new body input.
+    fn lookup(&mut self, name: &str) -> Result<Option<Option<Val>>, String> {
+        let Some((index, found)) =
+            self.scopes.iter().enumerate().rev().find_map(|(i, s)| s.get(name).map(|v| (i, v.clone())))
+        else {
+            return Ok(None);
+        };
+        let Some(v) = found else { return Ok(Some(None)) };
+        let level = self.frames.iter().filter(|f| f.base <= index).count();
+        self.bring(name, v, level).map(|v| Some(Some(v)))
+    }
+
+    /// `v`, a value of the graph at nesting `level` (0: the model's graph), made available in the current region
+    /// through every region in between; `key` identifies it among each region's captures.
+    fn bring(&mut self, key: &str, mut v: Val, level: usize) -> Result<Val, String> {
+        for l in level + 1..=self.frames.len() {
+            let f = l - 1;
+            if let Some(inner) = self.frames[f].captured.get(key) {
+                v = inner.clone();
+                continue;
+            }
+            let index = self.frames[f].formal + self.frames[f].captures.len();
+            let b = if l == self.frames.len() { &mut self.b } else { &mut self.frames[l].outer };
+            let small = v.konst.as_ref().filter(|k| k.len() <= kiln_ir::builder::INLINE_CONSTANT_LIMIT);
+            let id = match small {
+                Some(k) => b.constant((**k).clone()),
+                None => b.input(&kiln_ir::fusion::FusionBody::param_name(index), v.ty.dtype, v.ty.shape.clone()),
+            }
+            .map_err(|e| e.to_string())?;
+            let inner = Val { v: id, ..v.clone() };
+            if small.is_none() {
+                self.frames[f].captures.push((key.to_string(), v));
+            }
+            self.frames[f].captured.insert(key.to_string(), inner.clone());
+            v = inner;
+        }
+        Ok(v)
+    }
+
+    /// `v`, a value of the graph enclosing the current region, captured into it.
+    pub fn capture(&mut self, v: &Val) -> Result<Val, String> {
+        let key = format!("\u{0}{}#{}", v.v.node.0, v.v.index);
+        self.bring(&key, v.clone(), self.frames.len() - 1)
+    }
+
+    /// The builder of the model's graph, where weights live (region bodies hold no parameters).
+    fn root(&mut self) -> &mut Builder {
+        match self.frames.first_mut() {
+            Some(f) => &mut f.outer,
+            None => &mut self.b,
+        }
+    }
+
+    /// A weight of the model's graph, under `name` or a variant of it that is free, brought into the current
+    /// region.
+    fn hoisted_weight(&mut self, name: &str, t: Arc<Tensor>) -> Result<Val, String> {
+        let root = self.root();
+        let mut result = root.weight(name, t.clone());
+        let mut k = 1;
+        while result.is_err() && k < 1000 {
+            result = root.weight(&format!("{name}.{k}"), t.clone());
+            k += 1;
+        }
+        let id = result.map_err(|e| e.to_string())?;
+        let ty = t.tensor_type();
+        let v = Val { v: id, ty, konst: Some(t), dims: None };
+        self.bring(&format!("\u{0}weight{}", id.node.0), v, 0)
+    }
+
+    /// One subgraph deeper, within [`kiln_ir::fusion::MAX_NESTING`].
+    fn enter(&mut self) -> Result<(), String> {
+        if self.depth >= kiln_ir::fusion::MAX_NESTING {
+            return Err(format!("subgraphs nest more than {} deep", kiln_ir::fusion::MAX_NESTING));
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Imports `g` as a region: a body graph whose inputs `p0`, `p1`, … are first the region's own inputs
+    /// `formal` (each an ONNX name, empty for none, and a type), then the values `seed` lists (captures of
+    /// another region of the same op, so both bind the same operands), then whatever enclosing values `g` reads.
+    /// `prelude` runs inside the region before `g`'s nodes (it may define names); `lead` lists formal inputs
+    /// that become body outputs before `g`'s own.
+    pub fn region(
+        &mut self,
+        g: &GraphProto,
+        formal: &[(String, TensorType)],
+        seed: &[(String, Val)],
+        prelude: &mut Prelude<'_, 'm>,
+        lead: &[usize],
+    ) -> Result<Region, String> {
+        self.enter()?;
+        let name = if g.name.is_empty() { "region".to_string() } else { g.name.clone() };
+        let outer = std::mem::replace(&mut self.b, Builder::new(name));
+        self.scopes.push(HashMap::new());
+        let base = self.scopes.len() - 1;
+        self.frames.push(Frame { outer, base, formal: formal.len(), captures: Vec::new(), captured: HashMap::new() });
+        let result = (|| -> Result<Vec<Val>, String> {
+            let mut vals = Vec::with_capacity(formal.len());
+            for (i, (name, ty)) in formal.iter().enumerate() {
+                let id = (self.b.input(&kiln_ir::fusion::FusionBody::param_name(i), ty.dtype, ty.shape.clone()))
+                    .map_err(|e| e.to_string())?;
+                let v = self.wrap(id, None);
+                if !name.is_empty() {
+                    self.define(name, Some(v.clone()));
+                }
+                vals.push(v);
+            }
+            let level = self.frames.len() - 1;
+            for (key, v) in seed {
+                self.bring(key, v.clone(), level)?;
+            }
+            prelude(self, &vals)?;
+            self.walk(g)?;
+            let mut outs: Vec<Val> = lead.iter().map(|&i| vals[i].clone()).collect();
+            for o in &g.output {
+                match self.lookup(&o.name)? {
+                    Some(Some(v)) => outs.push(v),
+                    Some(None) => return Err(REPORTED.into()),
+                    None => return Err(format!("subgraph output `{}` is not defined", o.name)),
+                }
+            }
+            Ok(outs)
+        })();
+        self.scopes.pop();
+        let frame = self.frames.pop().expect("the region's frame");
+        self.depth -= 1;
+        let body = std::mem::replace(&mut self.b, frame.outer);
+        let outs = result?;
+        let mut body = body;
+        for (k, v) in outs.iter().enumerate() {
+            body.output(&format!("o{k}"), v.v);
+        }
+        Ok(Region {
+            body: kiln_ir::fusion::FusionBody(Box::new(body.finish())),
+            captures: frame.captures,
+            outputs: outs.into_iter().map(|v| v.ty).collect(),
+        })
+    }
+
+    pub(crate) fn define(&mut self, name: &str, v: Option<Val>) {
         self.scopes.last_mut().expect("a scope").insert(name.to_string(), v);
     }
 
@@ -111,7 +285,7 @@ impl<'m> Ctx<'m> {
     /// `hint` it sizes (`<hint>_len`, then `<hint>_len2`, …): never a symbol of a graph input nor one issued
     /// before.
     pub fn fresh_symbol(&mut self, hint: &str) -> String {
-        let g = self.b.graph();
+        let g = self.frames.first().map_or(&self.b, |f| &f.outer).graph();
         let mut taken: std::collections::HashSet<String> = g
             .inputs()
             .iter()
@@ -133,6 +307,9 @@ impl<'m> Ctx<'m> {
 
     /// A constant value.
     pub fn constant(&mut self, t: Tensor) -> Result<Val, String> {
+        if !self.frames.is_empty() && t.len() > kiln_ir::builder::INLINE_CONSTANT_LIMIT {
+            return self.hoisted_weight("const", Arc::new(t));
+        }
         let t = Arc::new(t);
         let v = self.b.constant((*t).clone()).map_err(|e| e.to_string())?;
         Ok(self.wrap(v, Some(t)))
@@ -178,18 +355,20 @@ impl<'m> Ctx<'m> {
 
     /// Imports a subgraph (an `If` branch) in a new scope that sees the enclosing values; returns its outputs.
     pub fn subgraph(&mut self, g: &GraphProto) -> Result<Vec<Val>, String> {
+        self.enter()?;
         self.scopes.push(HashMap::new());
         let result = self.walk(g).and_then(|_| {
             g.output
                 .iter()
-                .map(|o| match self.lookup(&o.name) {
-                    Some(Some(v)) => Ok(v.clone()),
-                    Some(None) => Err(format!("subgraph output `{}` depends on an unsupported node", o.name)),
+                .map(|o| match self.lookup(&o.name)? {
+                    Some(Some(v)) => Ok(v),
+                    Some(None) => Err(REPORTED.into()),
                     None => Err(format!("subgraph output `{}` is not defined", o.name)),
                 })
                 .collect()
         });
         self.scopes.pop();
+        self.depth -= 1;
         result
     }
 
@@ -208,6 +387,9 @@ impl<'m> Ctx<'m> {
     fn initializer(&mut self, name: &str, t: Tensor) -> Result<Val, String> {
         if t.len() <= kiln_ir::builder::INLINE_CONSTANT_LIMIT {
             return self.constant(t);
+        }
+        if !self.frames.is_empty() {
+            return self.hoisted_weight(name, Arc::new(t));
         }
         let t = Arc::new(t);
         let v = self.b.weight(name, t.clone()).map_err(|e| e.to_string())?;
@@ -232,8 +414,8 @@ impl<'m> Ctx<'m> {
                 inputs.push(None);
                 continue;
             }
-            match self.lookup(name) {
-                Some(Some(v)) => inputs.push(Some(v.clone())),
+            match self.lookup(name)? {
+                Some(Some(v)) => inputs.push(Some(v)),
                 Some(None) => {
                     poisoned = true;
                     inputs.push(None);
@@ -322,6 +504,8 @@ impl<'m> Ctx<'m> {
                     }
                 }
             }
+            // A subgraph's unsupported node is reported where it is, not again as the node holding it.
+            Err(message) if message == REPORTED => self.poison(node),
             Err(message) => {
                 self.problems.push(problem(message));
                 self.poison(node);
@@ -424,7 +608,7 @@ fn check_declared_types(cx: &Ctx<'_>, g: &GraphProto) -> Result<(), ImportError>
     use onnx_protobuf::type_proto::Value as Tv;
     for vi in g.value_info.iter().chain(&g.output) {
         let Some(Tv::TensorType(tt)) = vi.type_.as_ref().and_then(|t| t.value.as_ref()) else { continue };
-        let (Some(Some(v)), Ok(declared)) = (cx.lookup(&vi.name), dtype_from_onnx(tt.elem_type)) else { continue };
+        let (Some(Some(v)), Ok(declared)) = (cx.find(&vi.name), dtype_from_onnx(tt.elem_type)) else { continue };
         if tt.elem_type != 0 && declared != v.dtype() {
             return Err(ImportError::Invalid(format!(
                 "value `{}` is declared {} (value_info or graph output), but it computes {}",
@@ -438,7 +622,7 @@ fn check_declared_types(cx: &Ctx<'_>, g: &GraphProto) -> Result<(), ImportError>
     // static). value_info is left alone: exporters leave stale shapes there that ONNX Runtime ignores too.
     for o in &g.output {
         let Some(Tv::TensorType(tt)) = o.type_.as_ref().and_then(|t| t.value.as_ref()) else { continue };
-        let (Some(Some(v)), Some(shape)) = (cx.lookup(&o.name), tt.shape.as_ref()) else { continue };
+        let (Some(Some(v)), Some(shape)) = (cx.find(&o.name), tt.shape.as_ref()) else { continue };
         use onnx_protobuf::tensor_shape_proto::dimension::Value as Dv;
         let computed = &v.ty.shape;
         let fits = shape.dim.len() == computed.rank()
@@ -489,6 +673,8 @@ pub fn import_model(
             g.input.iter().filter(|i| !inits.contains(i.name.as_str())).map(|i| i.name.clone()).collect()
         },
         issued: std::collections::HashSet::new(),
+        frames: Vec::new(),
+        depth: 0,
     };
     if !OPSETS.contains(&opset) {
         cx.problems.push(Unsupported {
@@ -561,7 +747,7 @@ pub fn import_model(
         if !listed.insert(o.name.as_str()) {
             return Err(ImportError::Invalid(format!("graph output `{}` is listed twice", o.name)));
         }
-        match cx.lookup(&o.name).cloned() {
+        match cx.find(&o.name).cloned() {
             Some(Some(v)) => cx.b.output(&o.name, v.v),
             Some(None) => {}
             None => return Err(ImportError::Invalid(format!("graph output `{}` is not produced by any node", o.name))),

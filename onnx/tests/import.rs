@@ -165,3 +165,117 @@ fn huge_constant_of_shape_is_built_not_folded() {
     assert_eq!(output_shape(&g, "y"), Shape::of(&[i32::MAX as u64]));
     assert!(mnemonics(&g).contains(&"broadcast"), "{}", kiln_ir::print(&g));
 }
+
+/// `If` on a run-time condition becomes an `if` region. The branches read the enclosing graph's input and a large
+/// initializer (captured as operands, not copied), and one holds a large initializer of its own (hoisted to a
+/// weight of the model and captured: region bodies hold no parameters). Both branches bind one operand list.
+#[test]
+fn if_on_a_run_time_condition_is_a_region_with_captures() {
+    let w: Vec<f32> = (0..100).map(|i| i as f32 * 0.5).collect();
+    let own: Vec<f32> = (0..100).map(|i| 100.0 - i as f32).collect();
+    let then_branch = ModelBuilder::new("then").node(node("mul", "Mul", &["x", "w"], &["t"])).output("t").graph();
+    let else_branch = ModelBuilder::new("else")
+        .initializer(tensor_f32("own", &[100], &own))
+        .node(node("add", "Add", &["x", "own"], &["e"]))
+        .output("e")
+        .graph();
+    let iff = with_attr(
+        with_attr(node("if", "If", &["c"], &["y"]), attr_graph("then_branch", then_branch)),
+        attr_graph("else_branch", else_branch),
+    );
+    let bytes = ModelBuilder::new("g")
+        .input("c", dtype::BOOL, &[])
+        .input("x", dtype::FLOAT, &["100"])
+        .initializer(tensor_f32("w", &[100], &w))
+        .node(iff)
+        .output("y")
+        .bytes();
+    let g = import(&bytes);
+    let node = g.node_ids().map(|id| g.node(id)).find(|n| matches!(n.op, Op::If(_))).expect("an if node");
+    let Op::If(op) = &node.op else { unreachable!() };
+    for body in [&op.then_branch, &op.else_branch] {
+        assert!(body.0.params().next().is_none(), "{}", body.text());
+        assert_eq!(body.0.inputs().len(), node.inputs.len() - 1, "{}", body.text());
+    }
+    assert_eq!(g.params().count(), 2, "the weight and the hoisted initializer");
+    let x = Tensor::from_vec(vec![100], vec![2.0f32; 100]).unwrap();
+    let y = &run(&g, &[("c", Tensor::scalar(true)), ("x", x.clone())])["y"];
+    assert_eq!(y.as_slice::<f32>().unwrap()[..3], [0.0, 1.0, 2.0]);
+    let y = &run(&g, &[("c", Tensor::scalar(false)), ("x", x)])["y"];
+    assert_eq!(y.as_slice::<f32>().unwrap()[..3], [102.0, 101.0, 100.0]);
+}
+
+/// `Loop` with a trip count and a condition: a carried vector that grows every iteration gets a body symbol of its
+/// own and a data-dependent result extent; a scan output stacks per-iteration values; an `If` nested in the body
+/// reads a value two graphs out.
+#[test]
+fn loops_carry_growing_values_and_nest_regions() {
+    let inner_then = ModelBuilder::new("t").node(node("neg", "Neg", &["k"], &["kt"])).output("kt").graph();
+    let inner_else = ModelBuilder::new("e").node(node("id", "Identity", &["k"], &["ke"])).output("ke").graph();
+    let body = ModelBuilder::new("body")
+        .input("i", dtype::INT64, &[])
+        .input("c_in", dtype::BOOL, &[])
+        .input("acc_in", dtype::FLOAT, &["1"])
+        .node(with_attr(node("cast", "Cast", &["i"], &["fi"]), attr_int("to", 1)))
+        .node(constant("ax", "ax", tensor_i64("", &[1], &[0])))
+        .node(node("unsq", "Unsqueeze", &["fi", "ax"], &["fi1"]))
+        .node(with_attr(node("cat", "Concat", &["acc_in", "fi1"], &["acc_out"]), attr_int("axis", 0)))
+        .node(node("pos", "Greater", &["fi", "limit"], &["big"]))
+        .node(with_attr(
+            with_attr(node("if", "If", &["big"], &["kk"]), attr_graph("then_branch", inner_then)),
+            attr_graph("else_branch", inner_else),
+        ))
+        .node(node("keep", "Identity", &["c_in"], &["c_out"]))
+        .output("c_out")
+        .output("acc_out")
+        .output("kk")
+        .graph();
+    let lp = with_attr(node("loop", "Loop", &["m", "", "acc0"], &["acc", "ks"]), attr_graph("body", body));
+    let bytes = ModelBuilder::new("g")
+        .input("m", dtype::INT64, &[])
+        .input("k", dtype::FLOAT, &["2"])
+        .initializer(tensor_f32("acc0", &[1], &[7.0]))
+        .initializer(tensor_f32("limit", &[], &[1.0]))
+        .node(lp)
+        .output("acc")
+        .output("ks")
+        .bytes();
+    let g = import(&bytes);
+    assert!(mnemonics(&g).contains(&"loop"), "{:?}", mnemonics(&g));
+    let k = Tensor::from_vec(vec![2], vec![1.0f32, -3.0]).unwrap();
+    let out = run(&g, &[("m", Tensor::scalar(4i64)), ("k", k.clone())]);
+    assert_eq!(out["acc"].as_slice::<f32>().unwrap(), &[7.0, 0.0, 1.0, 2.0, 3.0]);
+    assert_eq!(out["ks"].shape(), &[4, 2]);
+    assert_eq!(out["ks"].as_slice::<f32>().unwrap(), &[1.0, -3.0, 1.0, -3.0, -1.0, 3.0, -1.0, 3.0]);
+    let out = run(&g, &[("m", Tensor::scalar(0i64)), ("k", k)]);
+    assert_eq!(out["acc"].as_slice::<f32>().unwrap(), &[7.0]);
+    assert_eq!(out["ks"].shape(), &[0, 2]);
+}
+
+/// Subgraphs nested past `MAX_NESTING` are a problem named at the node, never unbounded recursion.
+#[test]
+fn subgraphs_nested_too_deep_are_refused() {
+    let leaf = ModelBuilder::new("leaf").node(node("neg", "Neg", &["x"], &["y0"])).output("y0").graph();
+    let mut inner = leaf.clone();
+    for depth in 1..20 {
+        let out = format!("y{depth}");
+        let iff = with_attr(
+            with_attr(node("if", "If", &["c"], &[&out]), attr_graph("then_branch", inner)),
+            attr_graph("else_branch", leaf.clone()),
+        );
+        inner = ModelBuilder::new("level").node(iff).output(&out).graph();
+    }
+    let bytes = ModelBuilder::new("g")
+        .input("c", dtype::BOOL, &[])
+        .input("x", dtype::FLOAT, &["2"])
+        .node(with_attr(
+            with_attr(node("top", "If", &["c"], &["y"]), attr_graph("then_branch", inner)),
+            attr_graph("else_branch", leaf),
+        ))
+        .output("y")
+        .bytes();
+    let err = kiln_onnx::import_bytes(&bytes, None, &ImportOptions::default()).unwrap_err();
+    let ImportError::Unsupported(list) = &err else { panic!("expected Unsupported, got {err}") };
+    assert_eq!(list.len(), 1, "{err}");
+    assert!(list[0].message.contains("nest more than 16 deep"), "{err}");
+}

@@ -11,9 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::fusion::FusionBody;
 use kiln_ir::infer::infer;
-use kiln_ir::op::{Broadcast, Fusion, Iota, Reshape, Resize};
+use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
 use kiln_ir::{Graph, Op, Shape, TensorType};
 
 use crate::declare_pass;
@@ -72,7 +71,7 @@ impl Pass for InferShapes {
     }
 }
 
-/// Specializes `g` (and, recursively, the bodies of its `fusion` nodes, whose inputs must keep the operand types)
+/// Specializes `g` (and, recursively, the regions of its nodes, whose inputs must keep the operand types)
 /// under `bindings`; says whether anything changed.
 fn specialize(g: &mut Graph, bindings: &BTreeMap<String, u64>) -> Result<bool, PassError> {
     {
@@ -91,10 +90,14 @@ fn specialize(g: &mut Graph, bindings: &BTreeMap<String, u64>) -> Result<bool, P
                 Op::Resize(r) if sub(&r.shape) != r.shape => {
                     Some(Op::Resize(Resize { shape: sub(&r.shape), ..r.clone() }))
                 }
-                Op::Fusion(f) => {
-                    let mut body = f.body.0.clone();
-                    specialize(&mut body, bindings)?
-                        .then_some(Op::Fusion(Fusion { kind: f.kind, body: FusionBody(body) }))
+                // Regions (fusion bodies, `if` branches, loop bodies) bind their inputs to the operands' types.
+                op if !op.bodies().is_empty() => {
+                    let mut new = op.clone();
+                    let mut changed = false;
+                    for body in new.bodies_mut() {
+                        changed |= specialize(&mut body.0, bindings)?;
+                    }
+                    changed.then_some(new)
                 }
                 _ => None,
             };

@@ -15,6 +15,7 @@
 //! integer exponents and empty `max`/`min` reductions are errors. Numeric conventions (compute types, wrapping,
 //! NaN handling) are stated in each kernel file.
 
+mod control;
 mod dynamic;
 mod elementwise;
 mod index;
@@ -26,6 +27,7 @@ pub mod scalar;
 mod shape;
 mod topk;
 
+pub use control::max_loop_iterations;
 pub use dynamic::{data_dependent, non_zero};
 pub use index::resolve_index;
 
@@ -58,9 +60,13 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     if matches!(op, Op::Input(_) | Op::Parameter(_)) {
         return from_graph();
     }
-    if let Op::Fusion(f) = op {
-        // Not through the type rule: a body typed on symbolic dims binds them to these operands as it runs.
-        return f.body.eval(inputs);
+    // Regions are not checked through the type rule: a body typed on symbolic dims binds them to these operands
+    // as it runs (and a loop's carried values may change extents between iterations).
+    match op {
+        Op::Fusion(f) => return f.body.eval(inputs),
+        Op::If(i) => return control::if_(i, inputs),
+        Op::Loop(l) => return control::loop_(l, inputs),
+        _ => {}
     }
     let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
     let expected = infer(op, &types)?;
@@ -73,6 +79,8 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let results = match op {
         Op::Input(_) | Op::Parameter(_) => return from_graph(),
         Op::Fusion(f) => f.body.eval(inputs)?,
+        Op::If(i) => control::if_(i, inputs)?,
+        Op::Loop(l) => control::loop_(l, inputs)?,
         Op::Constant(c) => one(c.value.clone()),
         Op::Unary(k) => one(elementwise::unary(*k, inputs[0])?),
         Op::Binary(k) => one(elementwise::binary(*k, inputs[0], inputs[1])?),

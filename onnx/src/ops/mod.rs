@@ -6,6 +6,7 @@
 
 mod attention;
 mod composite;
+mod control;
 mod elementwise;
 mod nn;
 mod quant;
@@ -96,7 +97,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("HardSwish", elementwise::activation),
     ("Hardmax", composite::hardmax),
     ("Identity", elementwise::identity),
-    ("If", shape::if_),
+    ("If", control::if_),
     ("InstanceNormalization", nn::instance_norm),
     ("IsInf", elementwise::is_inf),
     ("IsNaN", elementwise::unary),
@@ -108,6 +109,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("LessOrEqual", elementwise::binary),
     ("Log", elementwise::unary),
     ("LogSoftmax", nn::softmax),
+    ("Loop", control::loop_),
     ("LpNormalization", composite::lp_normalization),
     ("LpPool", composite::lp_pool),
     ("MatMul", reduce::matmul),
@@ -151,6 +153,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("ReverseSequence", shape::reverse_sequence),
     ("RotaryEmbedding", rotary::rotary_embedding),
     ("Round", elementwise::unary),
+    ("Scan", control::scan),
     ("Scatter", shape::scatter_elements),
     ("ScatterElements", shape::scatter_elements),
     ("ScatterND", shape::scatter_nd),

@@ -731,17 +731,6 @@ pub(crate) fn space_to_depth(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
     Ok(vec![super::reshape(cx, &y, [nb, c * b * b, h / b, w / b].into_iter().map(Dim::Static).collect())?])
 }
 
-pub(crate) fn if_(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    let cond = n.input(0)?;
-    let then_g = n.graph("then_branch").ok_or("`then_branch` is required")?;
-    let else_g = n.graph("else_branch").ok_or("`else_branch` is required")?;
-    let Some(c) = cond.ints() else {
-        return Err("a condition that is not known at import time is not supported".into());
-    };
-    let branch = if c.first().copied().unwrap_or(0) != 0 { then_g } else { else_g };
-    cx.subgraph(branch)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -647,6 +647,8 @@ impl<'g> Ctx<'g> {
             | Op::NonZero(_)
             | Op::Unique(_)
             | Op::NonMaxSuppression(_)
+            | Op::If(_)
+            | Op::Loop(_)
             | Op::Fusion(_)) => {
                 Err(LowerError::Unsupported { node: graph.describe(v.node), op: op.mnemonic().to_string() })
             }
