@@ -74,7 +74,21 @@ pub(crate) fn loop_(op: &Loop, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String
             }
         }
         carried = outs.split_off(1);
-        for (all, t) in scans.iter_mut().zip(scanned) {
+        for (j, (all, t)) in scans.iter_mut().zip(scanned).enumerate() {
+            // Checked as the values arrive: a body whose scan output changes shape, or whose stack outgrows what
+            // can be allocated, stops the loop at once.
+            if let Some(first) = all.first()
+                && (t.dtype() != first.dtype() || t.shape() != first.shape())
+            {
+                return Err(format!(
+                    "scan output {j}: iteration {i} gives {}, iteration 0 gave {} (scan outputs keep one shape)",
+                    t.tensor_type(),
+                    first.tensor_type()
+                ));
+            }
+            let mut stacked = vec![all.len() + 1];
+            stacked.extend_from_slice(t.shape());
+            Tensor::allocatable_bytes(t.dtype(), &stacked).map_err(|e| format!("scan output {j}: {e}"))?;
             all.push(t);
         }
         i += 1;
@@ -96,17 +110,10 @@ pub(crate) fn loop_(op: &Loop, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String
     Ok(results)
 }
 
-/// The per-iteration values of a scan output along a new leading axis; every iteration must give one shape.
+/// The per-iteration values of a scan output (of one shape, checked as they arrived) along a new leading axis.
 fn stack(values: &[Tensor], first: &Tensor) -> Result<Tensor, String> {
     let mut bytes = Vec::with_capacity(first.as_bytes().len() * values.len());
-    for (i, t) in values.iter().enumerate() {
-        if t.dtype() != first.dtype() || t.shape() != first.shape() {
-            return Err(format!(
-                "iteration {i} gives {}, iteration 0 gave {} (scan outputs keep one shape)",
-                t.tensor_type(),
-                first.tensor_type()
-            ));
-        }
+    for t in values {
         bytes.extend_from_slice(t.as_bytes());
     }
     let mut shape = vec![values.len()];
@@ -189,6 +196,23 @@ mod tests {
         assert_eq!(run(-5, 3.0), (3.0, vec![], vec![0]));
         let bad = loop_(&op, &[&Tensor::scalar(1i64), &Tensor::scalar(1i64), &Tensor::scalar(1.0f32)]);
         assert!(bad.unwrap_err().contains("cond must be one bool"));
+    }
+
+    #[test]
+    fn a_scan_output_that_changes_shape_is_an_error() {
+        // The scan output is the carried vector, which grows by one element per iteration.
+        let body = body(
+            "graph \"b\" {\n  %0 = input {name=\"p0\"} : i64[]\n  %1 = input {name=\"p1\"} : bool[]\n  \
+             %2 = input {name=\"p2\"} : f32[n]\n  %3 = constant {value=f32[1] [1.0]} : f32[1]\n  \
+             %4 = concat %2, %3 {axis=0} : f32[n+1]\n  output \"c\" = %1\n  output \"x\" = %4\n  \
+             output \"s\" = %4\n}\n",
+        );
+        let op = Loop { body, carried: 1, count: "k".into() };
+        let x = Tensor::from_vec(vec![1], vec![0.0f32]).unwrap();
+        let one = loop_(&op, &[&Tensor::scalar(1i64), &Tensor::scalar(true), &x]).unwrap();
+        assert_eq!((one[0].shape(), one[1].shape()), (&[2][..], &[1, 2][..]));
+        let err = loop_(&op, &[&Tensor::scalar(5i64), &Tensor::scalar(true), &x]).unwrap_err();
+        assert!(err.contains("scan output 0: iteration 1 gives f32[3], iteration 0 gave f32[2]"), "{err}");
     }
 
     #[test]
