@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kiln_ir::op::{Fusion, FusionKind};
+use kiln_ir::op::{Fusibility, Fusion, FusionKind};
 use kiln_ir::{DType, Graph, NodeId, Op, TensorType, Value};
 
 pub use kiln_plan::exec::*;
@@ -395,8 +395,11 @@ impl<'g> Builder<'g> {
                 self.kernel_step(k, &values, &|v| map.get(&v).copied())
             }
             FusionKind::Library => {
-                let roots: Vec<NodeId> =
-                    members.iter().copied().filter(|&b| matches!(body.node(b).op, Op::MatMul | Op::Conv(_))).collect();
+                let roots: Vec<NodeId> = members
+                    .iter()
+                    .copied()
+                    .filter(|&b| body.node(b).op.fusibility() == Fusibility::LibraryRoot)
+                    .collect();
                 let [root] = roots[..] else {
                     return Err(Bug("a library group needs exactly one matmul/conv".into()));
                 };
@@ -412,7 +415,10 @@ impl<'g> Builder<'g> {
                 }
                 let op = match &rnode.op {
                     Op::Conv(c) => LibraryOp::Conv(c.clone()),
-                    _ => LibraryOp::MatMul,
+                    Op::MatMul => LibraryOp::MatMul,
+                    other => {
+                        return Err(Bug(format!("`{}` is a library root without a library call", other.mnemonic())));
+                    }
                 };
                 let mut lib_inputs = Vec::with_capacity(rnode.inputs.len());
                 for v in &rnode.inputs {

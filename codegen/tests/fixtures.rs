@@ -67,3 +67,34 @@ fn lowerable_fixtures_match_the_interpreter() {
         ]
     );
 }
+
+/// The op table's `Fusibility` promises that fusion may put an `Elementwise` or `Loop` op in a loop group: every
+/// such node of every fixture must lower on its own (a refusal here would be a group the backend cannot compile).
+#[test]
+fn ops_the_op_table_calls_fusible_lower_alone() {
+    use kiln_ir::op::Fusibility;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let mut checked = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "kir") {
+            continue;
+        }
+        let g = kiln_ir::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for id in g.node_ids() {
+            let op = &g.node(id).op;
+            if !matches!(op.fusibility(), Fusibility::Elementwise | Fusibility::Loop) {
+                continue;
+            }
+            let options = kiln_codegen::kernel::LowerOptions { spaces: kiln_codegen::kernel::SpacePolicy::Separate };
+            if let Err(e) = kiln_codegen::kernel::lower_with(&g, &[id], "k", &options) {
+                panic!("{}: {} does not lower alone: {e}", path.display(), g.describe(id));
+            }
+            checked.insert(op.mnemonic());
+        }
+    }
+    // The fixtures hold every fusible op kind the table names (elementwise kinds are spot-checked).
+    for mnemonic in ["select", "cast", "gelu", "broadcast", "reshape", "transpose", "reduce", "softmax", "layer_norm"] {
+        assert!(checked.contains(mnemonic), "no fixture exercises `{mnemonic}`: {checked:?}");
+    }
+}

@@ -159,12 +159,6 @@ pub fn produces_intermediates(op: &Op) -> bool {
     !matches!(op, Op::Input(_) | Op::Parameter(_) | Op::Constant(_))
 }
 
-/// Whether element `i` of each result depends only on element `i` of each (same-sized) operand, so the result
-/// may overwrite such an operand.
-pub fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Cast(_) | Op::Select | Op::Gelu(_))
-}
-
 /// Bytes of a tensor of type `t`, when its shape is static.
 pub fn static_bytes(t: &TensorType) -> Option<u64> {
     t.shape.num_elements()?.checked_mul(t.dtype.size_bytes() as u64)
@@ -216,7 +210,7 @@ impl MemoryPlan {
         }
         for (&r, &o) in &self.in_place {
             let node = g.get(r.node);
-            let legal = node.is_some_and(|n| is_elementwise(&n.op) && n.inputs.contains(&o))
+            let legal = node.is_some_and(|n| n.op.is_elementwise() && n.inputs.contains(&o))
                 && lt.live.get(&o).map(|i| i.last) == position.get(&r.node).copied()
                 && self.assignments.contains_key(&r)
                 && self.assignments.get(&r) == self.assignments.get(&o);

@@ -749,7 +749,72 @@ attrs! {
     pub struct Fusion { kind: FusionKind, body: FusionBody }
 }
 
+/// What fusion may do with an op: the one answer the passes (`fuse`, `layout`, `plan-memory`) and the backends'
+/// lowering consult. Decided per op by an exhaustive match in [`Op::fusibility`], so a new op must take a side.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Fusibility {
+    /// Element `i` of each result depends only on element `i` of each (broadcast) operand: a library epilogue
+    /// may hold it, a transpose may move across it, and its result may overwrite a same-sized operand.
+    Elementwise,
+    /// Not elementwise, but the loop-kernel lowering computes it from its operands by index arithmetic, so a
+    /// loop group may hold it next to other members (movement ops, reductions and the normalizations).
+    Loop,
+    /// The root of a library group: a tuned library call whose elementwise consumers run as its epilogue.
+    LibraryRoot,
+    /// Runs as its own step: a single-op kernel, a library call, a routine, or a region.
+    Alone,
+}
+
 impl Op {
+    /// See [`Fusibility`].
+    pub fn fusibility(&self) -> Fusibility {
+        use Fusibility::*;
+        match self {
+            Op::Unary(_) | Op::Binary(_) | Op::Cast(_) | Op::Select | Op::Gelu(_) => Elementwise,
+            Op::Broadcast(_)
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Reduce(_)
+            | Op::Softmax(_)
+            | Op::LogSoftmax(_)
+            | Op::LayerNorm(_) => Loop,
+            Op::MatMul | Op::Conv(_) => LibraryRoot,
+            Op::Input(_)
+            | Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::ArgReduce(_)
+            | Op::TopK(_)
+            | Op::NonZero(_)
+            | Op::Unique(_)
+            | Op::NonMaxSuppression(_)
+            | Op::MatMulInteger
+            | Op::ConvInteger(_)
+            | Op::ConvTranspose(_)
+            | Op::Pool(_)
+            | Op::Slice(_)
+            | Op::Concat(_)
+            | Op::Split(_)
+            | Op::Pad(_)
+            | Op::Gather(_)
+            | Op::GatherElements(_)
+            | Op::Scatter(_)
+            | Op::Iota(_)
+            | Op::ShapeOf
+            | Op::BatchNorm(_)
+            | Op::Resize(_)
+            | Op::Lstm(_)
+            | Op::Gru(_)
+            | Op::If(_)
+            | Op::Loop(_)
+            | Op::Fusion(_) => Alone,
+        }
+    }
+
+    /// Whether the op is [`Fusibility::Elementwise`].
+    pub fn is_elementwise(&self) -> bool {
+        self.fusibility() == Fusibility::Elementwise
+    }
+
     /// True for ops with no operands whose value is known without inputs (constants, iota).
     pub fn is_source(&self) -> bool {
         matches!(self, Op::Input(_) | Op::Parameter(_) | Op::Constant(_) | Op::Iota(_))

@@ -2,8 +2,10 @@
 //!
 //! | Group | Members | Why it is exact |
 //! |---|---|---|
-//! | `library` | a `matmul`/`conv` root and a chain of elementwise consumers (`unary`, `binary`, `cast`, `select`), each the *only* user of the previous value (which is not a graph output) | the body computes the same ops on the same operands; only the chain's last value escapes |
-//! | `loop` | connected elementwise ops, `broadcast`, `reshape`, `transpose`, `reduce`, `softmax`, `log_softmax`, `layer_norm`, `gelu` | the body computes the same ops; every value used outside the group is a result |
+//! | `library` | a [`Fusibility::LibraryRoot`] (`matmul`, `conv`) and a chain of [`Fusibility::Elementwise`] consumers (`unary`, `binary`, `cast`, `select`, `gelu`), each the *only* user of the previous value (which is not a graph output) | the body computes the same ops on the same operands; only the chain's last value escapes |
+//! | `loop` | connected elementwise and [`Fusibility::Loop`] ops (`broadcast`, `reshape`, `transpose`, `reduce`, `softmax`, `log_softmax`, `layer_norm`) | the body computes the same ops; every value used outside the group is a result |
+//!
+//! Which op is which is the op table's answer ([`kiln_ir::Op::fusibility`]), not a list kept here.
 //!
 //! Library groups are formed first. Loop groups grow greedily in topological order: a node joins the group of
 //! the first operand producer (in operand order) whose group stays **convex** (no path from the group through
@@ -22,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kiln_ir::fusion::FusionBody;
-use kiln_ir::op::{BinaryOp, Fusion, FusionKind, Input, UnaryOp};
+use kiln_ir::op::{BinaryOp, Fusibility, Fusion, FusionKind, Input, UnaryOp};
 use kiln_ir::{Graph, Node, NodeId, Op, Value};
 
 use crate::declare_pass;
@@ -78,25 +80,9 @@ impl Pass for Fuse {
     }
 }
 
-/// Elementwise ops: the only ones a library epilogue may hold.
-fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Cast(_) | Op::Select)
-}
-
 /// Ops a loop group may hold.
 fn is_loop_op(op: &Op) -> bool {
-    is_elementwise(op)
-        || matches!(
-            op,
-            Op::Broadcast(_)
-                | Op::Reshape(_)
-                | Op::Transpose(_)
-                | Op::Reduce(_)
-                | Op::Softmax(_)
-                | Op::LogSoftmax(_)
-                | Op::LayerNorm(_)
-                | Op::Gelu(_)
-        )
+    matches!(op.fusibility(), Fusibility::Elementwise | Fusibility::Loop)
 }
 
 /// A constant or iota small enough to clone into a body.
@@ -129,7 +115,7 @@ fn form_groups(
 
     // Library groups: a root and its chain of sole-user elementwise consumers.
     for &id in order {
-        if !matches!(g.node(id).op, Op::MatMul | Op::Conv(_)) || group_of.contains_key(&id) || kept(id) {
+        if g.node(id).op.fusibility() != Fusibility::LibraryRoot || group_of.contains_key(&id) || kept(id) {
             continue;
         }
         let mut members = vec![id];
@@ -141,7 +127,7 @@ fn form_groups(
             }
             let uses = g.uses(v);
             let [(user, _)] = uses.as_slice() else { break };
-            if group_of.contains_key(user) || !is_elementwise(&g.node(*user).op) || kept(*user) {
+            if group_of.contains_key(user) || !g.node(*user).op.is_elementwise() || kept(*user) {
                 break;
             }
             members.push(*user);

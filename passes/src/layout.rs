@@ -57,8 +57,7 @@ impl Pass for Layout {
 /// Moves the transpose feeding elementwise node `id` below it; whether it did.
 fn sink(g: &mut Graph, id: NodeId) -> bool {
     let node = g.node(id);
-    let elementwise = matches!(node.op, Op::Unary(_) | Op::Cast(_) | Op::Binary(_));
-    if !elementwise || node.outputs.len() != 1 {
+    if !node.op.is_elementwise() || node.outputs.len() != 1 {
         return false;
     }
     let Some(slot) = node.inputs.iter().position(|v| is_movable_transpose(g, *v, id)) else { return false };

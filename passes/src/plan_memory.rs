@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_ir::memory::{ALIGNMENT, Buffer, Interval, Lifetimes, is_elementwise, same_layout, static_bytes};
+use kiln_ir::memory::{ALIGNMENT, Buffer, Interval, Lifetimes, same_layout, static_bytes};
 use kiln_ir::{Graph, MemoryPlan, Value};
 
 use crate::declare_pass;
@@ -87,7 +87,9 @@ pub fn plan(g: &Graph, lt: &Lifetimes) -> MemoryPlan {
         for k in 0..node.outputs.len() {
             let r = Value::new(id, k as u32);
             let (Some(&size), Some(&live)) = (sizes.get(&r), lt.live.get(&r)) else { continue };
-            let host = is_elementwise(&node.op)
+            let host = node
+                .op
+                .is_elementwise()
                 .then(|| {
                     node.inputs.iter().copied().find(|o| {
                         let dies_here = lt.live.get(o).is_some_and(|i| i.last == p && i.last < end);

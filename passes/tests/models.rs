@@ -68,10 +68,6 @@ fn count(ops: &[(Op, Option<usize>)], pred: impl Fn(&Op) -> bool) -> usize {
     ops.iter().filter(|(op, _)| pred(op)).count()
 }
 
-fn is_elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Cast(_) | Op::Select)
-}
-
 #[test]
 fn o2_snapshot_of_each_reference_model() {
     for name in ["mlp", "mlp_dynbatch", "resnet18", "bert_small", "gpt2_small", "gpt2_small_step"] {
@@ -86,7 +82,7 @@ fn o2_snapshot_of_each_reference_model() {
 #[test]
 fn o2_fuses_each_resnet18_conv_with_its_bias_relu_and_residual_add() {
     let Some((original, g)) = optimized("resnet18") else { return };
-    let top: Vec<String> = g.node_ids().filter(|&id| is_elementwise(&g.node(id).op)).map(|id| g.describe(id)).collect();
+    let top: Vec<String> = g.node_ids().filter(|&id| g.node(id).op.is_elementwise()).map(|id| g.describe(id)).collect();
     assert!(top.is_empty(), "elementwise ops left outside fusion groups: {top:?}");
     let mut convs_in_groups = 0;
     for id in g.node_ids() {
@@ -109,7 +105,7 @@ fn o2_forms_one_group_per_transformer_pattern() {
     for name in ["bert_small", "gpt2_small"] {
         let Some((original, g)) = optimized(name) else { continue };
         let top: Vec<String> =
-            g.node_ids().filter(|&id| is_elementwise(&g.node(id).op)).map(|id| g.describe(id)).collect();
+            g.node_ids().filter(|&id| g.node(id).op.is_elementwise()).map(|id| g.describe(id)).collect();
         assert!(top.is_empty(), "{name}: elementwise ops (bias adds, residuals) left outside fusion groups: {top:?}");
         let (before, after) = (all_ops(&original), all_ops(&g));
         for (what, pred) in [
