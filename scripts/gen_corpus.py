@@ -6,7 +6,8 @@ on, each with input sets and ONNX Runtime's outputs for them.
   inception v1/v2, resnet50, shufflenet, squeezenet, vgg19, zfnet512; weights from ConstantOfShape), one input set
   at their declared shape.
 - stress_*: small models built with onnx.helper that stress what kiln lacked (symbolic image dims through
-  strided convs, resize, slices, SAME padding, concat and transposed convs), two shapes each.
+  strided convs, resize, slices, SAME padding, concat and transposed convs; a detector's post-processing whose
+  TopK k is computed at run time from a symbolic anchor count, feeding NonMaxSuppression), two shapes each.
 - rnn_*: recurrent models built with onnx.helper as exporters write them: a CRNN-style text recognizer (conv
   front end into a bidirectional LSTM over the symbolic width), a streaming one-step LSTM cell with its state as
   inputs and outputs, and a GRU voice-activity detector over a symbolic number of frames.
@@ -42,7 +43,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 7"
+VERSION = "corpus 8"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -320,7 +321,8 @@ def quantized_models(out, shared, rng, scratch):
 def stress_models(out, rng, scratch):
     """Small models built with onnx.helper that stress what real exporters write and kiln once refused: a vision
     graph on symbolic image dims (strided conv, nearest resize by 2, slices to the end and from the back, SAME
-    pooling and convolution, concat, transposed conv, global pooling)."""
+    pooling and convolution, concat, transposed conv, global pooling), ceil-mode pooling, and a detector's
+    post-processing whose extents come from the data (run-time TopK k, NonMaxSuppression)."""
     from onnx import TensorProto, helper as h, numpy_helper as nh
 
     def w(name, shape):
@@ -367,6 +369,53 @@ def stress_models(out, rng, scratch):
     onnx.save(model, path)
     sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 2, 8, 9), (2, 2, 13, 6)]]
     write_case(out, "stress_symbolic_ceil_pooling", path, sets)
+
+    # A detector's post-processing as torchvision-style exporters write it: k = min(anchors, pre-NMS top n)
+    # computed at run time from a symbolic anchor count, TopK with that k, the boxes gathered by its indices,
+    # NonMaxSuppression, and the kept boxes gathered again: extents known only from the data, end to end.
+    i64 = lambda name, v: nh.from_array(np.array(v, np.int64), name)
+    inits = [
+        i64("zero", [0]),
+        i64("one", [1]),
+        i64("two", [2]),
+        i64("pre_nms", [20]),
+        i64("max_out", [10]),
+        nh.from_array(np.array([0.5], np.float32), "iou"),
+        nh.from_array(np.array([0.05], np.float32), "score_thr"),
+    ]
+    nodes = [
+        h.make_node("Shape", ["scores"], ["s"]),
+        h.make_node("Gather", ["s", "one"], ["anchors"], axis=0),
+        h.make_node("Min", ["anchors", "pre_nms"], ["k"]),
+        h.make_node("TopK", ["scores", "k"], ["top_scores", "top_idx"], axis=1),
+        h.make_node("Squeeze", ["top_idx", "zero"], ["idx"]),
+        h.make_node("Gather", ["boxes", "idx"], ["top_boxes"], axis=1),
+        h.make_node("Unsqueeze", ["top_scores", "one"], ["nms_scores"]),
+        h.make_node("NonMaxSuppression", ["top_boxes", "nms_scores", "max_out", "iou", "score_thr"], ["selected"]),
+        h.make_node("Gather", ["selected", "two"], ["keep_col"], axis=1),
+        h.make_node("Squeeze", ["keep_col", "one"], ["keep"]),
+        h.make_node("Squeeze", ["top_boxes", "zero"], ["candidates"]),
+        h.make_node("Gather", ["candidates", "keep"], ["kept_boxes"], axis=0),
+    ]
+    inputs = [
+        h.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, "A", 4]),
+        h.make_tensor_value_info("scores", TensorProto.FLOAT, [1, "A"]),
+    ]
+    outputs = [
+        h.make_tensor_value_info("top_scores", TensorProto.FLOAT, None),
+        h.make_tensor_value_info("selected", TensorProto.INT64, None),
+        h.make_tensor_value_info("kept_boxes", TensorProto.FLOAT, None),
+    ]
+    model = h.make_model(h.make_graph(nodes, "stress_detection_head", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "stress_detection_head.onnx")
+    onnx.save(model, path)
+    sets = []
+    for anchors in [37, 12]:
+        corner = rng.uniform(0, 10, (1, anchors, 2)).astype(np.float32)
+        size = rng.uniform(1, 4, (1, anchors, 2)).astype(np.float32)
+        boxes = np.concatenate([corner, corner + size], axis=2)
+        sets.append({"boxes": boxes, "scores": rng.uniform(0, 1, (1, anchors)).astype(np.float32)})
+    write_case(out, "stress_detection_head", path, sets)
 
 
 def recurrent_models(out, rng, scratch):

@@ -98,12 +98,27 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                 return Err("needs an operand of rank 1 or more".into());
             }
             let axis = normalize_axis(t.axis, x.shape.rank())?;
-            let n = static_dim(&x.shape, axis, "top_k")?;
-            if t.k < 0 || t.k as u64 > n {
-                return Err(format!("k={} is out of range for an axis of extent {n}", t.k));
+            let k = match ins.get(1) {
+                // A run-time `k`: the attribute names the data-dependent extent.
+                Some(k) => {
+                    if k.dtype != DType::I64 || k.shape.num_elements().is_none_or(|n| n != 1) {
+                        return Err(format!("the run-time k must be one i64 element, got {k}"));
+                    }
+                    match &t.k {
+                        Dim::Sym(name) => count_dim(name)?,
+                        // Specialized (`infer-shapes` bound the symbol): the run-time k must be this value.
+                        Dim::Static(k) => Dim::Static(*k),
+                    }
+                }
+                None => t.k.clone(),
+            };
+            if let (Some(k), Some(n)) = (k.as_static(), x.shape.0[axis].as_static())
+                && k > n
+            {
+                return Err(format!("k={k} is out of range for an axis of extent {n}"));
             }
             let mut shape = x.shape.clone();
-            shape.0[axis] = Dim::Static(t.k as u64);
+            shape.0[axis] = k;
             Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
         }
         Op::NonZero(n) => {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::attr::{AttrSet, AttrSource};
 use crate::fusion::FusionBody;
 use crate::tensor::Tensor;
-use crate::types::{DType, Shape};
+use crate::types::{DType, Dim, Shape};
 use crate::{attrs, named_enum};
 
 /// How many operands an op takes.
@@ -127,8 +127,9 @@ define_ops! {
     Reduce(Reduce) = "reduce", Arity::Exact(1);
     /// Index of the largest or smallest element along one axis (i64 result).
     ArgReduce(ArgReduce) = "arg_reduce", Arity::Exact(1);
-    /// The `k` largest (or smallest) elements along one axis, sorted, and their i64 indices: two results.
-    TopK(TopK) = "top_k", Arity::Exact(1);
+    /// The `k` largest (or smallest) elements along one axis, sorted, and their i64 indices: two results. `k` is
+    /// an attribute, or a run-time operand.
+    TopK(TopK) = "top_k", Arity::Range(1, 2);
     /// The indices of the nonzero elements (i64 `[rank, count]`): an output extent known only from the data.
     NonZero(NonZero) = "non_zero", Arity::Exact(1);
     /// The distinct elements or slices, first-occurrence indices, inverse and counts: four results sized by the
@@ -421,11 +422,16 @@ attrs! {
 }
 
 attrs! {
-    /// The `k` (static, at most the axis extent) largest elements along `axis` with `largest`, else the smallest,
-    /// and their indices. Results are ordered best first; equal values keep index order (the lower index first),
-    /// and NaN ranks above every number (first when largest, last otherwise), NaNs in index order. `sorted=false`
+    /// The `k` (at most the axis extent) largest elements along `axis` with `largest`, else the smallest, and
+    /// their indices. Results are ordered best first; equal values keep index order (the lower index first), and
+    /// NaN ranks above every number (first when largest, last otherwise), NaNs in index order. `sorted=false`
     /// allows any order of the `k` results; the interpreter sorts regardless, which is one such order.
-    pub struct TopK { axis: i64, k: i64, largest: bool, sorted: bool }
+    ///
+    /// With one operand, `k` is the results' extent along `axis`: static, or a symbolic dim bound like any other.
+    /// With a second operand (one i64 element), that operand's value is `k`, read when the op runs: then the
+    /// attribute `k` names the symbol of the results' axis extent, a *data-dependent dim* as for [`NonZero`]
+    /// (once a pass has bound that symbol, `k` is static and the operand must hold that value).
+    pub struct TopK { axis: i64, k: Dim, largest: bool, sorted: bool }
 }
 
 attrs! {
@@ -813,6 +819,66 @@ impl Op {
     /// Whether the op is [`Fusibility::Elementwise`].
     pub fn is_elementwise(&self) -> bool {
         self.fusibility() == Fusibility::Elementwise
+    }
+
+    /// The op's dim-valued attributes (the target shape of `reshape`, `broadcast`, `iota` and `resize`; the `k`
+    /// of `top_k`): the symbols a run binds that reach an op through its attributes, not its operands.
+    pub fn dim_attrs(&self) -> Vec<&Dim> {
+        match self {
+            Op::Reshape(Reshape { shape })
+            | Op::Broadcast(Broadcast { shape })
+            | Op::Iota(Iota { shape, .. })
+            | Op::Resize(Resize { shape, .. }) => shape.0.iter().collect(),
+            Op::TopK(t) => vec![&t.k],
+            _ => Vec::new(),
+        }
+    }
+
+    fn dim_attrs_mut(&mut self) -> Vec<&mut Dim> {
+        match self {
+            Op::Reshape(Reshape { shape })
+            | Op::Broadcast(Broadcast { shape })
+            | Op::Iota(Iota { shape, .. })
+            | Op::Resize(Resize { shape, .. }) => shape.0.iter_mut().collect(),
+            Op::TopK(t) => vec![&mut t.k],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The op with the symbols `bindings` binds substituted into its [`Op::dim_attrs`] (derived dims evaluated
+    /// once their symbols are bound), or `None` when that changes nothing. Regions are left alone: their bodies
+    /// are graphs of their own.
+    pub fn substitute_dims(&self, bindings: &std::collections::BTreeMap<String, u64>) -> Option<Op> {
+        if self.dim_attrs().iter().all(|d| d.substitute(bindings) == **d) {
+            return None;
+        }
+        let mut op = self.clone();
+        for d in op.dim_attrs_mut() {
+            *d = d.substitute(bindings);
+        }
+        Some(op)
+    }
+
+    /// The op with each unbound dim of its [`Op::dim_attrs`] replaced by the extent its results show (`dims` of
+    /// its first result, as a run found them), or `None` when nothing is symbolic. Lets a step run an op typed on
+    /// symbols once its results are sized.
+    pub fn with_result_dims(&self, dims: &[u64]) -> Option<Op> {
+        if self.dim_attrs().iter().all(|d| d.as_static().is_some()) {
+            return None;
+        }
+        let mut op = self.clone();
+        match &mut op {
+            Op::Reshape(Reshape { shape })
+            | Op::Broadcast(Broadcast { shape })
+            | Op::Iota(Iota { shape, .. })
+            | Op::Resize(Resize { shape, .. }) => *shape = Shape::of(dims),
+            Op::TopK(t) => {
+                let axis = crate::types::normalize_axis(t.axis, dims.len()).ok()?;
+                t.k = Dim::Static(dims[axis]);
+            }
+            _ => return None,
+        }
+        Some(op)
     }
 
     /// True for ops with no operands whose value is known without inputs (constants, iota).

@@ -279,3 +279,42 @@ fn subgraphs_nested_too_deep_are_refused() {
     assert_eq!(list.len(), 1, "{err}");
     assert!(list[0].message.contains("nest more than 16 deep"), "{err}");
 }
+
+/// `TopK` whose `k` is a graph input is read when the model runs (a data-dependent extent named after the
+/// output); one whose `k` is a symbolic dim of an input (`Shape` → `Gather`) keeps that dim; a constant `k` stays
+/// static.
+#[test]
+fn top_k_takes_k_at_run_time_or_as_a_symbolic_dim() {
+    let topk = |name: &str, ins: &[&str], outs: &[&str]| with_attr(node(name, "TopK", ins, outs), attr_int("axis", 1));
+    let bytes = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "len"])
+        .input("k", dtype::INT64, &["1"])
+        .initializer(tensor_i64("one", &[1], &[1]))
+        .initializer(tensor_i64("two", &[1], &[2]))
+        .node(topk("by_input", &["x", "k"], &["v", "i"]))
+        .node(node("shape", "Shape", &["x"], &["s"]))
+        .node(with_attr(node("gather", "Gather", &["s", "one"], &["n"]), attr_int("axis", 0)))
+        .node(topk("by_dim", &["x", "n"], &["sorted", "order"]))
+        .node(topk("by_constant", &["x", "two"], &["top2", "top2_at"]))
+        .output("v")
+        .output("i")
+        .output("sorted")
+        .output("top2")
+        .bytes();
+    let g = import(&bytes);
+    assert_eq!(output_shape(&g, "v"), Shape(vec![Dim::Static(2), Dim::sym("v_len")]));
+    assert_eq!(output_shape(&g, "sorted"), Shape(vec![Dim::Static(2), Dim::sym("len")]));
+    assert_eq!(output_shape(&g, "top2"), Shape(vec![Dim::Static(2), Dim::Static(2)]));
+    let x = Tensor::from_vec(vec![2, 4], vec![3.0f32, 9.0, 1.0, 5.0, 0.0, -2.0, 8.0, 4.0]).unwrap();
+    for (k, want) in [(1i64, vec![9.0f32, 8.0]), (3, vec![9.0, 5.0, 3.0, 8.0, 4.0, 0.0])] {
+        let out = run(&g, &[("x", x.clone()), ("k", Tensor::from_vec(vec![1], vec![k]).unwrap())]);
+        assert_eq!(out["v"].shape(), &[2, k as usize]);
+        assert_eq!(out["v"].as_slice::<f32>().unwrap(), want.as_slice());
+        assert_eq!(out["sorted"].as_slice::<f32>().unwrap(), [9.0, 5.0, 3.0, 1.0, 8.0, 4.0, 0.0, -2.0]);
+    }
+    // A k larger than the axis is a run-time error naming the node, not a crash.
+    let inputs: BTreeMap<String, Tensor> =
+        [("x".to_string(), x), ("k".to_string(), Tensor::from_vec(vec![1], vec![5i64]).unwrap())].into();
+    let err = kiln_ir::interp::run(&g, &inputs).unwrap_err().to_string();
+    assert!(err.contains("out of range"), "{err}");
+}

@@ -2,8 +2,9 @@
 //!
 //! Bindings come from the pass options (`infer-shapes{bind=batch:8,bind=seq:128}`, `bind` may repeat) and from
 //! [`PassContext::bindings`]; an option wins over the context for the same symbol. With bindings, each bound
-//! symbol is replaced by its value in the declared types of `input` and `param` nodes and in the shape
-//! attributes of `reshape`, `broadcast`, `iota` and `resize` (as the interpreter substitutes them when it runs).
+//! symbol is replaced by its value in the declared types of `input` and `param` nodes and in the dim-valued
+//! attributes of ops (`Op::dim_attrs`: the shapes of `reshape`, `broadcast`, `iota` and `resize`, the `k` of
+//! `top_k`), as the interpreter substitutes them when it runs.
 //! Then every other node's result types are recomputed with `kiln_ir::infer::infer` in topological order, so
 //! static extents propagate through the graph. Without bindings the pass only re-derives types, which for a
 //! verified graph changes nothing. A node whose types no longer infer (a binding contradicts a static dim) is an
@@ -12,7 +13,6 @@
 use std::collections::BTreeMap;
 
 use kiln_ir::infer::infer;
-use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
 use kiln_ir::{Graph, Op, Shape, TensorType};
 
 use crate::declare_pass;
@@ -81,15 +81,9 @@ fn specialize(g: &mut Graph, bindings: &BTreeMap<String, u64>) -> Result<bool, P
         for id in order {
             let node = g.node(id);
             let sub = |s: &Shape| s.substitute(bindings);
-            // Only shape attributes are rewritten, and compared by shape: `Op`'s `==` never holds for a constant
-            // holding NaN, which would report a change on every run.
+            // Only dim-valued attributes are rewritten, and compared by dim: `Op`'s `==` never holds for a
+            // constant holding NaN, which would report a change on every run.
             let new_op = match &node.op {
-                Op::Reshape(r) if sub(&r.shape) != r.shape => Some(Op::Reshape(Reshape { shape: sub(&r.shape) })),
-                Op::Broadcast(b) if sub(&b.shape) != b.shape => Some(Op::Broadcast(Broadcast { shape: sub(&b.shape) })),
-                Op::Iota(i) if sub(&i.shape) != i.shape => Some(Op::Iota(Iota { shape: sub(&i.shape), ..i.clone() })),
-                Op::Resize(r) if sub(&r.shape) != r.shape => {
-                    Some(Op::Resize(Resize { shape: sub(&r.shape), ..r.clone() }))
-                }
                 // Regions (fusion bodies, `if` branches, loop bodies) bind their inputs to the operands' types.
                 op if !op.bodies().is_empty() => {
                     let mut new = op.clone();
@@ -99,7 +93,7 @@ fn specialize(g: &mut Graph, bindings: &BTreeMap<String, u64>) -> Result<bool, P
                     }
                     changed.then_some(new)
                 }
-                _ => None,
+                op => op.substitute_dims(bindings),
             };
             let outputs = match &node.op {
                 Op::Input(_) | Op::Parameter(_) => {

@@ -67,9 +67,11 @@ fn inputs(g: &Graph) -> BTreeMap<String, Tensor> {
         .collect()
 }
 
+/// The symbols the inputs bind (each to 2, as `inputs` sizes them). Data-dependent symbols (a `non_zero`'s count,
+/// a run-time `top_k`'s k) are left unbound: only a run knows them.
 fn symbols(g: &Graph) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for id in g.node_ids() {
+    for &id in g.inputs() {
         for t in &g.node(id).outputs {
             for d in t.shape.dims() {
                 if let Dim::Sym(s) = d {

@@ -73,6 +73,9 @@ pub enum Routine {
     Gru(kiln_ir::op::Gru),
     /// `top_k` on f32: operand x; results values (f32) and indices (i64).
     TopK(kiln_ir::op::TopK),
+    /// `top_k` with a run-time `k` (a second operand), on any computable dtype: the results are sized when it
+    /// runs.
+    TopKAtRunTime(kiln_ir::op::TopK),
     /// `non_zero` on any computable dtype: operand x; result the i64 indices, whose extent (the count) the
     /// routine binds when it runs (a data-dependent dim: the result's buffer is sized then).
     NonZero(kiln_ir::op::NonZero),
@@ -90,6 +93,7 @@ impl Routine {
             Op::NonZero(n) => return Some(Routine::NonZero(n.clone())),
             Op::Unique(u) => return Some(Routine::Unique(u.clone())),
             Op::NonMaxSuppression(n) => return Some(Routine::NonMaxSuppression(n.clone())),
+            Op::TopK(t) if dtypes.len() == 2 => return Some(Routine::TopKAtRunTime(t.clone())),
             _ => {}
         }
         if !dtypes.iter().all(|&d| d == kiln_ir::DType::F32) {
@@ -108,17 +112,21 @@ impl Routine {
         match self {
             Routine::Lstm(l) => Op::Lstm(l.clone()),
             Routine::Gru(g) => Op::Gru(g.clone()),
-            Routine::TopK(t) => Op::TopK(t.clone()),
+            Routine::TopK(t) | Routine::TopKAtRunTime(t) => Op::TopK(t.clone()),
             Routine::NonZero(n) => Op::NonZero(n.clone()),
             Routine::Unique(u) => Op::Unique(u.clone()),
             Routine::NonMaxSuppression(n) => Op::NonMaxSuppression(n.clone()),
         }
     }
 
-    /// Whether its results' extents depend on the data (`non_zero`, `unique`, `non_max_suppression`): the
-    /// routine returns them as tensors, and the runtime binds their dims and adopts them as the buffers.
+    /// Whether its results' extents depend on the data (`non_zero`, `unique`, `non_max_suppression`, `top_k` with
+    /// a run-time `k`): the routine returns them as tensors, and the runtime binds their dims and adopts them as
+    /// the buffers.
     pub fn is_data_dependent(&self) -> bool {
-        matches!(self, Routine::NonZero(_) | Routine::Unique(_) | Routine::NonMaxSuppression(_))
+        matches!(
+            self,
+            Routine::NonZero(_) | Routine::Unique(_) | Routine::NonMaxSuppression(_) | Routine::TopKAtRunTime(_)
+        )
     }
 }
 

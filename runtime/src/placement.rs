@@ -187,18 +187,11 @@ pub fn explain(exe: &kiln_plan::exec::Executable, registry: &BackendRegistry, co
     out
 }
 
-/// `op` with a symbolic shape attribute (reshape, broadcast, iota, resize: the attribute is the result's shape)
-/// replaced by the run's result extents `expected[0]`.
+/// `op` with its symbolic dim-valued attributes ([`Op::with_result_dims`]) read off the run's result extents
+/// `expected[0]`.
 fn with_result_shape<'o>(op: &'o Op, expected: &[(DType, Option<Vec<usize>>)]) -> std::borrow::Cow<'o, Op> {
-    use kiln_ir::op::{Broadcast, Iota, Reshape, Resize};
     use std::borrow::Cow;
     let Some((_, Some(dims))) = expected.first() else { return Cow::Borrowed(op) };
-    let shape = || kiln_ir::Shape::of(&dims.iter().map(|&d| d as u64).collect::<Vec<_>>());
-    match op {
-        Op::Reshape(r) if !r.shape.is_static() => Cow::Owned(Op::Reshape(Reshape { shape: shape() })),
-        Op::Broadcast(b) if !b.shape.is_static() => Cow::Owned(Op::Broadcast(Broadcast { shape: shape() })),
-        Op::Iota(i) if !i.shape.is_static() => Cow::Owned(Op::Iota(Iota { shape: shape(), ..i.clone() })),
-        Op::Resize(r) if !r.shape.is_static() => Cow::Owned(Op::Resize(Resize { shape: shape(), ..r.clone() })),
-        _ => Cow::Borrowed(op),
-    }
+    let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    op.with_result_dims(&dims).map_or(Cow::Borrowed(op), Cow::Owned)
 }

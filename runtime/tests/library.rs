@@ -702,9 +702,9 @@ fn top_k_matches_the_interpreter_exactly() {
     let x = Tensor::from_vec(vec![4, 7, 3], v).unwrap();
     for axis in [0i64, 1, 2, -1] {
         let n = x.shape()[usize::try_from(axis.rem_euclid(3)).unwrap()];
-        for k in 0..=n as i64 {
+        for k in 0..=n as u64 {
             for largest in [true, false] {
-                let t = TopK { axis, k, largest, sorted: true };
+                let t = TopK { axis, k: kiln_ir::Dim::Static(k), largest, sorted: true };
                 let want = kiln_ir::interp::eval_op(&Op::TopK(t.clone()), &[&x]).unwrap();
                 let mut values = vec![0.0f32; want[0].len()];
                 let mut indices = vec![0i64; want[1].len()];
@@ -717,7 +717,14 @@ fn top_k_matches_the_interpreter_exactly() {
             }
         }
     }
-    let t = TopK { axis: 0, k: 9, largest: true, sorted: true };
+    let t = TopK { axis: 0, k: kiln_ir::Dim::Static(9), largest: true, sorted: true };
     let err = library::top_k_f32(&t, &[1.0; 4], &[4], &mut [0.0; 9], &mut [0; 9]);
+    assert!(matches!(err, Err(LibraryError::Shape { .. })), "{err:?}");
+    // A symbolic k is read off the results' length, and still checked against the axis.
+    let t = TopK { axis: 0, k: kiln_ir::Dim::sym("tk"), largest: true, sorted: true };
+    let (mut values, mut indices) = ([0.0f32; 2], [0i64; 2]);
+    library::top_k_f32(&t, &[1.0, 4.0, 2.0, 3.0], &[4], &mut values, &mut indices).unwrap();
+    assert_eq!((values, indices), ([4.0, 3.0], [1, 3]));
+    let err = library::top_k_f32(&t, &[1.0; 4], &[4], &mut [0.0; 8], &mut [0; 8]);
     assert!(matches!(err, Err(LibraryError::Shape { .. })), "{err:?}");
 }

@@ -1,5 +1,6 @@
-//! Ops whose result extents depend on the operands' values: `non_zero`, `unique`, `non_max_suppression`. Each
-//! result type names its data-dependent dim (the op's `count` symbol), bound when the op runs.
+//! Ops whose result extents depend on the operands' values: `non_zero`, `unique`, `non_max_suppression`, and
+//! `top_k` with a run-time `k`. Each result type names its data-dependent dim (the op's `count` symbol, or
+//! `top_k`'s `k`), bound when the op runs.
 //!
 //! The functions take borrowed views, so the compiled backends' library routines for these ops
 //! ([`data_dependent`]) are this code, not a copy of it.
@@ -19,6 +20,10 @@ pub fn data_dependent(op: &Op, inputs: &[TensorView<'_>]) -> Result<Vec<Tensor>,
         Op::NonZero(_) => Ok(vec![non_zero(operand(0)?)]),
         Op::Unique(u) => unique(u, &operand(0)?.to_tensor()),
         Op::NonMaxSuppression(n) => Ok(vec![non_max_suppression(n, inputs)?]),
+        Op::TopK(t) => {
+            let k = inputs.get(1).map(TensorView::to_tensor);
+            super::topk::top_k(t, &operand(0)?.to_tensor(), k.as_ref())
+        }
         other => Err(format!("{} has no data-dependent extent", other.mnemonic())),
     }
 }

@@ -37,9 +37,9 @@ use std::sync::Arc;
 
 use crate::graph::{Graph, NodeId, Value};
 use crate::infer::infer;
-use crate::op::{Broadcast, Iota, Op, Reshape, Resize};
+use crate::op::Op;
 use crate::tensor::Tensor;
-use crate::types::{Dim, Shape, TensorType};
+use crate::types::{Dim, TensorType};
 
 /// An op could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,7 +88,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::Select => one(elementwise::select(inputs[0], inputs[1], inputs[2])?),
         Op::Reduce(r) => one(reduce::reduce(r, inputs[0])?),
         Op::ArgReduce(r) => one(reduce::arg_reduce(r, inputs[0])?),
-        Op::TopK(t) => topk::top_k(t, inputs[0])?,
+        Op::TopK(t) => topk::top_k(t, inputs[0], inputs.get(1).copied())?,
         Op::NonZero(_) | Op::Unique(_) | Op::NonMaxSuppression(_) => {
             let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
             dynamic::data_dependent(op, &views)?
@@ -220,18 +220,9 @@ impl Symbols {
         Ok(())
     }
 
-    /// `op` with bound symbols substituted into its shape attributes.
+    /// `op` with bound symbols substituted into its dim-valued attributes ([`Op::substitute_dims`]).
     fn substitute<'o>(&self, op: &'o Op) -> Cow<'o, Op> {
-        let sub = |s: &Shape| s.substitute(&self.0);
-        match op {
-            Op::Reshape(r) if !r.shape.is_static() => Cow::Owned(Op::Reshape(Reshape { shape: sub(&r.shape) })),
-            Op::Broadcast(b) if !b.shape.is_static() => Cow::Owned(Op::Broadcast(Broadcast { shape: sub(&b.shape) })),
-            Op::Iota(i) if !i.shape.is_static() => Cow::Owned(Op::Iota(Iota { shape: sub(&i.shape), ..i.clone() })),
-            Op::Resize(r) if !r.shape.is_static() => {
-                Cow::Owned(Op::Resize(Resize { shape: sub(&r.shape), ..r.clone() }))
-            }
-            _ => Cow::Borrowed(op),
-        }
+        op.substitute_dims(&self.0).map_or(Cow::Borrowed(op), Cow::Owned)
     }
 }
 

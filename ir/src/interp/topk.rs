@@ -9,22 +9,36 @@ use std::cmp::Ordering;
 
 use crate::op::TopK;
 use crate::tensor::{Element, Tensor};
-use crate::types::normalize_axis;
+use crate::types::{Dim, normalize_axis};
 
 use super::index::split_at_axis;
 use super::num::is_nan;
 
-/// `top_k` of `x`: values (same dtype) and i64 indices, with the axis cut to `k`.
-pub(super) fn top_k(t: &TopK, x: &Tensor) -> Result<Vec<Tensor>, String> {
+/// `top_k` of `x`: values (same dtype) and i64 indices, with the axis cut to `k` (the value of the operand `k`
+/// when there is one, else the attribute, which must be bound by then).
+pub fn top_k(t: &TopK, x: &Tensor, k: Option<&Tensor>) -> Result<Vec<Tensor>, String> {
     let shape = x.shape();
     if shape.is_empty() {
         return Err("top_k needs an operand of rank 1 or more".into());
     }
     let axis = normalize_axis(t.axis, shape.len())?;
-    let k = usize::try_from(t.k)
+    let k = match k {
+        Some(k) => match (k.data(), &t.k) {
+            (crate::tensor::Data::I64(v), Dim::Static(want)) if v.len() == 1 && u64::try_from(v[0]) != Ok(*want) => {
+                return Err(format!("the run-time k is {}, but the graph was specialized for k={want}", v[0]));
+            }
+            (crate::tensor::Data::I64(v), _) if v.len() == 1 => v[0],
+            _ => return Err(format!("the run-time k must be one i64 element, got {}", k.tensor_type())),
+        },
+        None => match &t.k {
+            Dim::Static(k) => i64::try_from(*k).unwrap_or(i64::MAX),
+            Dim::Sym(s) => return Err(format!("k is the unbound symbol `{s}`")),
+        },
+    };
+    let k = usize::try_from(k)
         .ok()
         .filter(|&k| k <= shape[axis])
-        .ok_or_else(|| format!("k={} is out of range for axis {axis} of extent {}", t.k, shape[axis]))?;
+        .ok_or_else(|| format!("k={k} is out of range for axis {axis} of extent {}", shape[axis]))?;
     let (outer, n, inner) = split_at_axis(shape, axis);
     let mut out_shape = shape.to_vec();
     out_shape[axis] = k;
@@ -73,10 +87,10 @@ fn ascending<T: PartialOrd + Copy>(a: T, b: T) -> Ordering {
 mod tests {
     use crate::op::{Op, TopK};
     use crate::tensor::{Data, Tensor};
-    use crate::types::DType;
+    use crate::types::{DType, Dim};
 
-    fn top_k(x: Tensor, axis: i64, k: i64, largest: bool) -> (Tensor, Vec<i64>) {
-        let op = Op::TopK(TopK { axis, k, largest, sorted: true });
+    fn top_k(x: Tensor, axis: i64, k: u64, largest: bool) -> (Tensor, Vec<i64>) {
+        let op = Op::TopK(TopK { axis, k: Dim::Static(k), largest, sorted: true });
         let mut out = crate::interp::eval_op(&op, &[&x]).expect("top_k runs");
         let idx = out.pop().expect("indices");
         assert_eq!(idx.dtype(), DType::I64);
@@ -165,12 +179,34 @@ mod tests {
     #[test]
     fn bad_k_and_bool_are_errors() {
         let x = f32s(&[3], &[1., 2., 3.]);
-        for k in [-1, 4] {
-            let op = Op::TopK(TopK { axis: 0, k, largest: true, sorted: true });
-            assert!(crate::interp::eval_op(&op, &[&x]).is_err(), "k={k}");
+        let op = Op::TopK(TopK { axis: 0, k: Dim::Static(4), largest: true, sorted: true });
+        assert!(crate::interp::eval_op(&op, &[&x]).is_err(), "k=4");
+        // A run-time k out of range, of the wrong type or unbound is an error too.
+        let at_run_time = Op::TopK(TopK { axis: 0, k: Dim::sym("tk"), largest: true, sorted: true });
+        for k in [Tensor::from_vec(vec![1], vec![-1i64]), Tensor::from_vec(vec![1], vec![4i64])] {
+            let k = k.expect("test tensor");
+            let err = crate::interp::eval_op(&at_run_time, &[&x, &k]).unwrap_err();
+            assert!(err.contains("out of range"), "{err}");
         }
+        let wrong = Tensor::from_vec(vec![2], vec![1i64, 2]).expect("test tensor");
+        assert!(crate::interp::eval_op(&at_run_time, &[&x, &wrong]).is_err());
+        assert!(crate::interp::eval_op(&at_run_time, &[&x]).unwrap_err().contains("unbound"));
         let b = Tensor::new(vec![2], Data::Bool(vec![true, false])).expect("test tensor");
-        let op = Op::TopK(TopK { axis: 0, k: 1, largest: true, sorted: true });
+        let op = Op::TopK(TopK { axis: 0, k: Dim::Static(1), largest: true, sorted: true });
         assert!(crate::interp::eval_op(&op, &[&b]).is_err());
+    }
+
+    #[test]
+    fn a_run_time_k_sizes_the_results() {
+        let x = f32s(&[2, 4], &[1., 7., 3., 5., 8., 2., 6., 4.]);
+        let op = Op::TopK(TopK { axis: 1, k: Dim::sym("tk"), largest: false, sorted: true });
+        let k = Tensor::from_vec(vec![1], vec![3i64]).expect("test tensor");
+        let out = crate::interp::eval_op(&op, &[&x, &k]).expect("top_k runs");
+        assert_eq!(out[0].shape(), &[2, 3]);
+        assert_eq!(out[0].to_f64_vec(), vec![1., 3., 5., 2., 4., 6.]);
+        assert_eq!(out[1].as_slice::<i64>().expect("i64"), &[0, 2, 3, 1, 3, 2]);
+        // The data-dependent entry point (what the runtimes call) agrees.
+        let views = [x.view(), k.view()];
+        assert_eq!(crate::interp::data_dependent(&op, &views).expect("runs"), out);
     }
 }

@@ -4,7 +4,7 @@ use kiln_ir::op::{ArgKind, ArgReduce, BinaryOp as B, Iota, Reduce, ReduceKind, T
 use kiln_ir::{DType, Dim, Op, Shape};
 
 use super::{axis, bin, const_ints, reshape, scalar_like, static_shape, transpose, un};
-use crate::import::{Ctx, Val};
+use crate::import::{Ctx, DimArg, Val};
 use crate::node::OnnxNode;
 
 fn reduce_op(cx: &mut Ctx<'_>, kind: ReduceKind, x: &Val, axes: &[i64], keep: bool) -> Result<Val, String> {
@@ -68,17 +68,34 @@ pub(crate) fn arg_reduce(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>,
 }
 
 pub(crate) fn top_k(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    // `k` is an attribute before opset 10 and a one-element input from then on.
-    let k = if n.opset < 10 {
-        n.opt_int("k").ok_or("`k` is required")?
-    } else {
-        match const_ints(n, 1, "k")?.as_deref() {
-            Some(&[k]) => k,
-            _ => return Err("`k` must be a one-element tensor".into()),
-        }
+    let static_k = |k: i64| u64::try_from(k).map(Dim::Static).map_err(|_| format!("k={k} is negative"));
+    let top_k = |k: Dim| TopK {
+        axis: n.int("axis", -1),
+        k,
+        largest: n.int("largest", 1) != 0,
+        sorted: n.int("sorted", 1) != 0,
     };
-    let attrs = TopK { axis: n.int("axis", -1), k, largest: n.int("largest", 1) != 0, sorted: n.int("sorted", 1) != 0 };
-    cx.op_multi(Op::TopK(attrs), &[n.input(0)?])
+    // `k` is an attribute before opset 10 and a one-element input from then on: known at import time (a
+    // constant, or a graph input's symbolic dim), or read when the model runs.
+    if n.opset < 10 {
+        let k = static_k(n.opt_int("k").ok_or("`k` is required")?)?;
+        return cx.op_multi(Op::TopK(top_k(k)), &[n.input(0)?]);
+    }
+    let k = n.input(1)?;
+    match k.dim_args().as_deref() {
+        Some([DimArg::Int(k)]) => cx.op_multi(Op::TopK(top_k(static_k(*k)?)), &[n.input(0)?]),
+        Some([DimArg::Sym(s)]) if kiln_ir::dim::is_identifier(s) => {
+            cx.op_multi(Op::TopK(top_k(Dim::sym(s.clone()))), &[n.input(0)?])
+        }
+        Some(args) if args.len() != 1 => Err(format!("`k` must be a one-element tensor, got {} elements", args.len())),
+        _ => {
+            if k.ty.dtype != DType::I64 || k.ty.shape.num_elements() != Some(1) {
+                return Err(format!("`k` must be one int64 element, got {}", k.ty));
+            }
+            let count = cx.fresh_symbol(n.output_name(0));
+            cx.op_multi(Op::TopK(top_k(Dim::Sym(count))), &[n.input(0)?, k])
+        }
+    }
 }
 
 pub(crate) fn matmul(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

@@ -337,7 +337,12 @@ impl CpuProgram {
                 // A recurrent step's gates: (gates · hidden) multiply-adds per input and hidden element, per time
                 // step; a top_k: a selection over its operand.
                 Step::Routine {
-                    routine: Routine::TopK(_) | Routine::NonZero(_) | Routine::Unique(_) | Routine::NonMaxSuppression(_),
+                    routine:
+                        Routine::TopK(_)
+                        | Routine::TopKAtRunTime(_)
+                        | Routine::NonZero(_)
+                        | Routine::Unique(_)
+                        | Routine::NonMaxSuppression(_),
                     inputs,
                     ..
                 } => elems(&inputs[0])?,

@@ -21,7 +21,8 @@ fn ascending(a: f32, b: f32) -> Ordering {
     }
 }
 
-/// `values` and `indices` (the axis cut to `k`) of `x` with `shape`.
+/// `values` and `indices` (the axis cut to `k`) of `x` with `shape`. A symbolic `k` is read off the length of
+/// `values`.
 pub fn top_k_f32(
     t: &TopK,
     x: &[f32],
@@ -34,12 +35,16 @@ pub fn top_k_f32(
     }
     let axis = kiln_ir::types::normalize_axis(t.axis, shape.len()).map_err(|e| LibraryError::shape(OP, e))?;
     let n = shape[axis];
-    let k = usize::try_from(t.k)
-        .ok()
-        .filter(|&k| k <= n)
-        .ok_or_else(|| LibraryError::shape(OP, format!("k={} is out of range for axis {axis} of extent {n}", t.k)))?;
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis + 1..].iter().product();
+    // A symbolic `k` is bound by the time the routine runs: the results' length says what it is.
+    let k = match t.k.as_static() {
+        Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        None => values.len().checked_div(outer * inner).unwrap_or(0),
+    };
+    if k > n {
+        return Err(LibraryError::shape(OP, format!("k={k} is out of range for axis {axis} of extent {n}")));
+    }
     if x.len() != outer * n * inner || values.len() != outer * k * inner || indices.len() != values.len() {
         return Err(LibraryError::shape(OP, "operand or result lengths do not fit the shape and k"));
     }
