@@ -825,23 +825,37 @@ impl Op {
     /// of `top_k`): the symbols a run binds that reach an op through its attributes, not its operands.
     pub fn dim_attrs(&self) -> Vec<&Dim> {
         match self {
+            Op::TopK(t) => vec![&t.k],
+            op => op.shape_attr().map_or_else(Vec::new, |s| s.0.iter().collect()),
+        }
+    }
+
+    /// The shape attribute of the ops that take their result shape as one (`reshape`, `broadcast`, `iota`,
+    /// `resize`).
+    pub fn shape_attr(&self) -> Option<&Shape> {
+        match self {
             Op::Reshape(Reshape { shape })
             | Op::Broadcast(Broadcast { shape })
             | Op::Iota(Iota { shape, .. })
-            | Op::Resize(Resize { shape, .. }) => shape.0.iter().collect(),
-            Op::TopK(t) => vec![&t.k],
-            _ => Vec::new(),
+            | Op::Resize(Resize { shape, .. }) => Some(shape),
+            _ => None,
+        }
+    }
+
+    fn shape_attr_mut(&mut self) -> Option<&mut Shape> {
+        match self {
+            Op::Reshape(Reshape { shape })
+            | Op::Broadcast(Broadcast { shape })
+            | Op::Iota(Iota { shape, .. })
+            | Op::Resize(Resize { shape, .. }) => Some(shape),
+            _ => None,
         }
     }
 
     fn dim_attrs_mut(&mut self) -> Vec<&mut Dim> {
         match self {
-            Op::Reshape(Reshape { shape })
-            | Op::Broadcast(Broadcast { shape })
-            | Op::Iota(Iota { shape, .. })
-            | Op::Resize(Resize { shape, .. }) => shape.0.iter_mut().collect(),
             Op::TopK(t) => vec![&mut t.k],
-            _ => Vec::new(),
+            op => op.shape_attr_mut().map_or_else(Vec::new, |s| s.0.iter_mut().collect()),
         }
     }
 
@@ -867,16 +881,11 @@ impl Op {
             return None;
         }
         let mut op = self.clone();
-        match &mut op {
-            Op::Reshape(Reshape { shape })
-            | Op::Broadcast(Broadcast { shape })
-            | Op::Iota(Iota { shape, .. })
-            | Op::Resize(Resize { shape, .. }) => *shape = Shape::of(dims),
-            Op::TopK(t) => {
-                let axis = crate::types::normalize_axis(t.axis, dims.len()).ok()?;
-                t.k = Dim::Static(dims[axis]);
-            }
-            _ => return None,
+        if let Op::TopK(t) = &mut op {
+            let axis = crate::types::normalize_axis(t.axis, dims.len()).ok()?;
+            t.k = Dim::Static(*dims.get(axis)?);
+        } else {
+            *op.shape_attr_mut()? = Shape::of(dims);
         }
         Some(op)
     }

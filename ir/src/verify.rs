@@ -293,15 +293,9 @@ impl<'g> Verifier<'g> {
     fn check_symbols(&mut self, i: usize) {
         let node = self.g.node(self.ids[i]);
         let mut shapes: Vec<&Shape> = node.outputs.iter().map(|t| &t.shape).collect();
-        match &node.op {
-            Op::Reshape(r) => shapes.push(&r.shape),
-            Op::Broadcast(b) => shapes.push(&b.shape),
-            Op::Iota(it) => shapes.push(&it.shape),
-            Op::Resize(r) => shapes.push(&r.shape),
-            _ => {}
-        }
+        shapes.extend(node.op.shape_attr());
         let mut bad: Vec<&str> = Vec::new();
-        for d in shapes.iter().flat_map(|s| s.dims()) {
+        for d in shapes.iter().flat_map(|s| s.dims()).chain(node.op.dim_attrs()) {
             if let Dim::Sym(name) = d
                 && !crate::dim::is_valid_dim_name(name)
                 && !bad.contains(&name.as_str())
