@@ -42,6 +42,7 @@ fn lowerable_fixtures_match_the_interpreter() {
             "iota_shape_of",
             "names_and_comments",
             "reductions",
+            "resize",
             "select_compare_cast",
             "softmax_layer_norm",
             "whole_tensor_reductions",
@@ -61,7 +62,6 @@ fn lowerable_fixtures_match_the_interpreter() {
             "mlp_symbolic_batch",
             "multi_result",
             "params_only",
-            "resize",
             "shape_ops",
             "top_k"
         ]

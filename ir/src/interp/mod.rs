@@ -30,6 +30,7 @@ mod topk;
 pub use control::max_loop_iterations;
 pub use dynamic::{data_dependent, non_zero};
 pub use index::resolve_index;
+pub use nn::linear_taps;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};

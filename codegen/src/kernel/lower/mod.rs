@@ -615,9 +615,10 @@ impl<'g> Ctx<'g> {
             Op::Transpose(t) => self.transpose(ins[0], &t.perm, idx),
             Op::Slice(s) => self.slice(v.node, ins[0], s, idx),
             Op::Pad(p) => self.pad(v.node, ins[0], p, idx),
-            Op::Resize(r) if r.mode == kiln_ir::op::ResizeMode::Nearest => {
-                self.resize_nearest(v.node, ins[0], r, &out_shape, idx)
-            }
+            Op::Resize(r) => match r.mode {
+                kiln_ir::op::ResizeMode::Nearest => self.resize_nearest(v.node, ins[0], r, &out_shape, idx),
+                kiln_ir::op::ResizeMode::Linear => self.resize_linear(v.node, ins[0], r, &out_shape, idx),
+            },
             Op::Concat(c) => self.concat(v.node, ins, c.axis, idx),
             Op::Split(s) => self.split(v.node, ins[0], s, v.index as usize, idx),
             Op::ShapeOf => self.shape_of(ins[0], idx),
@@ -640,7 +641,6 @@ impl<'g> Ctx<'g> {
             | Op::Gather(_)
             | Op::GatherElements(_)
             | Op::Scatter(_)
-            | Op::Resize(_)
             | Op::Lstm(_)
             | Op::Gru(_)
             | Op::TopK(_)
@@ -693,6 +693,16 @@ impl<'g> Ctx<'g> {
         };
         let shape = t.tensor_type().shape;
         Expr::Load { arg, index: self.flat(idx, &shape) }
+    }
+
+    /// A constant table the lowering made (not a graph constant), as a new constant arg; `near` is the value it
+    /// serves (what the arg is listed as holding: constants are never bound to buffers).
+    fn table(&mut self, near: Value, t: kiln_ir::Tensor) -> ArgId {
+        let shape = t.shape().iter().map(|&d| Extent::Const(d as u64)).collect();
+        let name = format!("table{}", self.args.len());
+        self.args.push(KernelArg { name, dtype: t.dtype(), shape, role: ArgRole::Constant(Arc::new(t)) });
+        self.arg_values.push(near);
+        ArgId(self.args.len() as u32 - 1)
     }
 
     /// `start + i * step` in f64, converted to the dtype as `cast` converts.

@@ -9,9 +9,9 @@
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, CoordMode, NearestMode, Pad, PadMode, Resize, Slice, Split};
 use kiln_ir::types::normalize_axis;
-use kiln_ir::{Dim, NodeId, Shape, Value};
+use kiln_ir::{DType, Dim, NodeId, Shape, Tensor, Value};
 
-use super::super::ir::{CmpOp, Expr, IExpr};
+use super::super::ir::{ArgId, CmpOp, Expr, IExpr};
 use super::{Ctx, LowerError};
 
 impl Ctx<'_> {
@@ -154,6 +154,84 @@ impl Ctx<'_> {
             own.push(self.simp(IExpr::max(IExpr::min(i, last), IExpr::Const(0))));
         }
         self.value_at(x, &own)
+    }
+
+    /// Linear resize: per resized dim, the taps of [`kiln_ir::interp::linear_taps`] (the interpreter's own) as
+    /// constant tables indexed by the output index (`i0`, `i1`: i64; `w`: the compute type), then the blend of the
+    /// interpreter — dims in order, each `(1 - w)·lo + w·hi` (or `lo` where `w` is 0) — in the compute type (f32
+    /// for f16/bf16), rounded to the dtype at the end. Resized dims need static extents.
+    pub(super) fn resize_linear(
+        &mut self,
+        id: NodeId,
+        x: Value,
+        r: &Resize,
+        out_shape: &Shape,
+        idx: &[IExpr],
+    ) -> Result<Expr, LowerError> {
+        let shape = self.shape(x)?;
+        let dtype = self.dtype(x)?;
+        if !dtype.is_float() {
+            return Err(self.node_err(id, format!("linear resize of {dtype}")));
+        }
+        let ct = super::compute_type(dtype);
+        let mut taps = Vec::new();
+        for d in 0..idx.len() {
+            if shape.0[d] == out_shape.0[d] && r.scales[d] == 1.0 {
+                continue;
+            }
+            let n = self.static_extent(id, &shape, d, "linear resize")? as usize;
+            let m = self.static_extent(id, out_shape, d, "linear resize")? as usize;
+            if n == 0 {
+                return Err(self.node_err(id, format!("linear resize of the empty dim {d}")));
+            }
+            let t = kiln_ir::interp::linear_taps(r, d, n, m);
+            let ints = |f: fn(&(usize, usize, f64)) -> usize| {
+                Tensor::from_vec(vec![m], t.iter().map(|p| f(p) as i64).collect()).expect("one per output index")
+            };
+            let w: Vec<f64> = t.iter().map(|p| p.2).collect();
+            let w = match ct {
+                DType::F64 => Tensor::from_vec(vec![m], w),
+                _ => Tensor::from_vec(vec![m], w.into_iter().map(|v| v as f32).collect()),
+            }
+            .expect("one per output index");
+            let (i0, i1, w) = (self.table(x, ints(|p| p.0)), self.table(x, ints(|p| p.1)), self.table(x, w));
+            taps.push((d, i0, i1, w));
+        }
+        let blended = self.blend(x, dtype, ct, &taps, idx.to_vec())?;
+        Ok(if ct == dtype { blended } else { Expr::cast(blended, ct, dtype) })
+    }
+
+    /// The blend along the last of `taps`' dims of the blends along the earlier ones, `src` holding the output
+    /// index in the dims not yet replaced by a tap.
+    fn blend(
+        &mut self,
+        x: Value,
+        dtype: DType,
+        ct: DType,
+        taps: &[(usize, ArgId, ArgId, ArgId)],
+        src: Vec<IExpr>,
+    ) -> Result<Expr, LowerError> {
+        let Some((&(d, i0, i1, w), rest)) = taps.split_last() else {
+            let v = self.value_at(x, &src)?;
+            return Ok(if ct == dtype { v } else { Expr::cast(v, dtype, ct) });
+        };
+        let o = src[d].clone();
+        let at = |table: ArgId| {
+            let mut s = src.clone();
+            s[d] = IExpr::read(table, o.clone());
+            s
+        };
+        let lo = self.blend(x, dtype, ct, rest, at(i0))?;
+        let hi = self.blend(x, dtype, ct, rest, at(i1))?;
+        let w = Expr::Load { arg: w, index: o };
+        let one = Expr::Const(Scalar::from_f64(ct, 1.0));
+        let zero = Expr::Const(Scalar::from_f64(ct, 0.0));
+        let mix = Expr::binary(
+            BinaryOp::Add,
+            Expr::binary(BinaryOp::Mul, Expr::binary(BinaryOp::Sub, one, w.clone()), lo.clone()),
+            Expr::binary(BinaryOp::Mul, w.clone(), hi),
+        );
+        Ok(Expr::select(Expr::binary(BinaryOp::Eq, w, zero), lo, mix))
     }
 
     /// The static extent of dim `d`, or an error naming the op that needs it.

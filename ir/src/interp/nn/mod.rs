@@ -18,6 +18,8 @@ mod conv;
 mod norm;
 mod pool;
 mod resize;
+
+pub use resize::linear_taps;
 mod rnn;
 
 use super::elementwise::real_max;

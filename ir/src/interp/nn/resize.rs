@@ -85,6 +85,20 @@ fn nearest_index(x: f64, mode: NearestMode, in_len: usize) -> usize {
     i.clamp(0.0, (in_len - 1) as f64) as usize
 }
 
+/// The taps of linear resizing along dim `d` from `in_len` (at least 1) to `out_len` elements: for each output
+/// index, the two input indices it blends and the weight of the second, `(i0, i1, w)`, the result being
+/// `(1 - w)·x[i0] + w·x[i1]` (just `x[i0]` when `w` is 0). The interpreter and the compiled kernels both use it.
+pub fn linear_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<(usize, usize, f64)> {
+    (0..out_len).map(|o| tap(source_coord(r.coord, o, in_len, out_len, r.scales[d]), in_len)).collect()
+}
+
+/// The tap at input coordinate `c`: clamped into `[0, in_len - 1]` (ONNX's edge handling), then split.
+fn tap(c: f64, in_len: usize) -> (usize, usize, f64) {
+    let x = c.clamp(0.0, (in_len - 1) as f64);
+    let i0 = x.floor() as usize;
+    (i0, (i0 + 1).min(in_len - 1), x - i0 as f64)
+}
+
 /// Linear interpolation of `v` (of `shape`) along dim `d` at the input coordinates `coords`.
 fn linear_along<F: Real>(v: &[F], shape: &[usize], d: usize, coords: &[f64]) -> Vec<F> {
     let outer: usize = shape[..d].iter().product();
@@ -93,9 +107,8 @@ fn linear_along<F: Real>(v: &[F], shape: &[usize], d: usize, coords: &[f64]) -> 
     let taps: Vec<(usize, usize, F)> = coords
         .iter()
         .map(|&c| {
-            let x = c.clamp(0.0, (in_len - 1) as f64);
-            let i0 = x.floor() as usize;
-            (i0, (i0 + 1).min(in_len - 1), F::of_f64(x - i0 as f64))
+            let (i0, i1, w) = tap(c, in_len);
+            (i0, i1, F::of_f64(w))
         })
         .collect();
     let mut out = Vec::with_capacity(outer * coords.len() * inner);
