@@ -6,8 +6,9 @@ on, each with input sets and ONNX Runtime's outputs for them.
   inception v1/v2, resnet50, shufflenet, squeezenet, vgg19, zfnet512; weights from ConstantOfShape), one input set
   at their declared shape.
 - stress_*: small models built with onnx.helper that stress what kiln lacked (symbolic image dims through
-  strided convs, resize, slices, SAME padding, concat and transposed convs; a detector's post-processing whose
-  TopK k is computed at run time from a symbolic anchor count, feeding NonMaxSuppression), two shapes each.
+  strided convs, resize, slices, SAME padding, concat and transposed convs; a segmentation head's bilinear
+  up- and downsampling on symbolic extents; a detector's post-processing whose TopK k is computed at run time
+  from a symbolic anchor count, feeding NonMaxSuppression), two shapes each.
 - rnn_*: recurrent models built with onnx.helper as exporters write them: a CRNN-style text recognizer (conv
   front end into a bidirectional LSTM over the symbolic width), a streaming one-step LSTM cell with its state as
   inputs and outputs, and a GRU voice-activity detector over a symbolic number of frames.
@@ -43,7 +44,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 8"
+VERSION = "corpus 9"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -321,8 +322,9 @@ def quantized_models(out, shared, rng, scratch):
 def stress_models(out, rng, scratch):
     """Small models built with onnx.helper that stress what real exporters write and kiln once refused: a vision
     graph on symbolic image dims (strided conv, nearest resize by 2, slices to the end and from the back, SAME
-    pooling and convolution, concat, transposed conv, global pooling), ceil-mode pooling, and a detector's
-    post-processing whose extents come from the data (run-time TopK k, NonMaxSuppression)."""
+    pooling and convolution, concat, transposed conv, global pooling), ceil-mode pooling, bilinear resizing on
+    symbolic extents, and a detector's post-processing whose extents come from the data (run-time TopK k,
+    NonMaxSuppression)."""
     from onnx import TensorProto, helper as h, numpy_helper as nh
 
     def w(name, shape):
@@ -369,6 +371,29 @@ def stress_models(out, rng, scratch):
     onnx.save(model, path)
     sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 2, 8, 9), (2, 2, 13, 6)]]
     write_case(out, "stress_symbolic_ceil_pooling", path, sets)
+
+    # A segmentation head on symbolic image dims: features upsampled bilinearly by 2 (half-pixel, as FPN and
+    # U-Net exports do) into a 1x1 classifier, and a bilinear half-size thumbnail (asymmetric coordinates).
+    inits = [
+        w("wf", (8, 3, 3, 3)),
+        w("wc", (4, 8, 1, 1)),
+        nh.from_array(np.array([1, 1, 2, 2], np.float32), "up"),
+        nh.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "down"),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "wf"], ["f"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("Relu", ["f"], ["fr"]),
+        h.make_node("Resize", ["fr", "", "up"], ["fu"], mode="linear"),
+        h.make_node("Conv", ["fu", "wc"], ["mask"]),
+        h.make_node("Resize", ["x", "", "down"], ["thumb"], mode="linear", coordinate_transformation_mode="asymmetric"),
+    ]
+    outputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["mask", "thumb"]]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])
+    model = h.make_model(h.make_graph(nodes, "stress_bilinear", [x], outputs, inits), opset_imports=[h.make_opsetid("", 17)])
+    path = os.path.join(scratch, "stress_bilinear.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 3, 16, 24), (2, 3, 10, 7)]]
+    write_case(out, "stress_symbolic_bilinear", path, sets)
 
     # A detector's post-processing as torchvision-style exporters write it: k = min(anchors, pre-NMS top n)
     # computed at run time from a symbolic anchor count, TopK with that k, the boxes gathered by its indices,

@@ -301,6 +301,23 @@ fn linear_resize_is_compiled_and_matches_the_interpreter() {
         }
     }
     assert_eq!(cases, 24);
+    // On symbolic extents (integer scales and their inverses, half-pixel and asymmetric coordinates): one compiled
+    // program serves two shapes.
+    let text = "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[1,2,h,w]\n  \
+                %1 = resize %0 {mode=linear, coord=half_pixel, nearest=round_prefer_floor, shape=[1,2,2*h,3*w], \
+                scales=[1.0, 1.0, 2.0, 3.0]} : f32[1,2,2*h,3*w]\n  \
+                %2 = resize %0 {mode=linear, coord=asymmetric, nearest=round_prefer_floor, shape=[1,2,2*h,w], \
+                scales=[1.0, 1.0, 2.0, 1.0]} : f32[1,2,2*h,w]\n  output \"up\" = %1\n  output \"tall\" = %2\n}\n";
+    let model = Model::from_graph(kiln::ir::parse(text).unwrap()).unwrap();
+    let deny = CompileOptions { fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+    let compiled = model.compile(&deny).unwrap();
+    for (h, w) in [(3, 5), (8, 2)] {
+        let shapes = BTreeMap::from([("x".to_string(), vec![1, 2, h, w])]);
+        let inputs = model.random_inputs(&shapes, 7).unwrap();
+        let interp = kiln::RunOptions { backend: Backend::Interp, ..Default::default() };
+        let want = model.run(&inputs, &interp).unwrap();
+        common::assert_outputs(&format!("symbolic {h}x{w}"), &compiled.run(&inputs).unwrap(), &want, 1e-6, 1e-6);
+    }
 }
 
 /// The compiled code converts between f16/bf16 and f32 inline, and exactly as the `half` crate (and so the

@@ -28,6 +28,8 @@ pub trait AttrSource {
     fn expect(&mut self, c: char) -> Result<(), String>;
     /// Reads a type `dtype[dims]`.
     fn tensor_type(&mut self) -> Result<(DType, Shape), String>;
+    /// Reads one dim as a type writes it: an extent, a symbol, or a derived dim (`2*H`, `(H+1)/2`).
+    fn dim(&mut self) -> Result<Dim, String>;
     /// Reads a nested graph `graph "name" { … }` (a `fusion` body), type-checked as a graph of its own.
     fn graph(&mut self) -> Result<crate::graph::Graph, String>;
 }
@@ -152,12 +154,7 @@ impl AttrValue for Dim {
         let _ = write!(out, "{self}");
     }
     fn parse(src: &mut dyn AttrSource) -> Result<Self, String> {
-        // A dim is an unsigned integer or a symbol name.
-        match src.int() {
-            Ok(n) if n >= 0 => Ok(Dim::Static(n as u64)),
-            Ok(n) => Err(format!("dimension {n} is negative")),
-            Err(_) => src.ident().map(Dim::Sym),
-        }
+        src.dim()
     }
 }
 

@@ -446,14 +446,15 @@ impl Parser<'_> {
                 && (op(&self.peek_at(1).kind)
                     || (self.peek_at(1).kind == Kind::Number && self.text(self.pos + 1).starts_with('-'))));
         if expression {
-            // Up to the `,` or `]` that ends the dim, outside parentheses.
+            // Up to the `,` or `]` that ends the dim, outside parentheses (or the `}` that ends an attribute block,
+            // for a dim-valued attribute).
             let mut depth = 0usize;
             let mut end = self.pos;
             loop {
                 match self.toks[end].kind {
                     Kind::Punct('(') => depth += 1,
                     Kind::Punct(')') if depth > 0 => depth -= 1,
-                    Kind::Punct(',' | ']') if depth == 0 => break,
+                    Kind::Punct(',' | ']' | '}') if depth == 0 => break,
                     Kind::Eof | Kind::Error(_) => break,
                     _ => {}
                 }
@@ -614,6 +615,13 @@ impl AttrSource for Parser<'_> {
                 Err(message)
             }
         }
+    }
+
+    fn dim(&mut self) -> Result<Dim, String> {
+        Parser::dim(self).map_err(|(at, message)| {
+            self.last_fail = Some(at);
+            message
+        })
     }
 }
 

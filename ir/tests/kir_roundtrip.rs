@@ -374,3 +374,20 @@ fn derived_dims_round_trip_through_text() {
         assert_eq!(kiln_ir::print(&again), printed, "{written}: printing is a fixed point");
     }
 }
+
+/// Dim-valued attributes take derived dims as types do (`2*h`, `(w+1)/2`): what the printer writes for a resize
+/// or reshape on symbolic extents (as ONNX import makes them) parses back, and a derived `k` ends at the `}`.
+#[test]
+fn derived_dims_in_attributes_round_trip() {
+    let text = "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[1,2,h,w]\n  \
+                %1 = resize %0 {mode=linear, coord=half_pixel, nearest=round_prefer_floor, shape=[1,2,2*h,(w+1)/2], \
+                scales=[1.0, 1.0, 2.0, 0.5]} : f32[1,2,2*h,(w+1)/2]\n  \
+                %2 = reshape %1 {shape=[2,2*h,(w+1)/2]} : f32[2,2*h,(w+1)/2]\n  \
+                %3, %4 = top_k %1 {axis=2, k=h*2, largest=true, sorted=true} : f32[1,2,2*h,(w+1)/2], i64[1,2,2*h,(w+1)/2]\n  \
+                output \"y\" = %3\n  output \"flat\" = %2\n}\n";
+    let g = parse_ok("derived", text);
+    let printed = kiln_ir::print(&g);
+    let again = parse_ok("derived, printed", &printed);
+    assert_eq!(kiln_ir::print(&again), printed);
+    assert!(printed.contains("shape=[1,2,2*h,(w+1)/2]"), "{printed}");
+}

@@ -11,7 +11,7 @@ use kiln_ir::op::{BinaryOp, CoordMode, NearestMode, Pad, PadMode, Resize, Slice,
 use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Dim, NodeId, Shape, Tensor, Value};
 
-use super::super::ir::{ArgId, CmpOp, Expr, IExpr};
+use super::super::ir::{CmpOp, Expr, IExpr};
 use super::{Ctx, LowerError};
 
 impl Ctx<'_> {
@@ -156,10 +156,12 @@ impl Ctx<'_> {
         self.value_at(x, &own)
     }
 
-    /// Linear resize: per resized dim, the taps of [`kiln_ir::interp::linear_taps`] (the interpreter's own) as
-    /// constant tables indexed by the output index (`i0`, `i1`: i64; `w`: the compute type), then the blend of the
-    /// interpreter — dims in order, each `(1 - w)·lo + w·hi` (or `lo` where `w` is 0) — in the compute type (f32
-    /// for f16/bf16), rounded to the dtype at the end. Resized dims need static extents.
+    /// Linear resize, in the interpreter's blend: dims in order, each `(1 - w)·lo + w·hi` (or `lo` where `w` is
+    /// 0), in the compute type (f32 for f16/bf16), rounded to the dtype at the end. A resized dim with static
+    /// extents takes the taps of [`kiln_ir::interp::linear_taps`] (the interpreter's own) from constant tables
+    /// indexed by the output index (any scale, every coordinate mode); one with a symbolic extent computes them
+    /// in exact integer arithmetic, for an integer scale or its inverse with asymmetric or half-pixel
+    /// coordinates (the coordinate `a/b` then is an exact fraction of the output index).
     pub(super) fn resize_linear(
         &mut self,
         id: NodeId,
@@ -179,26 +181,88 @@ impl Ctx<'_> {
             if shape.0[d] == out_shape.0[d] && r.scales[d] == 1.0 {
                 continue;
             }
-            let n = self.static_extent(id, &shape, d, "linear resize")? as usize;
-            let m = self.static_extent(id, out_shape, d, "linear resize")? as usize;
-            if n == 0 {
-                return Err(self.node_err(id, format!("linear resize of the empty dim {d}")));
-            }
-            let t = kiln_ir::interp::linear_taps(r, d, n, m);
-            let ints = |f: fn(&(usize, usize, f64)) -> usize| {
-                Tensor::from_vec(vec![m], t.iter().map(|p| f(p) as i64).collect()).expect("one per output index")
+            let o = idx[d].clone();
+            let tap = match (shape.0[d].as_static(), out_shape.0[d].as_static()) {
+                (Some(0), _) => return Err(self.node_err(id, format!("linear resize of the empty dim {d}"))),
+                (Some(n), Some(m)) => self.tabled_tap(x, r, d, n as usize, m as usize, ct, o),
+                _ => self.rational_tap(id, r, d, &shape.0[d], ct, o)?,
             };
-            let w: Vec<f64> = t.iter().map(|p| p.2).collect();
-            let w = match ct {
-                DType::F64 => Tensor::from_vec(vec![m], w),
-                _ => Tensor::from_vec(vec![m], w.into_iter().map(|v| v as f32).collect()),
-            }
-            .expect("one per output index");
-            let (i0, i1, w) = (self.table(x, ints(|p| p.0)), self.table(x, ints(|p| p.1)), self.table(x, w));
-            taps.push((d, i0, i1, w));
+            taps.push((d, tap));
         }
         let blended = self.blend(x, dtype, ct, &taps, idx.to_vec())?;
         Ok(if ct == dtype { blended } else { Expr::cast(blended, ct, dtype) })
+    }
+
+    /// The tap of output index `o` along dim `d` (static extents `n` → `m`), read from constant tables.
+    #[allow(clippy::too_many_arguments)]
+    fn tabled_tap(&mut self, x: Value, r: &Resize, d: usize, n: usize, m: usize, ct: DType, o: IExpr) -> Tap {
+        let t = kiln_ir::interp::linear_taps(r, d, n, m);
+        let ints = |f: fn(&(usize, usize, f64)) -> usize| {
+            Tensor::from_vec(vec![m], t.iter().map(|p| f(p) as i64).collect()).expect("one per output index")
+        };
+        let w: Vec<f64> = t.iter().map(|p| p.2).collect();
+        let w = match ct {
+            DType::F64 => Tensor::from_vec(vec![m], w),
+            _ => Tensor::from_vec(vec![m], w.into_iter().map(|v| v as f32).collect()),
+        }
+        .expect("one per output index");
+        let (i0, i1, w) = (self.table(x, ints(|p| p.0)), self.table(x, ints(|p| p.1)), self.table(x, w));
+        Tap { i0: IExpr::read(i0, o.clone()), i1: IExpr::read(i1, o.clone()), w: Expr::Load { arg: w, index: o } }
+    }
+
+    /// The tap of output index `o` along dim `d` of symbolic input extent `n`, by integer arithmetic: the
+    /// coordinate is `a/b`, clamped into `[0, n - 1]` as the interpreter clamps it.
+    fn rational_tap(
+        &mut self,
+        id: NodeId,
+        r: &Resize,
+        d: usize,
+        n: &Dim,
+        ct: DType,
+        o: IExpr,
+    ) -> Result<Tap, LowerError> {
+        let scale = r.scales[d];
+        let whole = |v: f64| (v >= 1.0 && (v - v.round()).abs() < 1e-9).then(|| v.round() as i64);
+        let (p, q) = match (whole(scale), whole(1.0 / scale)) {
+            (Some(k), _) => (k, 1),
+            (None, Some(k)) => (1, k),
+            _ => {
+                let why = format!(
+                    "linear resize of a symbolic extent by scale {scale} is not compiled (only integer scales or their inverses)"
+                );
+                return Err(self.node_err(id, why));
+            }
+        };
+        let (a, b) = match r.coord {
+            CoordMode::Asymmetric => (IExpr::times(o, IExpr::Const(q)), p),
+            CoordMode::HalfPixel => (
+                IExpr::minus(
+                    IExpr::times(IExpr::plus(IExpr::times(o, IExpr::Const(2)), IExpr::Const(1)), IExpr::Const(q)),
+                    IExpr::Const(p),
+                ),
+                2 * p,
+            ),
+            mode => {
+                return Err(self.node_err(
+                    id,
+                    format!("linear resize of a symbolic extent with {mode:?} coordinates is not compiled"),
+                ));
+            }
+        };
+        let a = self.simp(a);
+        let floor = self.simp(IExpr::floor_div(a.clone(), IExpr::Const(b)));
+        let n = self.dim(n);
+        let last = self.simp(IExpr::minus(n, IExpr::Const(1)));
+        let i0 = self.simp(IExpr::max(IExpr::min(floor.clone(), last.clone()), IExpr::Const(0)));
+        let i1 = self.simp(IExpr::min(IExpr::plus(i0.clone(), IExpr::Const(1)), last.clone()));
+        // Inside `[0, n - 1)` the weight is the fraction; clamped to either end it is 0.
+        let rem = self.simp(IExpr::minus(a.clone(), IExpr::times(floor.clone(), IExpr::Const(b))));
+        let frac = Expr::binary(BinaryOp::Div, Expr::index(rem, DType::F64), Expr::Const(Scalar::F64(b as f64)));
+        let inside =
+            Expr::binary(BinaryOp::And, Expr::cond(CmpOp::Le, IExpr::Const(0), a), Expr::cond(CmpOp::Lt, floor, last));
+        let zero = Expr::Const(Scalar::from_f64(DType::F64, 0.0));
+        let w = Expr::select(inside, frac, zero);
+        Ok(Tap { i0, i1, w: if ct == DType::F64 { w } else { Expr::cast(w, DType::F64, ct) } })
     }
 
     /// The blend along the last of `taps`' dims of the blends along the earlier ones, `src` holding the output
@@ -208,22 +272,21 @@ impl Ctx<'_> {
         x: Value,
         dtype: DType,
         ct: DType,
-        taps: &[(usize, ArgId, ArgId, ArgId)],
+        taps: &[(usize, Tap)],
         src: Vec<IExpr>,
     ) -> Result<Expr, LowerError> {
-        let Some((&(d, i0, i1, w), rest)) = taps.split_last() else {
+        let Some(((d, tap), rest)) = taps.split_last() else {
             let v = self.value_at(x, &src)?;
             return Ok(if ct == dtype { v } else { Expr::cast(v, dtype, ct) });
         };
-        let o = src[d].clone();
-        let at = |table: ArgId| {
+        let at = |i: &IExpr| {
             let mut s = src.clone();
-            s[d] = IExpr::read(table, o.clone());
+            s[*d] = i.clone();
             s
         };
-        let lo = self.blend(x, dtype, ct, rest, at(i0))?;
-        let hi = self.blend(x, dtype, ct, rest, at(i1))?;
-        let w = Expr::Load { arg: w, index: o };
+        let lo = self.blend(x, dtype, ct, rest, at(&tap.i0))?;
+        let hi = self.blend(x, dtype, ct, rest, at(&tap.i1))?;
+        let w = tap.w.clone();
         let one = Expr::Const(Scalar::from_f64(ct, 1.0));
         let zero = Expr::Const(Scalar::from_f64(ct, 0.0));
         let mix = Expr::binary(
@@ -386,4 +449,11 @@ impl Ctx<'_> {
         }
         Ok(Expr::index(self.simp(value), kiln_ir::DType::I64))
     }
+}
+
+/// One resized dim's linear tap at an output index: the two source indices and the weight of the second.
+struct Tap {
+    i0: IExpr,
+    i1: IExpr,
+    w: Expr,
 }
