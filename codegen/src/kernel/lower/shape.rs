@@ -102,7 +102,6 @@ impl Ctx<'_> {
         idx: &[IExpr],
     ) -> Result<Expr, LowerError> {
         let shape = self.shape(x)?;
-        let refuse = |this: &Self, why: String| Err(this.node_err(id, why));
         let mut own = Vec::with_capacity(idx.len());
         for d in 0..idx.len() {
             let scale = r.scales[d];
@@ -110,32 +109,7 @@ impl Ctx<'_> {
                 own.push(idx[d].clone());
                 continue;
             }
-            let whole = |v: f64| (v >= 1.0 && (v - v.round()).abs() < 1e-9).then(|| v.round() as i64);
-            // The coordinate as a fraction a/b (b > 0) of the output index o.
-            let (p, q) = match (whole(scale), whole(1.0 / scale)) {
-                (Some(k), _) => (k, 1),
-                (None, Some(k)) => (1, k),
-                _ => {
-                    return refuse(
-                        self,
-                        format!("resize by scale {scale} is not compiled (only integer scales or their inverses)"),
-                    );
-                }
-            };
-            let o = idx[d].clone();
-            let (a, b) = match r.coord {
-                // o / (p/q) = o·q / p
-                CoordMode::Asymmetric => (IExpr::times(o, IExpr::Const(q)), p),
-                // (o + 1/2)·q/p − 1/2 = ((2o + 1)·q − p) / 2p
-                CoordMode::HalfPixel => (
-                    IExpr::minus(
-                        IExpr::times(IExpr::plus(IExpr::times(o, IExpr::Const(2)), IExpr::Const(1)), IExpr::Const(q)),
-                        IExpr::Const(p),
-                    ),
-                    2 * p,
-                ),
-                mode => return refuse(self, format!("nearest resize with coordinate mode {mode:?} is not compiled")),
-            };
+            let (a, b) = self.rational_coord(id, r, d, idx[d].clone(), "resize")?;
             let i = match r.nearest {
                 NearestMode::Floor => IExpr::floor_div(a, IExpr::Const(b)),
                 NearestMode::Ceil => IExpr::floor_div(IExpr::plus(a, IExpr::Const(b - 1)), IExpr::Const(b)),
@@ -154,6 +128,41 @@ impl Ctx<'_> {
             own.push(self.simp(IExpr::max(IExpr::min(i, last), IExpr::Const(0))));
         }
         self.value_at(x, &own)
+    }
+
+    /// The input coordinate of output index `o` along dim `d` as an exact fraction `a/b` (`b > 0`): for an integer
+    /// scale or its inverse with asymmetric or half-pixel coordinates; anything else is refused, naming `what`.
+    fn rational_coord(
+        &self,
+        id: NodeId,
+        r: &Resize,
+        d: usize,
+        o: IExpr,
+        what: &str,
+    ) -> Result<(IExpr, i64), LowerError> {
+        let scale = r.scales[d];
+        let whole = |v: f64| (v >= 1.0 && (v - v.round()).abs() < 1e-9).then(|| v.round() as i64);
+        let (p, q) = match (whole(scale), whole(1.0 / scale)) {
+            (Some(k), _) => (k, 1),
+            (None, Some(k)) => (1, k),
+            _ => {
+                let why = format!("{what} by scale {scale} is not compiled (only integer scales or their inverses)");
+                return Err(self.node_err(id, why));
+            }
+        };
+        match r.coord {
+            // o / (p/q) = o·q / p
+            CoordMode::Asymmetric => Ok((IExpr::times(o, IExpr::Const(q)), p)),
+            // (o + 1/2)·q/p − 1/2 = ((2o + 1)·q − p) / 2p
+            CoordMode::HalfPixel => Ok((
+                IExpr::minus(
+                    IExpr::times(IExpr::plus(IExpr::times(o, IExpr::Const(2)), IExpr::Const(1)), IExpr::Const(q)),
+                    IExpr::Const(p),
+                ),
+                2 * p,
+            )),
+            mode => Err(self.node_err(id, format!("{what} with coordinate mode {mode:?} is not compiled"))),
+        }
     }
 
     /// Linear resize, in the interpreter's blend: dims in order, each `(1 - w)·lo + w·hi` (or `lo` where `w` is
@@ -221,34 +230,7 @@ impl Ctx<'_> {
         ct: DType,
         o: IExpr,
     ) -> Result<Tap, LowerError> {
-        let scale = r.scales[d];
-        let whole = |v: f64| (v >= 1.0 && (v - v.round()).abs() < 1e-9).then(|| v.round() as i64);
-        let (p, q) = match (whole(scale), whole(1.0 / scale)) {
-            (Some(k), _) => (k, 1),
-            (None, Some(k)) => (1, k),
-            _ => {
-                let why = format!(
-                    "linear resize of a symbolic extent by scale {scale} is not compiled (only integer scales or their inverses)"
-                );
-                return Err(self.node_err(id, why));
-            }
-        };
-        let (a, b) = match r.coord {
-            CoordMode::Asymmetric => (IExpr::times(o, IExpr::Const(q)), p),
-            CoordMode::HalfPixel => (
-                IExpr::minus(
-                    IExpr::times(IExpr::plus(IExpr::times(o, IExpr::Const(2)), IExpr::Const(1)), IExpr::Const(q)),
-                    IExpr::Const(p),
-                ),
-                2 * p,
-            ),
-            mode => {
-                return Err(self.node_err(
-                    id,
-                    format!("linear resize of a symbolic extent with {mode:?} coordinates is not compiled"),
-                ));
-            }
-        };
+        let (a, b) = self.rational_coord(id, r, d, o, "linear resize of a symbolic extent")?;
         let a = self.simp(a);
         let floor = self.simp(IExpr::floor_div(a.clone(), IExpr::Const(b)));
         let n = self.dim(n);
