@@ -651,6 +651,9 @@ named_enum! {
         AlignCorners = "align_corners",
         /// `o / scale`.
         Asymmetric = "asymmetric",
+        /// Like half_pixel, centred: plus `in/2 · (1 - out / (in · scale))`, which differs from half_pixel when
+        /// the output extent is not exactly `in · scale`.
+        HalfPixelSymmetric = "half_pixel_symmetric",
     }
 }
 

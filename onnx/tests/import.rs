@@ -318,3 +318,25 @@ fn top_k_takes_k_at_run_time_or_as_a_symbolic_dim() {
     let err = kiln_ir::interp::run(&g, &inputs).unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
 }
+
+/// Resize with `sizes` and a `keep_aspect_ratio_policy`: one scale for every resized axis (the least for
+/// `not_larger`, the greatest for `not_smaller`), each extent that scale times the input's, rounded half up.
+#[test]
+fn resize_keeps_the_aspect_ratio_when_asked() {
+    for (policy, want) in [("not_larger", [2, 3]), ("not_smaller", [3, 5]), ("stretch", [3, 3])] {
+        let resize = with_attr(
+            with_attr(node("resize", "Resize", &["x", "", "", "sizes"], &["y"]), attr_ints("axes", &[2, 3])),
+            attr_string("keep_aspect_ratio_policy", policy),
+        );
+        let bytes = ModelBuilder::new("g")
+            .opset(19)
+            .input("x", dtype::FLOAT, &["1", "1", "4", "6"])
+            .initializer(tensor_i64("sizes", &[2], &[3, 3]))
+            .node(resize)
+            .output("y")
+            .bytes();
+        let g = import(&bytes);
+        let want = Shape(vec![Dim::Static(1), Dim::Static(1), Dim::Static(want[0]), Dim::Static(want[1])]);
+        assert_eq!(output_shape(&g, "y"), want, "{policy}");
+    }
+}

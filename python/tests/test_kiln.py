@@ -202,23 +202,26 @@ def test_unsupported_models_are_listed_and_raise(tmp_path):
 
 
 def fallback_model(path):
-    """A linear Resize: kiln compiles the rest and runs that node on its reference interpreter."""
+    """A ScatterElements: kiln compiles the rest and runs that node on its reference interpreter."""
     graph = helper.make_graph(
-        [helper.make_node("Resize", ["x", "", "scales"], ["y"], name="upsample", mode="linear")],
-        "resize",
+        [helper.make_node("ScatterElements", ["x", "at", "add"], ["y"], name="scatter", axis=0, reduction="add")],
+        "scatter",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 3, 3])],
-        [numpy_helper.from_array(np.array([1, 1, 1.5, 1.5], np.float32), "scales")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [
+            numpy_helper.from_array(np.zeros((1, 1, 2, 2), np.int64), "at"),
+            numpy_helper.from_array(np.array([[[[0.5, 1.5], [2.5, 3.5]]]], np.float32), "add"),
+        ],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
 
 def test_fallbacks_warn_or_are_denied(tmp_path):
-    path = fallback_model(tmp_path / "resize.onnx")
-    with pytest.warns(kiln.FallbackWarning, match="resize"):
+    path = fallback_model(tmp_path / "scatter.onnx")
+    with pytest.warns(kiln.FallbackWarning, match="scatter"):
         session = kiln.InferenceSession(str(path))
-    assert [f[0] for f in session.fallbacks] == ["resize"]
+    assert [f[0] for f in session.fallbacks] == ["scatter"]
     feeds = {"x": np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)}
     (y,) = session.run(None, feeds)
     (want,) = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -387,6 +387,7 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
         "align_corners" => CoordMode::AlignCorners,
         "asymmetric" => CoordMode::Asymmetric,
+        "half_pixel_symmetric" => CoordMode::HalfPixelSymmetric,
         other => return Err(format!("coordinate_transformation_mode `{other}` is not supported")),
     };
     let nearest = match n.string("nearest_mode").as_deref().unwrap_or("round_prefer_floor") {
@@ -402,9 +403,14 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     if n.int("exclude_outside", 0) != 0 {
         return Err("exclude_outside=1 is not supported".into());
     }
-    if n.string("keep_aspect_ratio_policy").is_some_and(|p| p != "stretch") {
-        return Err("keep_aspect_ratio_policy other than stretch is not supported".into());
-    }
+    let keep_aspect = match n.string("keep_aspect_ratio_policy").as_deref().unwrap_or("stretch") {
+        "stretch" => None,
+        "not_larger" => Some(f64::min as fn(f64, f64) -> f64),
+        "not_smaller" => Some(f64::max as fn(f64, f64) -> f64),
+        other => {
+            return Err(format!("keep_aspect_ratio_policy `{other}` is not one of stretch, not_larger, not_smaller"));
+        }
+    };
     n.ignore(&["cubic_coeff_a", "extrapolation_value"]);
     let axes: Vec<usize> = match n.ints("axes") {
         Some(a) => a.iter().map(|&a| super::axis(a, rank)).collect::<Result<_, _>>()?,
@@ -437,6 +443,16 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
                 })?;
                 out[a] = Dim::Static(z[i].max(0) as u64);
                 scales[a] = z[i].max(0) as f64 / extent as f64;
+            }
+            // Keeping the aspect ratio: one scale for every resized axis (the least or the greatest), and each
+            // extent that scale times the input's, rounded half up.
+            if let Some(pick) = keep_aspect {
+                let scale = axes.iter().map(|&a| scales[a]).reduce(pick).unwrap_or(1.0);
+                for &a in &axes {
+                    let extent = d[a].as_static().unwrap_or(0) as f64;
+                    out[a] = Dim::Static((scale * extent + 0.5).floor() as u64);
+                    scales[a] = scale;
+                }
             }
         }
         _ => return Err("exactly one of scales and sizes must be given, one value per resized axis".into()),

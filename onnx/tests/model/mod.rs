@@ -37,6 +37,12 @@ impl ModelBuilder {
         ModelBuilder { graph, opset: 17 }
     }
 
+    /// The default-domain opset the model imports.
+    pub fn opset(mut self, version: i64) -> Self {
+        self.opset = version;
+        self
+    }
+
     /// A tensor input; each dim is an integer extent or a `dim_param` name.
     pub fn input(mut self, name: &str, elem_type: i32, dims: &[&str]) -> Self {
         self.graph.input.push(value_info(name, elem_type, Some(dims)));

@@ -67,6 +67,10 @@ fn source_coord(mode: CoordMode, o: usize, in_len: usize, out_len: usize, scale:
             if resized == 1.0 || out_len <= 1 { 0.0 } else { o * (in_len - 1) as f64 / (resized - 1.0) }
         }
         CoordMode::Asymmetric => o / scale,
+        CoordMode::HalfPixelSymmetric => {
+            let adjustment = out_len as f64 / (in_len as f64 * scale);
+            in_len as f64 / 2.0 * (1.0 - adjustment) + (o + 0.5) / scale - 0.5
+        }
     }
 }
 
