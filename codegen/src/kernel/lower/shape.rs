@@ -193,6 +193,10 @@ impl Ctx<'_> {
             let o = idx[d].clone();
             let tap = match (shape.0[d].as_static(), out_shape.0[d].as_static()) {
                 (Some(0), _) => return Err(self.node_err(id, format!("linear resize of the empty dim {d}"))),
+                (Some(_), Some(m)) if m > MAX_TAP_TABLE => {
+                    let why = format!("linear resize to an extent of {m} (tap tables hold at most {MAX_TAP_TABLE})");
+                    return Err(self.node_err(id, why));
+                }
                 (Some(n), Some(m)) => self.tabled_tap(x, r, d, n as usize, m as usize, ct, o),
                 _ => self.rational_tap(id, r, d, &shape.0[d], ct, o)?,
             };
@@ -439,3 +443,7 @@ struct Tap {
     i1: IExpr,
     w: Expr,
 }
+
+/// The most output indices a linear resize's constant tap tables cover (three tables of this many elements are
+/// built at compile time; an absurd extent in a model must not allocate them).
+const MAX_TAP_TABLE: u64 = 1 << 20;
