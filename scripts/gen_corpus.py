@@ -8,7 +8,8 @@ on, each with input sets and ONNX Runtime's outputs for them.
 - stress_*: small models built with onnx.helper that stress what kiln lacked (symbolic image dims through
   strided convs, resize, slices, SAME padding, concat and transposed convs; a segmentation head's bilinear
   up- and downsampling on symbolic extents; a detector's post-processing whose TopK k is computed at run time
-  from a symbolic anchor count, feeding NonMaxSuppression), two shapes each.
+  from a symbolic anchor count, feeding NonMaxSuppression; control flow: an RNN as a Loop over symbolic time
+  steps, a data-dependent while-loop and a run-time If), two shapes each.
 - rnn_*: recurrent models built with onnx.helper as exporters write them: a CRNN-style text recognizer (conv
   front end into a bidirectional LSTM over the symbolic width), a streaming one-step LSTM cell with its state as
   inputs and outputs, and a GRU voice-activity detector over a symbolic number of frames.
@@ -44,7 +45,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 9"
+VERSION = "corpus 10"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -441,6 +442,94 @@ def stress_models(out, rng, scratch):
         boxes = np.concatenate([corner, corner + size], axis=2)
         sets.append({"boxes": boxes, "scores": rng.uniform(0, 1, (1, anchors)).astype(np.float32)})
     write_case(out, "stress_detection_head", path, sets)
+
+    # Control flow as scripted exporters write it: an Elman RNN as a Loop over a symbolic number of time steps
+    # (the trip count from Shape, each step's slice gathered by the iteration number, the weights captured from
+    # the enclosing graph, the hidden states scanned out), a while-loop that halves the state until its energy
+    # falls below a threshold (its trip count decided by the data), and an If on a run-time condition whose
+    # branches apply different heads.
+    hidden, feat = 32, 16
+    inits = [
+        w("wx", (feat, hidden)),
+        w("wh", (hidden, hidden)),
+        w("bh", (hidden,)),
+        w("wo", (hidden, 8)),
+        i64("zero_s", 0),
+        i64("max_halvings", 20),
+        nh.from_array(np.array(0.5, np.float32), "half"),
+        nh.from_array(np.array(1.0, np.float32), "energy_limit"),
+        nh.from_array(np.array(0.0, np.float32), "zero_f"),
+        nh.from_array(np.array(True), "true"),
+    ]
+    step = h.make_graph(
+        [
+            h.make_node("Gather", ["x", "t"], ["xt"], axis=0),
+            h.make_node("MatMul", ["xt", "wx"], ["a"]),
+            h.make_node("MatMul", ["h_in", "wh"], ["b"]),
+            h.make_node("Add", ["a", "b"], ["ab"]),
+            h.make_node("Add", ["ab", "bh"], ["pre"]),
+            h.make_node("Tanh", ["pre"], ["h_out"]),
+            h.make_node("Identity", ["cond_in"], ["cond_out"]),
+            h.make_node("Identity", ["h_out"], ["h_scan"]),
+        ],
+        "rnn_step",
+        [
+            h.make_tensor_value_info("t", TensorProto.INT64, []),
+            h.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            h.make_tensor_value_info("h_in", TensorProto.FLOAT, ["B", hidden]),
+        ],
+        [
+            h.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            h.make_tensor_value_info("h_out", TensorProto.FLOAT, ["B", hidden]),
+            h.make_tensor_value_info("h_scan", TensorProto.FLOAT, ["B", hidden]),
+        ],
+    )
+    halve = h.make_graph(
+        [
+            h.make_node("Mul", ["s_in", "half"], ["s_out"]),
+            h.make_node("Mul", ["s_out", "s_out"], ["sq"]),
+            h.make_node("ReduceSum", ["sq"], ["energy"], keepdims=0),
+            h.make_node("Greater", ["energy", "energy_limit"], ["go_on"]),
+        ],
+        "halve",
+        [
+            h.make_tensor_value_info("k", TensorProto.INT64, []),
+            h.make_tensor_value_info("c", TensorProto.BOOL, []),
+            h.make_tensor_value_info("s_in", TensorProto.FLOAT, ["B", hidden]),
+        ],
+        [h.make_tensor_value_info("go_on", TensorProto.BOOL, []), h.make_tensor_value_info("s_out", TensorProto.FLOAT, ["B", hidden])],
+    )
+    head = lambda name, act: h.make_graph(
+        [h.make_node("MatMul", ["settled", "wo"], [name + "_z"]), h.make_node(act, [name + "_z"], [name + "_y"])],
+        name,
+        [],
+        [h.make_tensor_value_info(name + "_y", TensorProto.FLOAT, ["B", 8])],
+    )
+    nodes = [
+        h.make_node("Shape", ["x"], ["xs"]),
+        h.make_node("Gather", ["xs", "zero_s"], ["steps"], axis=0),
+        h.make_node("Gather", ["xs", "one"], ["batch"], axis=0),
+        h.make_node("Concat", ["batch", "hidden_dim"], ["h0_shape"], axis=0),
+        h.make_node("ConstantOfShape", ["h0_shape"], ["h0"], value=nh.from_array(np.array([0.0], np.float32))),
+        h.make_node("Loop", ["steps", "true", "h0"], ["h_last", "h_all"], body=step),
+        h.make_node("Loop", ["max_halvings", "true", "h_last"], ["settled"], body=halve),
+        h.make_node("ReduceMean", ["settled"], ["m"], keepdims=0),
+        h.make_node("Greater", ["m", "zero_f"], ["positive"]),
+        h.make_node("If", ["positive"], ["y"], then_branch=head("relu_head", "Relu"), else_branch=head("sig_head", "Sigmoid")),
+    ]
+    inits += [i64("one", [1]), i64("hidden_dim", [hidden])]
+    inputs = [h.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "B", feat])]
+    outputs = [
+        h.make_tensor_value_info("h_all", TensorProto.FLOAT, ["T", "B", hidden]),
+        h.make_tensor_value_info("settled", TensorProto.FLOAT, ["B", hidden]),
+        h.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 8]),
+    ]
+    model = h.make_model(h.make_graph(nodes, "stress_control_flow", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path = os.path.join(scratch, "stress_control_flow.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal((t, b, feat)).astype(np.float32) * s} for t, b, s in [(7, 2, 2.0), (40, 5, 0.5)]]
+    write_case(out, "stress_control_flow", path, sets)
 
 
 def recurrent_models(out, rng, scratch):

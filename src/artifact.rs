@@ -94,7 +94,7 @@ impl Artifact {
     #[cfg(feature = "ptx")]
     fn write_cuda_files(lowered: &Lowered, dir: &Path, options: &PtxOptions) -> Result<CudaManifest, Error> {
         let exe = &lowered.executable;
-        let crate::cuda::DeviceCode { plan, module } = crate::cuda::compile_device(exe, options)?;
+        let crate::cuda::DeviceCode { plan, module } = crate::cuda::compile_device(lowered, options)?;
         let ptx_path = dir.join(PTX_FILE);
         std::fs::write(&ptx_path, &module.ptx).map_err(|e| artifact_error(&ptx_path, format!("cannot write: {e}")))?;
         kiln_runtime::weights::save(&dir.join(WEIGHTS_FILE), &exe.weights)?;
@@ -186,7 +186,8 @@ impl Artifact {
         let report = crate::CompileReport {
             kernels: loaded.manifest.kernels.len(),
             steps: exe.step_counts(),
-            fallbacks: exe.fallbacks.clone(),
+            // The device plan's: what runs on the host there (the executable's fallbacks and more).
+            fallbacks: loaded.manifest.plan.fallbacks.clone(),
             arena_bytes: exe.arena_bytes,
             weights_load: loaded.weights_load,
             placement: loaded.manifest.common.placement.clone(),

@@ -333,6 +333,28 @@ impl FallbackPolicy {
     }
 }
 
+impl FallbackPolicy {
+    /// Applies the policy to a compiled program's `fallbacks`: an error when denied, a warning per op kind
+    /// when warned, a log line otherwise.
+    pub fn enforce(self, fallbacks: &[kiln_plan::exec::Fallback]) -> Result<(), Error> {
+        if fallbacks.is_empty() {
+            return Ok(());
+        }
+        match self {
+            FallbackPolicy::Deny => return Err(Error::Fallback(fallbacks.to_vec())),
+            FallbackPolicy::Warn => {
+                for (op, n, why) in fallback_kinds(fallbacks) {
+                    tracing::warn!(op, nodes = n, why, "interpreter fallback");
+                }
+            }
+            FallbackPolicy::Allow => {
+                tracing::info!(steps = fallbacks.len(), "interpreter fallbacks in the compiled model");
+            }
+        }
+        Ok(())
+    }
+}
+
 impl std::str::FromStr for FallbackPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<FallbackPolicy, String> {
@@ -838,19 +860,7 @@ impl Model {
         for p in &placed {
             tracing::info!(backend = %p.backend, priority = p.priority, nodes = p.nodes.len(), "placement");
         }
-        if !executable.fallbacks.is_empty() {
-            match options.fallback {
-                FallbackPolicy::Deny => return Err(Error::Fallback(executable.fallbacks.clone())),
-                FallbackPolicy::Warn => {
-                    for (op, n, why) in fallback_kinds(&executable.fallbacks) {
-                        tracing::warn!(op, nodes = n, why, "interpreter fallback");
-                    }
-                }
-                FallbackPolicy::Allow => {
-                    tracing::info!(steps = executable.fallbacks.len(), "interpreter fallbacks in the compiled model");
-                }
-            }
-        }
+        options.fallback.enforce(&executable.fallbacks)?;
         Ok(Lowered {
             graph,
             executable,
@@ -859,6 +869,7 @@ impl Model {
             provenance,
             placement: placed,
             backends: options.backends.clone(),
+            fallback: options.fallback,
         })
     }
 
@@ -914,6 +925,9 @@ pub struct Lowered {
     pub placement: Vec<kiln_plan::artifact::PlacementRecord>,
     /// The registry that placed them (binding the program resolves the backends from it).
     pub backends: BackendRegistry,
+    /// The fallback policy it was lowered under: a device plan made from it (which runs more on the host)
+    /// answers to it too.
+    pub fallback: FallbackPolicy,
 }
 
 /// `given` plus deterministic pseudo-random values for the `inputs` it lacks (see [`Model::random_inputs`]).

@@ -426,3 +426,67 @@ fn vector_max_and_min_reductions_match_the_interpreter_bit_for_bit() {
         }
     }
 }
+
+/// `if` and `loop` bodies are compiled programs (nested to any depth), not interpreter steps: the control-flow
+/// fixtures compile with fallbacks denied, one program serves two batch sizes and matches the interpreter at
+/// both (JIT and from its artifact), and a loop that runs past the iteration cap is an error. The emulated
+/// device, which has no compiled regions, reports them as host fallbacks (refused when denied).
+#[test]
+fn region_bodies_are_compiled_programs() {
+    let deny = CompileOptions { fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+    let interp = kiln::RunOptions { backend: Backend::Interp, threads: 1, ..Default::default() };
+    for name in ["control_flow", "nested_regions"] {
+        let (_, g) = common::fixtures().into_iter().find(|(n, _)| n == name).expect("fixture");
+        let model = Model::from_graph(g).unwrap();
+        let lowered = model.lower(&deny).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let exe = &lowered.executable;
+        assert!(exe.fallbacks.is_empty(), "{name}: {:?}", exe.fallbacks);
+        assert!(exe.steps.iter().any(|s| matches!(s, kiln_codegen::exec::Step::Region { .. })), "{name}: no region");
+        assert!(!exe.regions.is_empty(), "{name}: no compiled bodies");
+        let compiled = model.compile(&CompileOptions { threads: 2, ..deny.clone() }).unwrap();
+        for batch in [2, 5] {
+            let shapes: BTreeMap<String, Vec<usize>> = model
+                .inputs()
+                .into_iter()
+                .map(|(n, t)| (n, t.shape.dims().iter().map(|d| d.as_static().unwrap_or(batch) as usize).collect()))
+                .collect();
+            let inputs = model.random_inputs(&shapes, 11).unwrap();
+            let want = model.run(&inputs, &interp).unwrap();
+            assert_close(&format!("{name} batch {batch}"), &compiled.run(&inputs).unwrap(), &want);
+        }
+        let run = kiln::RunOptions {
+            backend: Backend::CudaEmulated,
+            fallback: kiln::FallbackPolicy::Deny,
+            ..Default::default()
+        };
+        match model.run(&common::fixture_inputs(&model), &run) {
+            Err(kiln::Error::Fallback(list)) => {
+                assert!(list.iter().all(|f| f.op == "if" || f.op == "loop"), "{name}: {list:?}")
+            }
+            other => panic!("{name}: the emulated device should refuse its host regions, got {other:?}"),
+        }
+    }
+    // A loop whose trip count and condition never stop it ends at the cap, as on the interpreter.
+    let text = r#"graph "forever" {
+  %0 = input {name="x"} : f32[3]
+  %1 = constant {value=i64[] [9223372036854775807]} : i64[]
+  %2 = constant {value=bool[] [true]} : bool[]
+  %3 = loop %1, %2, %0 {body=graph "body" {
+    %0 = input {name="p0"} : i64[]
+    %1 = input {name="p1"} : bool[]
+    %2 = input {name="p2"} : f32[3]
+    %3 = exp %2 : f32[3]
+    output "o0" = %1
+    output "o1" = %3
+  }, carried=1, count="n"} : f32[3]
+  output "y" = %3
+}
+"#;
+    let model = Model::from_graph(kiln_ir::parse(text).unwrap()).unwrap();
+    let compiled = model.compile(&deny).unwrap();
+    let inputs = BTreeMap::from([("x".to_string(), Tensor::from_vec(vec![3], vec![0.0f32; 3]).unwrap())]);
+    // SAFETY of the test: the variable is read when the loop runs; no other test of this binary sets it.
+    unsafe { std::env::set_var("KILN_MAX_LOOP_ITERATIONS", "1000") };
+    let e = compiled.run(&inputs).expect_err("the cap stops it").to_string();
+    assert!(e.contains("ran 1000 iterations without stopping"), "{e}");
+}

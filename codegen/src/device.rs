@@ -45,12 +45,18 @@ pub fn build_plan(exe: &Executable) -> Result<DevicePlan, LowerError> {
     }
     // Host routines of the CPU library run on the device's host through the interpreter: fallbacks there.
     let mut fallbacks = exe.fallbacks.clone();
+    // Compiled region bodies are the CPU's: on a device the whole region runs on the host's interpreter (the
+    // fallbacks inside its bodies are subsumed by it).
+    fallbacks.retain(|f| f.region.is_none());
     for s in exe.prepare.iter().chain(&exe.steps) {
-        if let Step::Routine { routine, node, .. } = s {
-            let op = routine.op().mnemonic().to_string();
-            let why = format!("the device has no `{op}` yet: it runs on the host's reference interpreter");
-            fallbacks.push(kiln_plan::exec::Fallback { op, node: node.clone(), why });
-        }
+        let (op, node) = match s {
+            Step::Routine { routine, node, .. } => (routine.op(), node),
+            Step::Region { op, node, .. } => (op.clone(), node),
+            _ => continue,
+        };
+        let op = op.mnemonic().to_string();
+        let why = format!("the device has no `{op}` yet: it runs on the host's reference interpreter");
+        fallbacks.push(kiln_plan::exec::Fallback { op, node: node.clone(), why, region: None });
     }
     let plan = DevicePlan { prepare, steps, kernels: b.kernels, fallbacks };
     // The same verifier an artifact's plan goes through when it is loaded.
@@ -127,13 +133,15 @@ impl PlanBuilder<'_> {
                 outputs: outputs.clone(),
                 node: node.clone(),
             }),
-            Step::Interp { op, inputs, outputs, node } => out.push(DeviceStep::Host {
-                backend: None,
-                op: op.clone(),
-                inputs: inputs.clone(),
-                outputs: outputs.clone(),
-                node: node.clone(),
-            }),
+            Step::Interp { op, inputs, outputs, node } | Step::Region { op, inputs, outputs, node, .. } => {
+                out.push(DeviceStep::Host {
+                    backend: None,
+                    op: op.clone(),
+                    inputs: inputs.clone(),
+                    outputs: outputs.clone(),
+                    node: node.clone(),
+                })
+            }
             Step::Backend { backend, op, inputs, outputs, node } => out.push(DeviceStep::Host {
                 backend: Some(backend.clone()),
                 op: op.clone(),

@@ -11,8 +11,11 @@
 //!   [`Executable::prepare`], run once when the weights are bound, its result kept as a prepared weight;
 //! - a node the placement puts on another backend of the registry: a [`Step::Backend`];
 //! - a `conv_transpose`: the gather-form builtin kernel ([`kernel::builtin::conv_transpose`]);
-//! - anything else not supported yet (scatter, linear resize, recurrent ops, top-k, other dtypes of the library
-//!   ops): a [`Step::Interp`] that runs the reference interpreter's `eval_op` on copies of its operands —
+//! - the recurrent ops, `top_k` and the ops with data-dependent extents: a [`Step::Routine`] of the library;
+//! - an `if` or a `loop`: a [`Step::Region`] whose bodies are built (recursively) as executables of their own in
+//!   [`Executable::regions`], launching kernels of this executable's table;
+//! - anything else not supported yet (scatter, narrow float types, other dtypes of the library ops): a
+//!   [`Step::Interp`] that runs the reference interpreter's `eval_op` on copies of its operands —
 //!   correct, and named in [`Executable::fallbacks`] so its cost is visible. A lowering failure that signals a
 //!   compiler bug fails the build instead.
 //!
@@ -80,6 +83,9 @@ struct Builder<'g> {
     kernel_index: HashMap<String, usize>,
     /// Kernels the verifier refused: lowering bugs, which fail the build.
     bugs: Vec<String>,
+    /// Whether the graph is a region body: its parameters become constants (a body carries no weights of its
+    /// own).
+    body: bool,
 }
 
 impl<'g> Builder<'g> {
@@ -106,14 +112,22 @@ impl<'g> Builder<'g> {
                 weights: g.weights.clone(),
                 fallbacks: Vec::new(),
                 sources: Vec::new(),
+                regions: Vec::new(),
             },
             buffer_of: HashMap::new(),
             kernel_index: HashMap::new(),
             bugs: Vec::new(),
+            body: false,
         })
     }
 
     fn run(mut self) -> Result<Executable, BuildError> {
+        self.build()?;
+        Ok(self.exe)
+    }
+
+    /// Builds every step, the outputs, and verifies the program.
+    fn build(&mut self) -> Result<(), BuildError> {
         let g = self.g;
         for (i, &id) in g.inputs().iter().enumerate() {
             let Op::Input(inp) = &g.node(id).op else { continue };
@@ -152,7 +166,7 @@ impl<'g> Builder<'g> {
                 message: format!("{} (a kiln bug)", self.bugs.join("; ")),
             });
         }
-        Ok(self.exe)
+        Ok(())
     }
 
     fn add_buffer(&mut self, ty: TensorType, home: Home) -> BufferId {
@@ -200,7 +214,18 @@ impl<'g> Builder<'g> {
         match &node.op {
             Op::Input(_) => return Ok(()),
             Op::Parameter(p) => {
-                let b = self.add_buffer(node.outputs[0].clone(), Home::Weight(p.name.clone()));
+                let home = if self.body {
+                    match g.weights.get(&p.name) {
+                        Some(t) => Home::Constant(Arc::clone(t)),
+                        None => {
+                            let message = format!("weight `{}` of a region body is not bound", p.name);
+                            return Err(BuildError::Graph { graph: g.name().to_string(), message });
+                        }
+                    }
+                } else {
+                    Home::Weight(p.name.clone())
+                };
+                let b = self.add_buffer(node.outputs[0].clone(), home);
                 self.buffer_of.insert(Value::new(id, 0), b);
                 return Ok(());
             }
@@ -280,6 +305,7 @@ impl<'g> Builder<'g> {
                 Ok(step) => return step,
                 Err(why) => return self.fallback(id, inputs, outputs, why),
             },
+            Op::If(_) | Op::Loop(_) => return self.region(id, inputs, outputs),
             _ => {}
         }
         let name = format!("k{}_{}", self.exe.kernels.len(), node.op.mnemonic());
@@ -310,11 +336,67 @@ impl<'g> Builder<'g> {
                 let why = why.strip_prefix(&format!("{node}: ")).map_or(why.clone(), str::to_string);
                 tracing::info!(node = %node, why = %why, "interpreter fallback");
                 let op = self.g.node(id).op.mnemonic().to_string();
-                self.exe.fallbacks.push(Fallback { op, node: node.clone(), why });
+                self.exe.fallbacks.push(Fallback { op, node: node.clone(), why, region: None });
             }
             NotCompiled::Bug(why) => self.bugs.push(format!("{node}: {why}")),
         }
         Step::Interp { op: self.g.node(id).op.clone(), inputs: inputs.to_vec(), outputs: outputs.to_vec(), node }
+    }
+
+    /// The step of control-flow node `id`: each body built as an executable of its own (in
+    /// [`Executable::regions`]) whose kernels join this one's table; the fallbacks inside a body are reported as
+    /// this program's, naming the region.
+    fn region(&mut self, id: NodeId, inputs: &[BufferId], outputs: &[BufferId]) -> Step {
+        let (g, node) = (self.g, self.g.describe(id));
+        let op = &g.node(id).op;
+        let mut bodies = Vec::with_capacity(2);
+        for body in op.bodies() {
+            match self.body(&body.0, &node) {
+                Ok(exe) => {
+                    self.exe.regions.push(exe);
+                    bodies.push(self.exe.regions.len() - 1);
+                }
+                Err(why) => return self.fallback(id, inputs, outputs, NotCompiled::Bug(why)),
+            }
+        }
+        // The step's op is what a backend without compiled regions interprets: its bodies' memory plans (the
+        // compiled bodies' business) stay out, so the op reads back from an artifact as it was written.
+        fn unplanned(g: &mut Graph) {
+            g.set_memory_plan(None);
+            let regions: Vec<NodeId> = g.node_ids().filter(|&n| !g.node(n).op.bodies().is_empty()).collect();
+            for n in regions {
+                for body in g.node_mut(n).op.bodies_mut() {
+                    unplanned(&mut body.0);
+                }
+            }
+        }
+        let mut op = op.clone();
+        for body in op.bodies_mut() {
+            unplanned(&mut body.0);
+        }
+        Step::Region { op, bodies, inputs: inputs.to_vec(), outputs: outputs.to_vec(), node }
+    }
+
+    /// The executable of region body `body` of node `region`, its kernels added to this builder's table.
+    fn body(&mut self, body: &Graph, region: &str) -> Result<Executable, String> {
+        let mut sub = Builder::new(body, self.placement).map_err(|e| e.to_string())?;
+        sub.body = true;
+        sub.exe.kernels = std::mem::take(&mut self.exe.kernels);
+        sub.kernel_index = std::mem::take(&mut self.kernel_index);
+        let built = sub.build();
+        let mut exe = sub.exe;
+        self.exe.kernels = std::mem::take(&mut exe.kernels);
+        self.kernel_index = sub.kernel_index;
+        built.map_err(|e| e.to_string())?;
+        exe.weights = Default::default();
+        for mut f in std::mem::take(&mut exe.fallbacks) {
+            f.region = Some(match f.region {
+                Some(inner) => format!("{region} > {inner}"),
+                None => region.to_string(),
+            });
+            self.exe.fallbacks.push(f);
+        }
+        Ok(exe)
     }
 
     /// A kernel step for `k`, whose args hold `values` (mapped to buffers by `buffer`); the kernel is shared

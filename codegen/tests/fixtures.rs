@@ -61,6 +61,7 @@ fn lowerable_fixtures_match_the_interpreter() {
             "mlp_params",
             "mlp_symbolic_batch",
             "multi_result",
+            "nested_regions",
             "params_only",
             "shape_ops",
             "top_k"

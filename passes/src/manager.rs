@@ -1,7 +1,8 @@
 //! The pass manager: runs a [`Pipeline`] over a graph under [`Instrumentation`], and the crate's error type.
 //!
 //! [`PassManager::new`] expands named pipelines and builds every pass once; [`PassManager::run`] then walks the
-//! steps. The input graph is always verified first, so passes may assume a valid graph (a pass that breaks that
+//! steps, then runs the same steps over every control-flow body (`if` branches, loop bodies; see
+//! `Run::regions`), so a region's body is optimized like any graph. The input graph is always verified first, so passes may assume a valid graph (a pass that breaks that
 //! invariant is caught by `verify_each`, which every test turns on). A `fixpoint` group reruns its body until one
 //! whole iteration changes nothing, and errors, naming the group, when its iteration cap is reached. On a pass
 //! error or a verifier failure the manager writes a reproducer (the graph as it was before the failing pass and
@@ -184,6 +185,7 @@ impl PassManager {
             timing: TimingReport::default(),
         };
         run.report.changed = run.steps(&self.steps, g)?;
+        run.report.changed |= run.regions(&self.steps, g)?;
         if let (Some(n), true) = (run.inst.bisect, run.report.stopped_by_bisect) {
             let last = run.report.last_pass.as_deref().unwrap_or("(none)");
             run.inst.emit(&format!("// bisect: stopped after {n} pass execution(s); the last was `{last}`\n"))?;
@@ -217,6 +219,33 @@ impl Run<'_, '_> {
                 Step::Fixpoint { max_iterations, group, body } => self.fixpoint(*max_iterations, group, body, g)?,
             };
         }
+        Ok(changed)
+    }
+
+    /// Runs `steps` over the bodies of every control-flow node (`if` branches, loop bodies) of `g`, innermost
+    /// regions last, after the enclosing graph's pipeline (which typed the bodies' inputs); says whether any
+    /// changed. A body keeps its interface (inputs and results), so `g`'s memory plan stays valid.
+    fn regions(&mut self, steps: &[Step], g: &mut Graph) -> Result<bool, Error> {
+        let ids: Vec<kiln_ir::NodeId> =
+            g.node_ids().filter(|&id| matches!(g.node(id).op, kiln_ir::Op::If(_) | kiln_ir::Op::Loop(_))).collect();
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        let plan = g.memory_plan().cloned();
+        let mut changed = false;
+        for id in ids {
+            let mut op = g.node(id).op.clone();
+            let mut this = false;
+            for body in op.bodies_mut() {
+                this |= self.steps(steps, &mut body.0)?;
+                this |= self.regions(steps, &mut body.0)?;
+            }
+            if this {
+                *g.node_mut(id).op = op;
+                changed = true;
+            }
+        }
+        g.set_memory_plan(plan);
         Ok(changed)
     }
 

@@ -190,6 +190,25 @@ pub enum Step {
         /// The node's name (its id when it has none): what the backend is told, and what messages say.
         node: String,
     },
+    /// A control-flow node (`if`, `loop`) whose bodies are compiled: each body is an executable of its own,
+    /// [`Executable::regions`]`[bodies[i]]` for the op's `i`th body (an `if`'s then and else branches, a loop's
+    /// body), whose steps launch kernels of the root executable's [`Executable::kernels`]. The runtime drives
+    /// them with `kiln_ir::interp::{run_if, run_loop}` — the interpreter's own semantics — over copies of the
+    /// operands; results whose extents the data decide (an `if` whose branches differ, a loop's scan outputs)
+    /// are sized when it runs. `op` is the IR op with its (optimized) bodies: what a backend without compiled
+    /// regions runs on the interpreter, and what the verifier checks the buffers against.
+    Region {
+        /// The op.
+        op: Op,
+        /// Its bodies, as indices into [`Executable::regions`].
+        bodies: Vec<usize>,
+        /// Its operands.
+        inputs: Vec<BufferId>,
+        /// Its results.
+        outputs: Vec<BufferId>,
+        /// The node, as `Graph::describe` names it, for messages.
+        node: String,
+    },
     /// Copy all of `src` to `dst` (same byte count).
     Copy {
         /// Source.
@@ -208,6 +227,10 @@ pub struct Fallback {
     pub node: String,
     /// Why it is not compiled: a feature not supported yet (never a compiler bug, which fails the build).
     pub why: String,
+    /// The control-flow node whose compiled body holds it (as `Graph::describe` names it; the outermost first,
+    /// joined by ` > ` when regions nest), or `None` at the top level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// The nodes of `fallbacks` grouped by op kind, in op order: `(op, how many, why the first was not compiled)`.
@@ -242,7 +265,10 @@ pub fn fallback_refusal(fallbacks: &[Fallback]) -> String {
 
 impl std::fmt::Display for Fallback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.node, self.why)
+        match &self.region {
+            Some(r) => write!(f, "{} (in the body of {r}): {}", self.node, self.why),
+            None => write!(f, "{}: {}", self.node, self.why),
+        }
     }
 }
 
@@ -306,6 +332,10 @@ pub struct Executable {
     /// kiln recorded it): how profiles name steps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<StepSource>,
+    /// The compiled bodies of its [`Step::Region`]s. A body has no kernels or weights of its own: its kernel
+    /// steps index the root executable's kernels, and its weights are constants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<Executable>,
 }
 
 /// The model nodes a step computes: their names (as the model names them; `<op> <id>` for unnamed nodes) and
@@ -342,6 +372,7 @@ impl Executable {
             weights: Weights::default(),
             fallbacks: Vec::new(),
             sources: Vec::new(),
+            regions: Vec::new(),
         }
     }
 
@@ -404,6 +435,10 @@ impl Executable {
                 format!("library {} -> {}", routine.op().mnemonic(), tys.join(", "))
             }
             Step::Interp { node, .. } => format!("interpreter {node}"),
+            Step::Region { node, bodies, .. } => {
+                let steps: usize = bodies.iter().filter_map(|&b| self.regions.get(b)).map(|r| r.steps.len()).sum();
+                format!("region {node} ({} bodies, {steps} steps)", bodies.len())
+            }
             Step::Backend { backend, node, op, .. } => format!("backend {backend}: {} `{node}`", op.mnemonic()),
             Step::Copy { dst, .. } => format!("copy -> {}", ty(dst)),
         }
@@ -442,6 +477,9 @@ impl Executable {
                 Step::Routine { inputs, outputs, node, .. } => {
                     inputs.iter().chain(outputs).try_for_each(|b| buffer(b, &format!("the routine of {node}")))
                 }
+                Step::Region { inputs, outputs, node, .. } => {
+                    inputs.iter().chain(outputs).try_for_each(|b| buffer(b, &format!("the region {node}")))
+                }
                 Step::Backend { inputs, outputs, node, backend, .. } => inputs
                     .iter()
                     .chain(outputs)
@@ -451,6 +489,17 @@ impl Executable {
         }
         for s in self.prepare.iter().chain(&self.steps) {
             step_refs(s, kernels, &buffer)?;
+            if let Step::Region { op, bodies, node, .. } = s {
+                if bodies.len() != op.bodies().len() {
+                    return Err(format!("the region {node} has {} bodies, its op {}", bodies.len(), op.bodies().len()));
+                }
+                if let Some(b) = bodies.iter().find(|&&b| b >= self.regions.len()) {
+                    return Err(format!("the region {node} runs body {b} of {}", self.regions.len()));
+                }
+            }
+        }
+        for (i, r) in self.regions.iter().enumerate() {
+            r.check_references(kernels).map_err(|e| format!("region body {i}: {e}"))?;
         }
         for (name, b) in self.inputs.iter().chain(&self.outputs) {
             buffer(b, &format!("`{name}`"))?;
@@ -476,11 +525,18 @@ impl Executable {
         Ok(())
     }
 
-    /// Number of library, kernel, interpreter, copy and other-backend steps, for reports.
+    /// Number of library, kernel, interpreter, copy and other-backend steps, for reports (a region's count is
+    /// its bodies' steps).
     pub fn step_counts(&self) -> [usize; 5] {
         let mut n = [0; 5];
+        for r in &self.regions {
+            for (total, k) in n.iter_mut().zip(r.step_counts()) {
+                *total += k;
+            }
+        }
         for s in self.prepare.iter().chain(&self.steps) {
             n[match s {
+                Step::Region { .. } => continue,
                 Step::Library { .. } | Step::Routine { .. } => 0,
                 Step::Kernel { .. } => 1,
                 Step::Interp { .. } => 2,
@@ -497,6 +553,11 @@ impl Executable {
         for s in self.prepare.iter().chain(&self.steps) {
             if let Step::Backend { backend, node, op, .. } = s {
                 out.entry(backend.clone()).or_default().push(format!("{} `{node}`", op.mnemonic()));
+            }
+        }
+        for r in &self.regions {
+            for (backend, nodes) in r.placed_nodes() {
+                out.entry(backend).or_default().extend(nodes);
             }
         }
         out

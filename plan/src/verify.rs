@@ -172,6 +172,12 @@ fn pointwise(body: &Block, input: ArgId, out: ArgId) -> bool {
 /// with the first bad step.
 pub fn verify_executable(exe: &Executable, signatures: &[&[LaunchArg]]) -> Result<(), String> {
     exe.check_references(signatures.len())?;
+    for (i, r) in exe.regions.iter().enumerate() {
+        if let Some(b) = r.buffers.iter().find(|b| matches!(b.home, Home::Weight(_) | Home::Prepared(_))) {
+            return Err(format!("region body {i} has {} of its own", home_name(&b.home)));
+        }
+        verify_executable(r, signatures).map_err(|e| format!("region body {i}: {e}"))?;
+    }
     let mut state = State::new(exe)?;
     for (phase, steps) in [(Phase::Prepare, &exe.prepare), (Phase::Run, &exe.steps)] {
         state.phase = phase;
@@ -377,6 +383,14 @@ impl<'e> State<'e> {
                 self.op_types(op, inputs, outputs)?;
                 self.access(inputs, outputs, Overlap::Copies)
             }
+            Step::Region { op, bodies, inputs, outputs, .. } => {
+                self.op_types(op, inputs, outputs)?;
+                for (k, (body, &b)) in op.bodies().into_iter().zip(bodies).enumerate() {
+                    let exe = self.exe.regions.get(b).ok_or_else(|| format!("it runs region body {b}"))?;
+                    region_interface(&body.0, exe).map_err(|e| format!("body {k} (region {b}): {e}"))?;
+                }
+                self.access(inputs, outputs, Overlap::Copies)
+            }
             Step::Routine { routine, inputs, outputs, .. } => {
                 self.op_types(&routine.op(), inputs, outputs)?;
                 // A routine reads its operands in place while it writes its results.
@@ -529,6 +543,25 @@ impl<'e> State<'e> {
             }
         }
     }
+}
+
+/// Checks that the compiled body `exe` takes and gives what the region's IR body `body` declares: its inputs and
+/// results in order, of the declared types.
+fn region_interface(body: &kiln_ir::Graph, exe: &Executable) -> Result<(), String> {
+    let declared_in: Vec<Option<&TensorType>> = body.inputs().iter().map(|&id| body.node(id).outputs.first()).collect();
+    let declared_out: Vec<Option<&TensorType>> = body.outputs().iter().map(|(_, v)| body.value_type(*v)).collect();
+    for (what, declared, got) in [("input", declared_in, &exe.inputs), ("result", declared_out, &exe.outputs)] {
+        if declared.len() != got.len() {
+            return Err(format!("the compiled body has {} {what}(s), the op's body {}", got.len(), declared.len()));
+        }
+        for (i, (d, (_, b))) in declared.iter().zip(got).enumerate() {
+            let ty = &exe.buffers[b.0 as usize].ty;
+            if *d != Some(ty) {
+                return Err(format!("{what} {i} of the compiled body is {ty}, the op's body declares another type"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn home_name(home: &Home) -> &'static str {

@@ -118,26 +118,37 @@ impl PlacedBackends {
                 (format!("backend `{name}`"), r.outputs)
             }
         };
-        if results.len() != expected.len() {
-            return Err(RunError::Op(format!(
-                "{node}: {who} returned {} result(s), the program expects {}",
-                results.len(),
-                expected.len()
-            )));
-        }
-        for (i, (t, (dtype, dims))) in results.iter().zip(expected).enumerate() {
-            // A result of data-dependent extent (`None`) is checked against its declared type when it is bound.
-            if t.dtype() != *dtype || dims.as_ref().is_some_and(|d| t.shape() != d.as_slice()) {
-                let dims = dims.as_ref().map_or_else(|| "[data-dependent]".to_string(), |d| format!("{d:?}"));
-                return Err(RunError::Op(format!(
-                    "{node}: {who} returned result {i} as {}{:?}, the program expects {dtype}{dims}",
-                    t.dtype(),
-                    t.shape()
-                )));
-            }
-        }
+        check_results(node, &who, &results, expected)?;
         Ok(results)
     }
+}
+
+/// Checks that `results`, which `who` computed for node `node`, are `expected` (dtype and extents, in order; a
+/// result of data-dependent extent, `None`, is checked against its declared type when it is bound).
+pub(crate) fn check_results(
+    node: &str,
+    who: &str,
+    results: &[Tensor],
+    expected: &[(DType, Option<Vec<usize>>)],
+) -> Result<(), RunError> {
+    if results.len() != expected.len() {
+        return Err(RunError::Op(format!(
+            "{node}: {who} returned {} result(s), the program expects {}",
+            results.len(),
+            expected.len()
+        )));
+    }
+    for (i, (t, (dtype, dims))) in results.iter().zip(expected).enumerate() {
+        if t.dtype() != *dtype || dims.as_ref().is_some_and(|d| t.shape() != d.as_slice()) {
+            let dims = dims.as_ref().map_or_else(|| "[data-dependent]".to_string(), |d| format!("{d:?}"));
+            return Err(RunError::Op(format!(
+                "{node}: {who} returned result {i} as {}{:?}, the program expects {dtype}{dims}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Where one step of a program runs, and why: a line of `kiln inspect --placement`.
@@ -175,8 +186,21 @@ pub fn explain(exe: &kiln_plan::exec::Executable, registry: &BackendRegistry, co
                 )
             }
             Step::Interp { node, .. } => {
-                let reason = exe.fallbacks.iter().find(|f| f.node == *node).map_or("not compiled", |f| f.why.as_str());
+                let reason = exe
+                    .fallbacks
+                    .iter()
+                    .find(|f| f.node == *node && f.region.is_none())
+                    .map_or("not compiled", |f| f.why.as_str());
                 (compiled_as.to_string(), format!("interpreter fallback inside the compiled code: {reason}"))
+            }
+            Step::Region { node, .. } => {
+                let within = |r: &str| r == node || r.starts_with(&format!("{node} > "));
+                let inside = exe.fallbacks.iter().filter(|f| f.region.as_deref().is_some_and(within)).count();
+                let why = match inside {
+                    0 => "compiled: its bodies are compiled programs".to_string(),
+                    n => format!("compiled: its bodies are compiled programs, with {n} interpreter fallback(s) inside"),
+                };
+                (compiled_as.to_string(), why)
             }
             Step::Kernel { .. } | Step::Library { .. } | Step::Routine { .. } | Step::Copy { .. } => {
                 (compiled_as.to_string(), "compiled: no registered backend outranks the compiled code".to_string())

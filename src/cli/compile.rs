@@ -173,7 +173,7 @@ mod cuda {
     /// The device plan's kernels (the executable's and the builtins) as PTX for `arch`: what a CUDA artifact
     /// of the same model holds.
     pub fn ptx(lowered: &Lowered, arch: &str) -> Result<String> {
-        Ok(kiln::cuda::compile_device(&lowered.executable, &options(arch)?)?.module.ptx)
+        Ok(kiln::cuda::compile_device(lowered, &options(arch)?)?.module.ptx)
     }
 }
 

@@ -49,7 +49,7 @@ pub fn run_emulated(
     block_size: u32,
 ) -> Result<Vec<(String, Tensor)>, Error> {
     let fail = |message: String| Error::Backend { backend: "cuda", message };
-    let plan = kiln_codegen::device::build_plan(&lowered.executable).map_err(|e| fail(e.to_string()))?;
+    let plan = super::device_plan(lowered)?;
     let kernels = plan.kernels.clone();
     with_emulated(&kernels, block_size, |module| {
         let infos = (0..kernels.len()).map(|i| module.info(i).clone()).collect();

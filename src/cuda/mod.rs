@@ -85,10 +85,22 @@ pub struct DeviceCode {
     pub module: kiln_codegen::ptx::PtxModule,
 }
 
-/// The device plan of `exe` and its PTX.
+/// The device plan of `lowered`, under its fallback policy: what the plan runs on the host beyond the
+/// executable's own fallbacks (the CPU library's routines, control-flow regions) is enforced (denied, warned)
+/// like them.
 #[cfg(feature = "ptx")]
-pub fn compile_device(exe: &Executable, options: &kiln_codegen::ptx::PtxOptions) -> Result<DeviceCode, Error> {
+pub fn device_plan(lowered: &crate::Lowered) -> Result<DevicePlan, Error> {
+    let exe = &lowered.executable;
     let plan = kiln_codegen::device::build_plan(exe).map_err(cuda_error)?;
+    let more: Vec<_> = plan.fallbacks.iter().filter(|f| !exe.fallbacks.contains(f)).cloned().collect();
+    lowered.fallback.enforce(&more)?;
+    Ok(plan)
+}
+
+/// The device plan of `lowered` ([`device_plan`]) and its PTX.
+#[cfg(feature = "ptx")]
+pub fn compile_device(lowered: &crate::Lowered, options: &kiln_codegen::ptx::PtxOptions) -> Result<DeviceCode, Error> {
+    let plan = device_plan(lowered)?;
     let module = kiln_codegen::ptx::compile(&plan.kernels, options).map_err(cuda_error)?;
     Ok(DeviceCode { plan, module })
 }
@@ -138,12 +150,14 @@ impl crate::Model {
                 backends: backends.clone(),
                 fallback: options.fallback,
             };
-            let crate::Lowered { executable: exe, mut report, .. } = self.lower(&options)?;
+            let lowered = self.lower(&options)?;
             let t = std::time::Instant::now();
             let ptx_options = kiln_codegen::ptx::PtxOptions { arch: arch_for(&device)?, ..Default::default() };
-            let code = compile_device(&exe, &ptx_options)?;
+            let code = compile_device(&lowered, &ptx_options)?;
+            let crate::Lowered { executable: exe, mut report, .. } = lowered;
             report.codegen = t.elapsed();
             report.kernels = code.plan.kernels.len();
+            report.fallbacks = code.plan.fallbacks.clone();
             bind(device, exe, code.plan, &code.module.ptx, code.module.kernels, report, backends)
         }
         #[cfg(not(feature = "ptx"))]

@@ -1,5 +1,8 @@
 //! Control flow: `if` runs the branch its condition picks, `loop` runs its body while the trip count and the
-//! condition allow; both through [`FusionBody::eval`], so a region means what its graph means.
+//! condition allow. The interpreter runs the bodies through [`FusionBody::eval`], so a region means what its graph
+//! means; a backend that compiles the bodies drives them through the same [`run_if`] and [`run_loop`] (the
+//! condition, trip count, iteration cap, carried-value and scan-output checks and the stacking are defined once,
+//! here), handing in its own body runner.
 
 use std::collections::HashMap;
 
@@ -23,16 +26,31 @@ fn flag(t: &Tensor, what: &str) -> Result<bool, String> {
     Ok(t.to_i64_vec()[0] != 0)
 }
 
-/// `if cond, captures…`.
+/// Runs one region body on its arguments: what [`run_if`] and [`run_loop`] call.
+pub type BodyRunner<'a> = dyn FnMut(usize, &[&Tensor]) -> Result<Vec<Tensor>, String> + 'a;
+
+/// `if cond, captures…` on the interpreter.
 pub(crate) fn if_(op: &If, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
-    let cond = inputs.first().ok_or("`if` needs a condition")?;
-    let (name, body) =
-        if flag(cond, "the condition")? { ("then_branch", &op.then_branch) } else { ("else_branch", &op.else_branch) };
-    body.eval(&inputs[1..]).map_err(|e| format!("{name}: {e}"))
+    run_if(inputs, &mut |branch, args| if branch == 0 { &op.then_branch } else { &op.else_branch }.eval(args))
 }
 
-/// `loop max_trip, cond, carried…, captures…`.
+/// `if cond, captures…` with the branches run by `run` (called with 0 for `then_branch`, 1 for `else_branch`,
+/// and the captures).
+pub fn run_if(inputs: &[&Tensor], run: &mut BodyRunner<'_>) -> Result<Vec<Tensor>, String> {
+    let cond = inputs.first().ok_or("`if` needs a condition")?;
+    let (name, branch) = if flag(cond, "the condition")? { ("then_branch", 0) } else { ("else_branch", 1) };
+    run(branch, &inputs[1..]).map_err(|e| format!("{name}: {e}"))
+}
+
+/// `loop max_trip, cond, carried…, captures…` on the interpreter.
 pub(crate) fn loop_(op: &Loop, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    run_loop(op, inputs, &mut |_, args| op.body.eval(args))
+}
+
+/// `loop max_trip, cond, carried…, captures…` with the body run by `run` (called with 0 and the iteration's
+/// arguments: the iteration number, the condition, the carried values and the captures). `op`'s body gives the
+/// output count and the scan outputs' types (which size them when the loop runs no iteration).
+pub fn run_loop(op: &Loop, inputs: &[&Tensor], run: &mut BodyRunner<'_>) -> Result<Vec<Tensor>, String> {
     let n = usize::try_from(op.carried)
         .ok()
         .filter(|&n| inputs.len() >= 2 && n <= inputs.len() - 2)
@@ -58,7 +76,7 @@ pub(crate) fn loop_(op: &Loop, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String
         let mut args: Vec<&Tensor> = vec![&iteration, &flag_in];
         args.extend(carried.iter());
         args.extend(captures.iter().copied());
-        let mut outs = op.body.eval(&args).map_err(|e| format!("iteration {i}: {e}"))?;
+        let mut outs = run(0, &args).map_err(|e| format!("iteration {i}: {e}"))?;
         if outs.len() != 1 + n + scan_outputs {
             return Err(format!("iteration {i}: the body gave {} output(s)", outs.len()));
         }

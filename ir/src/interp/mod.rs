@@ -27,7 +27,7 @@ pub mod scalar;
 mod shape;
 mod topk;
 
-pub use control::max_loop_iterations;
+pub use control::{BodyRunner, max_loop_iterations, run_if, run_loop};
 pub use dynamic::{data_dependent, non_zero};
 pub use index::resolve_index;
 pub use nn::linear_taps;

@@ -159,7 +159,12 @@ pub enum KernelCode {
 /// An executable bound to its code and weights, ready to run. See the module docs.
 pub struct CpuProgram {
     exe: Executable,
-    code: KernelCode,
+    /// The code of the root program's kernels, shared with its region bodies (whose steps launch them).
+    code: Arc<KernelCode>,
+    /// The programs of the executable's region bodies ([`Executable::regions`], same order).
+    regions: Vec<CpuProgram>,
+    /// Which kernels of `code` this program's steps launch (the symbol values of the others are not computed).
+    launched: Vec<bool>,
     /// The weights, prepared weights and packed matmul operands every run reads: read once at the start of a
     /// run (which keeps that set alive to its end), replaced as a whole by a weight swap.
     current: RwLock<Arc<WeightSet>>,
@@ -273,13 +278,46 @@ impl CpuProgram {
         threads: usize,
         registry: &crate::registry::BackendRegistry,
     ) -> Result<CpuProgram, RunError> {
+        CpuProgram::bind(exe, Arc::new(code), threads, registry)
+    }
+
+    /// Binds `exe` to `code` (shared with its region bodies, each bound here too).
+    fn bind(
+        mut exe: Executable,
+        code: Arc<KernelCode>,
+        threads: usize,
+        registry: &crate::registry::BackendRegistry,
+    ) -> Result<CpuProgram, RunError> {
         let placed = PlacedBackends::resolve(&exe.placed_nodes(), registry)?;
         let threads = threads.max(1);
         let pool = shared_pool(threads)?;
+        let regions = std::mem::take(&mut exe.regions)
+            .into_iter()
+            .map(|body| CpuProgram::bind(body, Arc::clone(&code), threads, registry))
+            .collect::<Result<Vec<_>, _>>()?;
+        let kernels = match code.as_ref() {
+            KernelCode::Native { entries, .. } => entries.len(),
+            KernelCode::Reference(kernels) => kernels.len(),
+        };
+        let mut launched = vec![false; kernels];
+        fn mark(s: &Step, launched: &mut [bool]) {
+            match s {
+                Step::Kernel { kernel, .. } => {
+                    if let Some(l) = launched.get_mut(*kernel) {
+                        *l = true;
+                    }
+                }
+                Step::Library { epilogue: Some(e), .. } => mark(e, launched),
+                _ => {}
+            }
+        }
+        exe.prepare.iter().chain(&exe.steps).for_each(|s| mark(s, &mut launched));
         let weights = exe.weights.iter().map(|(n, t)| (n.to_string(), Arc::clone(t))).collect();
         let mut program = CpuProgram {
             exe,
             code,
+            regions,
+            launched,
             current: RwLock::new(Arc::new(WeightSet::default())),
             swapping: Mutex::new(()),
             pool,
@@ -322,7 +360,7 @@ impl CpuProgram {
                     elems(output)? * (w / m)
                 }
                 Step::Library { output, .. } => elems(output)?,
-                Step::Kernel { kernel, .. } => match &self.code {
+                Step::Kernel { kernel, .. } => match self.code.as_ref() {
                     KernelCode::Native { entries, .. } => entries[*kernel]
                         .1
                         .parts
@@ -334,6 +372,8 @@ impl CpuProgram {
                 Step::Interp { outputs, .. } | Step::Backend { outputs, .. } => {
                     outputs.iter().map(elems).sum::<Option<u64>>()?
                 }
+                // A loop's iterations are decided by the data.
+                Step::Region { .. } => return None,
                 // A recurrent step's gates: (gates · hidden) multiply-adds per input and hidden element, per time
                 // step; a top_k: a selection over its operand.
                 Step::Routine {
@@ -644,10 +684,19 @@ impl CpuProgram {
     /// A kernel whose symbols the bindings do not determine gets an error, reported if it is launched (the
     /// kernels of `prepare` run before any input binds a symbol, and read none).
     fn symbol_values(&self, symbols: &HashMap<String, u64>) -> Vec<Result<Vec<i64>, RunError>> {
-        let values = |names: &[String]| names.iter().map(|s| crate::bind::symbol_value(s, symbols)).collect();
-        match &self.code {
-            KernelCode::Native { entries, .. } => entries.iter().map(|(_, info)| values(&info.symbols)).collect(),
-            KernelCode::Reference(kernels) => kernels.iter().map(|k| values(&k.symbols)).collect(),
+        let values = |k: usize, names: &[String]| {
+            if !self.launched.get(k).copied().unwrap_or(true) {
+                return Ok(Vec::new());
+            }
+            names.iter().map(|s| crate::bind::symbol_value(s, symbols)).collect()
+        };
+        match self.code.as_ref() {
+            KernelCode::Native { entries, .. } => {
+                entries.iter().enumerate().map(|(k, (_, info))| values(k, &info.symbols)).collect()
+            }
+            KernelCode::Reference(kernels) => {
+                kernels.iter().enumerate().map(|(k, kl)| values(k, &kl.symbols)).collect()
+            }
         }
     }
 
@@ -840,6 +889,9 @@ impl CpuProgram {
             Step::Interp { op, inputs, outputs, node } => {
                 self.host_step(None, op, inputs, outputs, node, ptrs, symbols)
             }
+            Step::Region { op, bodies, inputs, outputs, node } => {
+                self.region(op, bodies, inputs, outputs, node, ptrs, symbols)
+            }
             Step::Backend { backend, op, inputs, outputs, node } => {
                 self.host_step(Some(backend), op, inputs, outputs, node, ptrs, symbols)
             }
@@ -932,17 +984,85 @@ impl CpuProgram {
         ptrs: Ptrs<'_>,
         symbols: &HashMap<String, u64>,
     ) -> Result<Vec<(BufferId, Tensor)>, RunError> {
-        let mut operands = Vec::with_capacity(inputs.len());
-        for &b in inputs {
-            operands.push(self.tensor_at(b, ptrs, symbols)?);
-        }
+        let (operands, expected) = self.host_operands(inputs, outputs, ptrs, symbols)?;
+        let results = self.placed.run(backend, op, node, &operands, &expected)?;
+        self.write_results(outputs, results, &expected, node, ptrs)
+    }
+
+    /// Copies of the operands `inputs` of a step run outside the compiled code, and what its `outputs` must be
+    /// (dtype, and extents unless the data decide them).
+    #[allow(clippy::type_complexity)]
+    fn host_operands(
+        &self,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+    ) -> Result<(Vec<Tensor>, Vec<(kiln_ir::DType, Option<Vec<usize>>)>), RunError> {
+        let operands = inputs.iter().map(|&b| self.tensor_at(b, ptrs, symbols)).collect::<Result<Vec<_>, _>>()?;
         let mut expected = Vec::with_capacity(outputs.len());
         for &b in outputs {
             expected.push((self.exe.buffers[b.0 as usize].ty.dtype, crate::bind::known_dims(&self.exe, b, symbols)?));
         }
-        let results = self.placed.run(backend, op, node, &operands, &expected)?;
+        Ok((operands, expected))
+    }
+
+    /// Runs control-flow node `node` (`op`, an `if` or a `loop`) by the interpreter's own driver with its bodies
+    /// run by the compiled programs `bodies` (indices into `regions`), over copies of its operands, and copies
+    /// its checked results into their buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn region(
+        &self,
+        op: &kiln_ir::Op,
+        bodies: &[usize],
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+        node: &str,
+        ptrs: Ptrs<'_>,
+        symbols: &HashMap<String, u64>,
+    ) -> Result<Vec<(BufferId, Tensor)>, RunError> {
+        let (operands, expected) = self.host_operands(inputs, outputs, ptrs, symbols)?;
+        let operands: Vec<&Tensor> = operands.iter().collect();
+        let mut run = |k: usize, args: &[&Tensor]| -> Result<Vec<Tensor>, String> {
+            let body = bodies.get(k).and_then(|&b| self.regions.get(b)).ok_or("the region has no such body")?;
+            body.run_body(args).map_err(|e| e.to_string())
+        };
+        let results = match op {
+            kiln_ir::Op::If(_) => kiln_ir::interp::run_if(&operands, &mut run),
+            kiln_ir::Op::Loop(l) => kiln_ir::interp::run_loop(l, &operands, &mut run),
+            other => Err(format!("`{}` has no compiled bodies", other.mnemonic())),
+        }
+        .map_err(|e| RunError::Op(format!("{node}: {e}")))?;
+        crate::placement::check_results(node, "its compiled bodies", &results, &expected)?;
+        self.write_results(outputs, results, &expected, node, ptrs)
+    }
+
+    /// Runs this program (a region body) on its inputs by position; returns its results in order.
+    fn run_body(&self, args: &[&Tensor]) -> Result<Vec<Tensor>, RunError> {
+        if args.len() != self.exe.inputs.len() {
+            return Err(RunError::Backend(format!(
+                "a region body of {} inputs got {} arguments",
+                self.exe.inputs.len(),
+                args.len()
+            )));
+        }
+        let views: Vec<(&str, TensorView<'_>)> =
+            self.exe.inputs.iter().zip(args).map(|((name, _), t)| (name.as_str(), t.view())).collect();
+        Ok(self.execute(&views, None)?.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// Copies `results` (checked against `expected`) into the buffers `outputs`; returns those of data-dependent
+    /// extent, for the run to adopt.
+    fn write_results(
+        &self,
+        outputs: &[BufferId],
+        results: Vec<Tensor>,
+        expected: &[(kiln_ir::DType, Option<Vec<usize>>)],
+        node: &str,
+        ptrs: Ptrs<'_>,
+    ) -> Result<Vec<(BufferId, Tensor)>, RunError> {
         let mut late = Vec::new();
-        for ((&b, t), (_, dims)) in outputs.iter().zip(results).zip(&expected) {
+        for ((&b, t), (_, dims)) in outputs.iter().zip(results).zip(expected) {
             let Some(dims) = dims else {
                 late.push((b, t));
                 continue;
@@ -1129,7 +1249,7 @@ impl CpuProgram {
     ) -> Result<(), RunError> {
         let launch: Vec<*mut u8> = args.iter().map(|b| ptrs.0[b.0 as usize]).collect();
         let syms = sym_values[kernel].as_ref().map_err(Clone::clone)?;
-        match &self.code {
+        match self.code.as_ref() {
             KernelCode::Native { entries, owner: _ } => {
                 let (entry, info) = &entries[kernel];
                 let launch = Ptrs(&launch);
