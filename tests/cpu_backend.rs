@@ -320,6 +320,56 @@ fn linear_resize_is_compiled_and_matches_the_interpreter() {
     }
 }
 
+/// Cubic resizing (with its coefficient and `exclude_outside`) and antialiased linear and cubic downsampling are
+/// compiled from the interpreter's tap tables and match it on the CPU and the emulated device, with fallbacks
+/// denied; a downscale whose taps multiply past the kernel's budget is a reported fallback, not a refusal.
+#[test]
+fn cubic_and_antialiased_resize_are_compiled_and_match_the_interpreter() {
+    let mut cases = 0;
+    for (mode, extra) in [
+        ("cubic", ""),
+        ("cubic", ", cubic_a=-0.5, exclude_outside=true"),
+        ("linear", ", antialias=true"),
+        ("cubic", ", antialias=true"),
+    ] {
+        for coord in ["half_pixel", "align_corners", "asymmetric"] {
+            for (out, scales) in [("1,2,10,7", "1.0, 1.0, 2.0, 1.75"), ("1,2,3,2", "1.0, 1.0, 0.6, 0.5")] {
+                for dtype in ["f32", "f16"] {
+                    let text = format!(
+                        "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : {dtype}[1,2,5,4]\n  \
+                         %1 = resize %0 {{mode={mode}, coord={coord}, nearest=round_prefer_floor, shape=[{out}], \
+                         scales=[{scales}]{extra}}} : {dtype}[{out}]\n  output \"y\" = %1\n}}\n"
+                    );
+                    let model = Model::from_graph(kiln::ir::parse(&text).unwrap()).unwrap();
+                    let inputs = common::fixture_inputs(&model);
+                    let interp = kiln::RunOptions { backend: Backend::Interp, ..Default::default() };
+                    let want = model.run(&inputs, &interp).unwrap();
+                    let what = format!("{mode}{extra} {coord} to [{out}] {dtype}");
+                    for backend in [Backend::Cpu, Backend::CudaEmulated] {
+                        let deny =
+                            kiln::RunOptions { backend, fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+                        let got = model.run(&inputs, &deny).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        common::assert_outputs(&what, &got, &want, 1e-6, 1e-6);
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 48);
+    // A 2-D antialiased cubic downscale by 8 has 32 taps per dim: beyond the budget, it falls back (reported).
+    let text = "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[1,1,64,64]\n  \
+                %1 = resize %0 {mode=cubic, coord=half_pixel, nearest=round_prefer_floor, shape=[1,1,8,8], \
+                scales=[1.0, 1.0, 0.125, 0.125], antialias=true} : f32[1,1,8,8]\n  output \"y\" = %1\n}\n";
+    let model = Model::from_graph(kiln::ir::parse(text).unwrap()).unwrap();
+    let compiled = model.compile(&CompileOptions::default()).unwrap();
+    let [f] = compiled.fallbacks() else { panic!("one fallback: {:?}", compiled.fallbacks()) };
+    assert!(f.why.contains("taps per output element"), "{f}");
+    let inputs = common::fixture_inputs(&model);
+    let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, ..Default::default() }).unwrap();
+    common::assert_outputs("wide antialias", &compiled.run(&inputs).unwrap(), &want, 1e-6, 1e-6);
+}
+
 /// The compiled code converts between f16/bf16 and f32 inline, and exactly as the `half` crate (and so the
 /// interpreter) does: every f16 to f32; f32 to f16 and to bf16 for every exponent with assorted mantissas
 /// (ties, the subnormal range, overflow to infinity, NaNs) — bit for bit, NaNs by class.

@@ -243,10 +243,13 @@ fn print_f32(v: f32, out: &mut String) {
     }
 }
 
-/// Declares an attribute struct and generates its `.kir` printer and parser from the field list.
+/// Declares an attribute struct and generates its `.kir` printer and parser from the field list. A field may
+/// carry a default (`cubic_a: f64 = -0.75`): the parser then accepts it missing and the printer leaves it out
+/// while it has that value, so an attribute added later keeps old text valid and unchanged (give it a
+/// `#[serde(default…)]` too, for old JSON and artifacts).
 #[macro_export]
 macro_rules! attrs {
-    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty $(= $default:expr)?),* $(,)? }) => {
         $(#[$m])*
         #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
         pub struct $name { $($(#[$fm])* #[doc = concat!("The `", stringify!($field), "` attribute; see the struct docs.")] pub $field: $ty),* }
@@ -256,11 +259,14 @@ macro_rules! attrs {
             fn print_attrs(&self, out: &mut String) {
                 let mut _first = true;
                 $(
-                    out.push_str(if _first { "{" } else { ", " });
-                    _first = false;
-                    out.push_str(stringify!($field));
-                    out.push('=');
-                    $crate::attr::AttrValue::print(&self.$field, out);
+                    // A field with a default is printed only when it differs from it.
+                    if true $(&& self.$field != $default)? {
+                        out.push_str(if _first { "{" } else { ", " });
+                        _first = false;
+                        out.push_str(stringify!($field));
+                        out.push('=');
+                        $crate::attr::AttrValue::print(&self.$field, out);
+                    }
                 )*
                 if !_first { out.push('}'); }
             }
@@ -286,6 +292,7 @@ macro_rules! attrs {
                         src.expect(',')?;
                     }
                 }
+                $($(let $field = $field.or(Some($default));)?)*
                 let missing: Vec<&str> = Self::FIELDS.iter().copied()
                     .zip([$($field.is_none()),*])
                     .filter_map(|(n, m)| m.then_some(n)).collect();

@@ -637,6 +637,8 @@ named_enum! {
         Nearest = "nearest",
         /// (Multi-)linear.
         Linear = "linear",
+        /// (Multi-)cubic: Keys' cubic convolution with coefficient `cubic_a` over four taps per dim.
+        Cubic = "cubic",
     }
 }
 
@@ -673,8 +675,46 @@ named_enum! {
 
 attrs! {
     /// Resize to `shape` (same rank as the input). `scales` per dim are used for the coordinate mapping (ONNX
-    /// passes them explicitly; when derived from sizes they are `out/in`).
-    pub struct Resize { mode: ResizeMode, coord: CoordMode, nearest: NearestMode, shape: Shape, scales: Vec<f64> }
+    /// passes them explicitly; when derived from sizes they are `out/in`). For cubic resizing `cubic_a` is the
+    /// kernel's coefficient (ONNX `cubic_coeff_a`) and `exclude_outside` drops the taps outside the input,
+    /// renormalizing the rest; `antialias` widens the linear or cubic filter by the inverse scale when
+    /// downsampling (ONNX `antialias`). The three are printed only when not at their defaults.
+    pub struct Resize {
+        mode: ResizeMode,
+        coord: CoordMode,
+        nearest: NearestMode,
+        shape: Shape,
+        scales: Vec<f64>,
+        #[serde(default = "default_cubic_a")]
+        cubic_a: f64 = DEFAULT_CUBIC_A,
+        #[serde(default)]
+        exclude_outside: bool = false,
+        #[serde(default)]
+        antialias: bool = false,
+    }
+}
+
+impl Resize {
+    /// A resize with the filter attributes at their defaults (no antialiasing, ONNX's cubic coefficient).
+    pub fn new(mode: ResizeMode, coord: CoordMode, nearest: NearestMode, shape: Shape, scales: Vec<f64>) -> Resize {
+        Resize {
+            mode,
+            coord,
+            nearest,
+            shape,
+            scales,
+            cubic_a: DEFAULT_CUBIC_A,
+            exclude_outside: false,
+            antialias: false,
+        }
+    }
+}
+
+/// ONNX's default `cubic_coeff_a`.
+pub const DEFAULT_CUBIC_A: f64 = -0.75;
+
+fn default_cubic_a() -> f64 {
+    DEFAULT_CUBIC_A
 }
 
 named_enum! {

@@ -376,6 +376,7 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     let mode = match n.string("mode").as_deref().unwrap_or("nearest") {
         "nearest" => ResizeMode::Nearest,
         "linear" | "bilinear" | "trilinear" => ResizeMode::Linear,
+        "cubic" | "bicubic" => ResizeMode::Cubic,
         other => return Err(format!("mode `{other}` is not supported")),
     };
     let coord = match n.string("coordinate_transformation_mode").as_deref().unwrap_or(if n.opset < 11 {
@@ -397,11 +398,11 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         "ceil" => NearestMode::Ceil,
         other => return Err(format!("nearest_mode `{other}` is not supported")),
     };
-    if n.int("antialias", 0) != 0 {
-        return Err("antialias=1 is not supported".into());
-    }
-    if n.int("exclude_outside", 0) != 0 {
-        return Err("exclude_outside=1 is not supported".into());
+    let antialias = n.int("antialias", 0) != 0;
+    let exclude_outside = n.int("exclude_outside", 0) != 0;
+    let cubic_a = f64::from(n.float("cubic_coeff_a", kiln_ir::op::DEFAULT_CUBIC_A as f32));
+    if !cubic_a.is_finite() {
+        return Err(format!("cubic_coeff_a {cubic_a} must be finite"));
     }
     let keep_aspect = match n.string("keep_aspect_ratio_policy").as_deref().unwrap_or("stretch") {
         "stretch" => None,
@@ -411,7 +412,7 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
             return Err(format!("keep_aspect_ratio_policy `{other}` is not one of stretch, not_larger, not_smaller"));
         }
     };
-    n.ignore(&["cubic_coeff_a", "extrapolation_value"]);
+    n.ignore(&["extrapolation_value"]);
     let axes: Vec<usize> = match n.ints("axes") {
         Some(a) => a.iter().map(|&a| super::axis(a, rank)).collect::<Result<_, _>>()?,
         None => (0..rank).collect(),
@@ -457,7 +458,10 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         }
         _ => return Err("exactly one of scales and sizes must be given, one value per resized axis".into()),
     }
-    let attrs = Resize { mode, coord, nearest, shape: Shape(out), scales };
+    // Antialiasing changes nothing where no resized axis shrinks (the filter is only stretched to downsample),
+    // and nothing for nearest resizing.
+    let antialias = antialias && mode != ResizeMode::Nearest && scales.iter().any(|&s| s < 1.0);
+    let attrs = Resize { mode, coord, nearest, shape: Shape(out), scales, cubic_a, exclude_outside, antialias };
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
 }
 
@@ -477,13 +481,7 @@ pub(crate) fn upsample(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, S
         return Err(format!("scales {scales:?} must give one value ≥ 1 per dim"));
     }
     let out: Vec<Dim> = d.iter().zip(&scales).map(|(v, &s)| scaled_dim(v, s)).collect::<Result<_, _>>()?;
-    let attrs = Resize {
-        mode: ResizeMode::Nearest,
-        coord: CoordMode::Asymmetric,
-        nearest: NearestMode::Floor,
-        shape: Shape(out),
-        scales,
-    };
+    let attrs = Resize::new(ResizeMode::Nearest, CoordMode::Asymmetric, NearestMode::Floor, Shape(out), scales);
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
 }
 

@@ -11,7 +11,7 @@ use kiln_ir::op::{BinaryOp, CoordMode, NearestMode, Pad, PadMode, Resize, Slice,
 use kiln_ir::types::normalize_axis;
 use kiln_ir::{DType, Dim, NodeId, Shape, Tensor, Value};
 
-use super::super::ir::{CmpOp, Expr, IExpr};
+use super::super::ir::{ArgId, CmpOp, Expr, IExpr};
 use super::{Ctx, LowerError};
 
 impl Ctx<'_> {
@@ -204,6 +204,107 @@ impl Ctx<'_> {
         }
         let blended = self.blend(x, dtype, ct, &taps, idx.to_vec())?;
         Ok(if ct == dtype { blended } else { Expr::cast(blended, ct, dtype) })
+    }
+
+    /// Cubic resizing, and antialiased linear or cubic resizing, on static extents: along each resized dim the
+    /// taps of [`kiln_ir::interp::filter_taps`] (the interpreter's own) come from constant tables indexed by the
+    /// output index — `k` input indices and `k` weights per output index — and are summed in the interpreter's
+    /// order (skipping a weight of 0), the sum over a later dim holding the sums over the earlier ones, in f64 as
+    /// the interpreter sums; a dim every output of which takes its own input element is not touched. Refused (a fallback)
+    /// on a symbolic extent, or where the taps of all dims would multiply to more than [`MAX_FILTER_TERMS`] loads
+    /// per output element (a large antialiased downscale, better done one dim at a time).
+    pub(super) fn resize_filtered(
+        &mut self,
+        id: NodeId,
+        x: Value,
+        r: &Resize,
+        out_shape: &Shape,
+        idx: &[IExpr],
+    ) -> Result<Expr, LowerError> {
+        let shape = self.shape(x)?;
+        let dtype = self.dtype(x)?;
+        let what = format!("{} resizing{}", r.mode.name(), if r.antialias { " with antialiasing" } else { "" });
+        if !dtype.is_float() {
+            return Err(self.node_err(id, format!("{what} of {dtype}")));
+        }
+        // The interpreter's arithmetic: f64 weights and sums, rounded to the dtype once (through f32 for the half
+        // types, as the interpreter stores them).
+        let ct = DType::F64;
+        let mut axes = Vec::new();
+        let mut terms: usize = 1;
+        for d in 0..idx.len() {
+            let (Some(n), Some(m)) = (shape.0[d].as_static(), out_shape.0[d].as_static()) else {
+                return Err(self.node_err(id, format!("{what} of a symbolic extent is not compiled yet")));
+            };
+            if n == 0 || m > MAX_TAP_TABLE {
+                return Err(self.node_err(id, format!("{what} from {n} to {m} elements is not compiled")));
+            }
+            let taps = kiln_ir::interp::filter_taps(r, d, n as usize, m as usize);
+            let identity = n == m
+                && taps.iter().enumerate().all(|(o, t)| t.iter().all(|&(i, w)| w == 0.0 || (i == o && w == 1.0)));
+            if identity {
+                continue;
+            }
+            let k = taps.iter().map(Vec::len).max().unwrap_or(1);
+            terms = terms.saturating_mul(k);
+            if terms > MAX_FILTER_TERMS {
+                let why = format!("{what} needs more than {MAX_FILTER_TERMS} taps per output element");
+                return Err(self.node_err(id, why));
+            }
+            let (mut is, mut ws) = (Vec::with_capacity(taps.len() * k), Vec::with_capacity(taps.len() * k));
+            for t in &taps {
+                for j in 0..k {
+                    let (i, w) = t.get(j).copied().unwrap_or((0, 0.0));
+                    is.push(i as i64);
+                    ws.push(w);
+                }
+            }
+            let len = vec![taps.len() * k];
+            let ws = Tensor::from_vec(len.clone(), ws).expect("k taps per output index");
+            let is = Tensor::from_vec(len, is).expect("k taps per output index");
+            axes.push((d, k as i64, self.table(x, is), self.table(x, ws)));
+        }
+        let sum = self.filter_sum(x, dtype, ct, &axes, idx.to_vec())?;
+        Ok(match dtype {
+            DType::F64 => sum,
+            DType::F16 | DType::BF16 => Expr::cast(Expr::cast(sum, ct, DType::F32), DType::F32, dtype),
+            _ => Expr::cast(sum, ct, dtype),
+        })
+    }
+
+    /// The filtered sum along the last of `axes` (dim, taps per output, index table, weight table) of the sums
+    /// along the earlier ones, `src` holding the output index in the dims not yet replaced by a tap.
+    fn filter_sum(
+        &mut self,
+        x: Value,
+        dtype: DType,
+        ct: DType,
+        axes: &[(usize, i64, ArgId, ArgId)],
+        src: Vec<IExpr>,
+    ) -> Result<Expr, LowerError> {
+        let Some((&(d, k, it, wt), rest)) = axes.split_last() else {
+            let v = self.value_at(x, &src)?;
+            return Ok(if ct == dtype { v } else { Expr::cast(v, dtype, ct) });
+        };
+        let zero = Expr::Const(Scalar::from_f64(ct, 0.0));
+        let mut sum: Option<Expr> = None;
+        for j in 0..k {
+            let at = self.simp(IExpr::plus(IExpr::times(src[d].clone(), IExpr::Const(k)), IExpr::Const(j)));
+            let mut s = src.clone();
+            s[d] = IExpr::read(it, at.clone());
+            let v = self.filter_sum(x, dtype, ct, rest, s)?;
+            let w = Expr::Load { arg: wt, index: at };
+            let term = Expr::select(
+                Expr::binary(BinaryOp::Eq, w.clone(), zero.clone()),
+                zero.clone(),
+                Expr::binary(BinaryOp::Mul, w, v),
+            );
+            sum = Some(match sum {
+                None => term,
+                Some(acc) => Expr::binary(BinaryOp::Add, acc, term),
+            });
+        }
+        Ok(sum.unwrap_or(zero))
     }
 
     /// The tap of output index `o` along dim `d` (static extents `n` → `m`), read from constant tables.
@@ -447,3 +548,7 @@ struct Tap {
 /// The most output indices a linear resize's constant tap tables cover (three tables of this many elements are
 /// built at compile time; an absurd extent in a model must not allocate them).
 const MAX_TAP_TABLE: u64 = 1 << 20;
+
+/// The most loads per output element a compiled cubic or antialiased resize makes (the product of the resized
+/// dims' taps: 16 for a 2-D cubic resize).
+const MAX_FILTER_TERMS: usize = 64;

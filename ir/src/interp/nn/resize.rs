@@ -1,4 +1,4 @@
-//! `resize`: nearest and (multi-)linear resizing, ONNX Resize without antialiasing.
+//! `resize`: nearest, (multi-)linear and (multi-)cubic resizing, with ONNX's antialiasing for the latter two.
 //!
 //! Each output coordinate `o` of a dim maps to a fractional input coordinate `x` by the coordinate mode; then
 //! - nearest rounds `x` by the nearest mode and clamps the index into `[0, in)`: a gather, exact for every dtype;
@@ -29,7 +29,11 @@ pub(super) fn resize(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tens
     let coords = |d: usize| -> Vec<f64> {
         (0..out_shape[d]).map(|o| source_coord(r.coord, o, in_shape[d], out_shape[d], r.scales[d])).collect()
     };
+    if r.antialias && r.mode == ResizeMode::Linear {
+        return filtered(r, x, out_shape);
+    }
     match r.mode {
+        ResizeMode::Cubic => filtered(r, x, out_shape),
         ResizeMode::Nearest => {
             let in_strides = strides_of(in_shape);
             let maps: Vec<Vec<usize>> = (0..in_shape.len())
@@ -51,6 +55,108 @@ pub(super) fn resize(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tens
             store(x.dtype(), out_shape, cur)
         }),
     }
+}
+
+/// Cubic resizing, and antialiased linear or cubic resizing, as ONNX's reference defines them: per dim, each
+/// output index blends the input elements at the taps of [`filter_taps`] (clamped to the edge) with their
+/// weights, in order and in f64, dims one after another; the result is rounded to the dtype once.
+fn filtered(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, String> {
+    if !x.dtype().is_float() {
+        return Err(format!("{} resizing of {} is not defined", r.mode.name(), x.dtype()));
+    }
+    let mut cur = load::<f64>(x);
+    let mut shape = x.shape().to_vec();
+    for d in 0..shape.len() {
+        let taps = filter_taps(r, d, shape[d], out_shape[d]);
+        let (outer, inner, in_len) = (shape[..d].iter().product::<usize>(), shape[d + 1..].iter().product(), shape[d]);
+        let mut out = Vec::with_capacity(outer * taps.len() * inner);
+        for a in 0..outer {
+            for t in &taps {
+                for b in 0..inner {
+                    // As for linear resizing, a tap of weight 0 is skipped (never `0 · inf`).
+                    let taps = t.iter().filter(|&&(_, w)| w != 0.0);
+                    out.push(taps.map(|&(i, w)| w * cur[(a * in_len + i) * inner + b]).sum::<f64>());
+                }
+            }
+        }
+        cur = out;
+        shape[d] = out_shape[d];
+    }
+    store(x.dtype(), out_shape, cur)
+}
+
+/// The taps of cubic or antialiased resizing along dim `d` from `in_len` (at least 1) to `out_len` elements: for
+/// each output index, the input indices it blends (clamped into `[0, in_len)`, as ONNX pads the input with its
+/// edge values) and their weights, in order. ONNX's reference: the coordinate `x` splits into a base `f` and a
+/// ratio `x - f` in `(0, 1]`; the `n` taps are the `n` positions nearest `x` (`f + 1 - n/2` on, kept inside the
+/// input padded by `n/2` on each side); cubic weighs them by Keys' kernel with coefficient `cubic_a`, antialiasing
+/// stretches the linear or cubic kernel by `1/scale` when downsampling (more taps, weights normalized to sum 1),
+/// and `exclude_outside` zeroes the taps outside the input and renormalizes.
+pub fn filter_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<Vec<(usize, f64)>> {
+    let scale = r.scales[d];
+    let a = r.cubic_a;
+    (0..out_len)
+        .map(|o| {
+            let x = source_coord(r.coord, o, in_len, out_len, scale);
+            let f = if x.fract() == 0.0 { x - 1.0 } else { x.floor() };
+            let ratio = x - f;
+            let mut w: Vec<f64> = match (r.mode, r.antialias) {
+                (ResizeMode::Cubic, false) => {
+                    let (p, q) = (ratio, 1.0 - ratio);
+                    vec![keys(a, p + 1.0), keys(a, p), keys(a, q), keys(a, q + 1.0)]
+                }
+                (ResizeMode::Cubic, true) => {
+                    let s = scale.min(1.0);
+                    let start = (-2.0 / s).floor() as i64 + 1;
+                    stretched(start, ratio, s, |t| keys(a, t))
+                }
+                (_, true) => {
+                    let s = scale.min(1.0);
+                    let start = (-1.0 / s).floor() as i64 + 1;
+                    stretched(start, ratio, s, |t| (1.0 - t.abs()).clamp(0.0, 1.0))
+                }
+                (_, false) => vec![1.0 - ratio, ratio],
+            };
+            let n = w.len() as i64;
+            let pad = (n + 1) / 2;
+            let (len, base) = (in_len as i64, f as i64);
+            let start = (base + 1 - n / 2).clamp(-pad, (len + pad - n).max(-pad));
+            let positions: Vec<i64> = (start..start + n).collect();
+            if r.exclude_outside {
+                for (wk, &p) in w.iter_mut().zip(&positions) {
+                    if p < 0 || p >= len {
+                        *wk = 0.0;
+                    }
+                }
+                let sum: f64 = w.iter().sum();
+                if sum != 0.0 {
+                    w.iter_mut().for_each(|wk| *wk /= sum);
+                }
+            }
+            positions.iter().map(|&p| p.clamp(0, len - 1) as usize).zip(w).collect()
+        })
+        .collect()
+}
+
+/// Keys' cubic convolution kernel with coefficient `a` at distance `t`.
+fn keys(a: f64, t: f64) -> f64 {
+    let t = t.abs();
+    let (t2, t3) = (t * t, t * t * t);
+    if t <= 1.0 {
+        (a + 2.0) * t3 - (a + 3.0) * t2 + 1.0
+    } else if t < 2.0 {
+        a * t3 - 5.0 * a * t2 + 8.0 * a * t - 4.0 * a
+    } else {
+        0.0
+    }
+}
+
+/// The weights of a kernel stretched by `1/s` at the taps `start..1 - start` (relative to the base), normalized
+/// to sum 1.
+fn stretched(start: i64, ratio: f64, s: f64, kernel: impl Fn(f64) -> f64) -> Vec<f64> {
+    let w: Vec<f64> = (start..1 - start + 1).map(|i| kernel(s * (i as f64 - ratio))).collect();
+    let sum: f64 = w.iter().sum();
+    if sum == 0.0 { w } else { w.into_iter().map(|v| v / sum).collect() }
 }
 
 /// The input coordinate that output coordinate `o` samples (ONNX `coordinate_transformation_mode`).
@@ -135,7 +241,7 @@ mod tests {
     use crate::types::{DType, Shape};
 
     fn resize(mode: ResizeMode, coord: CoordMode, nearest: NearestMode, shape: &[u64], scales: &[f64]) -> Op {
-        Op::Resize(Resize { mode, coord, nearest, shape: Shape::of(shape), scales: scales.to_vec() })
+        Op::Resize(Resize::new(mode, coord, nearest, Shape::of(shape), scales.to_vec()))
     }
 
     fn nearest(coord: CoordMode, nearest: NearestMode, shape: &[u64], scales: &[f64]) -> Op {
@@ -335,13 +441,13 @@ mod tests {
         expect_err("empty source", &op, &[f32s(&[0], &[])], "empty");
         let ints = tensor(DType::I32, &[2], &[1.0, 2.0]);
         expect_err("linear on ints", &linear(CoordMode::HalfPixel, &[4], &[2.0]), &[ints], "float");
-        let op = Op::Resize(Resize {
-            mode: ResizeMode::Nearest,
-            coord: CoordMode::Asymmetric,
-            nearest: NearestMode::Floor,
-            shape: Shape(vec!["n".into()]),
-            scales: vec![1.0],
-        });
+        let op = Op::Resize(Resize::new(
+            ResizeMode::Nearest,
+            CoordMode::Asymmetric,
+            NearestMode::Floor,
+            Shape(vec!["n".into()]),
+            vec![1.0],
+        ));
         expect_err("symbolic target", &op, &[f32s(&[2], &[1.0, 2.0])], "static");
     }
 }
