@@ -219,8 +219,9 @@ fn concat_and_pad_on_symbolic_extents_handle_empty_operands() {
 }
 
 /// Nearest resize is compiled for integer scales and their inverses, in every nearest mode with the asymmetric
-/// and half-pixel coordinate modes, and matches the interpreter exactly (on the CPU and the emulated device);
-/// other scales still run on the interpreter, reported.
+/// and half-pixel coordinate modes, and for any scale and coordinate mode on static extents (a table of the
+/// interpreter's indices), and matches the interpreter exactly (on the CPU and the emulated device); a symbolic
+/// extent at another scale still runs on the interpreter, reported.
 #[test]
 fn nearest_resize_is_compiled_and_exact() {
     let mut cases = 0;
@@ -232,8 +233,11 @@ fn nearest_resize_is_compiled_and_exact() {
         ("half_pixel", "round_prefer_ceil"),
         ("half_pixel", "floor"),
         ("half_pixel", "ceil"),
+        ("align_corners", "round_prefer_floor"),
+        ("pytorch_half_pixel", "round_prefer_ceil"),
+        ("half_pixel_symmetric", "floor"),
     ] {
-        for (scale, out) in [(2.0, 10), (3.0, 15), (0.5, 2)] {
+        for (scale, out) in [(2.0, 10), (3.0, 15), (0.5, 2), (1.5, 7), (0.6, 3)] {
             let text = format!(
                 "graph \"r\" {{\n  %0 = input {{name=\"x\"}} : f32[1,2,5,5]\n  %1 = resize %0 {{mode=nearest, coord={coord}, \
                  nearest={nearest}, shape=[1,2,{out},{out}], scales=[1.0, 1.0, {scale:?}, {scale:?}]}} : f32[1,2,{out},{out}]\n  \
@@ -260,11 +264,11 @@ fn nearest_resize_is_compiled_and_exact() {
             cases += 1;
         }
     }
-    assert_eq!(cases, 21);
-    // A nearest resize by 1.5 is not compiled yet: it runs on the interpreter, and says why.
-    let text = "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[1,1,2,2]\n  \
-                %1 = resize %0 {mode=nearest, coord=half_pixel, nearest=round_prefer_floor, shape=[1,1,3,3], \
-                scales=[1.0, 1.0, 1.5, 1.5]} : f32[1,1,3,3]\n  output \"v\" = %1\n}\n";
+    assert_eq!(cases, 50);
+    // A nearest resize by 1.5 of a symbolic extent is not compiled yet: it runs on the interpreter, and says why.
+    let text = "graph \"g\" {\n  %0 = input {name=\"x\"} : f32[1,1,h,2]\n  \
+                %1 = resize %0 {mode=nearest, coord=half_pixel, nearest=round_prefer_floor, shape=[1,1,(3*h)/2,2], \
+                scales=[1.0, 1.0, 1.5, 1.0]} : f32[1,1,(3*h)/2,2]\n  output \"v\" = %1\n}\n";
     let compiled = Model::from_graph(kiln::ir::parse(text).unwrap()).unwrap().compile(&CompileOptions::default());
     let f = compiled.unwrap().fallbacks().to_vec();
     assert!(f.len() == 1 && f[0].why.contains("scale 1.5"), "{f:?}");
@@ -368,6 +372,36 @@ fn cubic_and_antialiased_resize_are_compiled_and_match_the_interpreter() {
     let inputs = common::fixture_inputs(&model);
     let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, ..Default::default() }).unwrap();
     common::assert_outputs("wide antialias", &compiled.run(&inputs).unwrap(), &want, 1e-6, 1e-6);
+}
+
+/// `tf_crop_and_resize` coordinates (a crop box partly outside the input, an extrapolation value) compile for
+/// nearest, linear and cubic resizing and match the interpreter on the CPU and the emulated device; the crop box
+/// reaches outside the input, so some elements are extrapolated, and it crops a dim whose extent stays the same
+/// (scale 1: not an identity there).
+#[test]
+fn crop_and_resize_is_compiled_and_matches_the_interpreter() {
+    for mode in ["nearest", "linear", "cubic"] {
+        let text = format!(
+            "graph \"g\" {{\n  %0 = input {{name=\"x\"}} : f32[1,2,5,4]\n  \
+             %1 = resize %0 {{mode={mode}, coord=tf_crop_and_resize, nearest=round_prefer_ceil, shape=[1,2,7,4], \
+             scales=[1.0, 1.0, 1.4, 1.0], roi=[0.0, 0.0, 0.2, -0.1, 1.0, 1.0, 0.9, 1.3], extrapolation=-7.5}} \
+             : f32[1,2,7,4]\n  output \"y\" = %1\n}}\n"
+        );
+        let g = kiln::ir::parse(&text).unwrap();
+        let printed = kiln::ir::print(&g);
+        assert!(printed.contains("roi=[0.0, 0.0, 0.2, -0.1, 1.0, 1.0, 0.9, 1.3], extrapolation=-7.5"), "{printed}");
+        assert_eq!(kiln::ir::print(&kiln::ir::parse(&printed).unwrap()), printed, "{mode}: round trip");
+        let model = Model::from_graph(g).unwrap();
+        let inputs = common::fixture_inputs(&model);
+        let want = model.run(&inputs, &kiln::RunOptions { backend: Backend::Interp, ..Default::default() }).unwrap();
+        let extrapolated = want[0].1.to_f64_vec().iter().filter(|&&v| v == -7.5).count();
+        assert!(extrapolated > 0 && extrapolated < 56, "{mode}: {extrapolated} extrapolated elements");
+        for backend in [Backend::Cpu, Backend::CudaEmulated] {
+            let deny = kiln::RunOptions { backend, fallback: kiln::FallbackPolicy::Deny, ..Default::default() };
+            let got = model.run(&inputs, &deny).unwrap_or_else(|e| panic!("{mode}: {e}"));
+            common::assert_outputs(mode, &got, &want, 1e-6, 1e-6);
+        }
+    }
 }
 
 /// The compiled code converts between f16/bf16 and f32 inline, and exactly as the `half` crate (and so the

@@ -656,6 +656,10 @@ named_enum! {
         /// Like half_pixel, centred: plus `in/2 · (1 - out / (in · scale))`, which differs from half_pixel when
         /// the output extent is not exactly `in · scale`.
         HalfPixelSymmetric = "half_pixel_symmetric",
+        /// A crop box `roi` (start and end per dim, as fractions of `in - 1`) resampled onto the output:
+        /// `start·(in-1) + o·(end-start)·(in-1)/(in·scale - 1)` (the box's middle for an output of one element); an
+        /// output element whose coordinate falls outside `[0, in - 1]` along any dim is `extrapolation`.
+        TfCropAndResize = "tf_crop_and_resize",
     }
 }
 
@@ -678,23 +682,40 @@ attrs! {
     /// passes them explicitly; when derived from sizes they are `out/in`). For cubic resizing `cubic_a` is the
     /// kernel's coefficient (ONNX `cubic_coeff_a`) and `exclude_outside` drops the taps outside the input,
     /// renormalizing the rest; `antialias` widens the linear or cubic filter by the inverse scale when
-    /// downsampling (ONNX `antialias`). The three are printed only when not at their defaults.
+    /// downsampling (ONNX `antialias`). `roi` (every dim's start, then every dim's end) and `extrapolation` serve
+    /// the `tf_crop_and_resize` coordinates. These five are printed and serialized only when not at their
+    /// defaults.
     pub struct Resize {
         mode: ResizeMode,
         coord: CoordMode,
         nearest: NearestMode,
         shape: Shape,
         scales: Vec<f64>,
-        #[serde(default = "default_cubic_a")]
+        #[serde(
+            default = "default_cubic_a",
+            skip_serializing_if = "is_default_cubic_a",
+            with = "crate::attr::non_finite"
+        )]
         cubic_a: f64 = DEFAULT_CUBIC_A,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         exclude_outside: bool = false,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         antialias: bool = false,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        roi: Vec<f64> = Vec::<f64>::new(),
+        #[serde(default, skip_serializing_if = "is_zero", with = "crate::attr::non_finite")]
+        extrapolation: f64 = 0.0,
     }
 }
 
 impl Resize {
+    /// Whether dim `d`'s coordinate mapping is the identity where the input and output extents agree: a scale of
+    /// 1, and for `tf_crop_and_resize` the whole dim as the crop box.
+    pub fn keeps_dim(&self, d: usize) -> bool {
+        let whole = || self.roi.get(d) == Some(&0.0) && self.roi.get(self.roi.len() / 2 + d) == Some(&1.0);
+        self.scales.get(d) == Some(&1.0) && (self.coord != CoordMode::TfCropAndResize || whole())
+    }
+
     /// A resize with the filter attributes at their defaults (no antialiasing, ONNX's cubic coefficient).
     pub fn new(mode: ResizeMode, coord: CoordMode, nearest: NearestMode, shape: Shape, scales: Vec<f64>) -> Resize {
         Resize {
@@ -706,6 +727,8 @@ impl Resize {
             cubic_a: DEFAULT_CUBIC_A,
             exclude_outside: false,
             antialias: false,
+            roi: Vec::new(),
+            extrapolation: 0.0,
         }
     }
 }
@@ -715,6 +738,16 @@ pub const DEFAULT_CUBIC_A: f64 = -0.75;
 
 fn default_cubic_a() -> f64 {
     DEFAULT_CUBIC_A
+}
+
+// The filter fields serialize only when not at their defaults, so a program written before they existed reads
+// back, and serializes again, exactly as it was (an artifact's digest covers its serialized program).
+fn is_default_cubic_a(v: &f64) -> bool {
+    *v == DEFAULT_CUBIC_A
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 named_enum! {
@@ -964,5 +997,29 @@ impl Op {
         let mut s = String::new();
         self.print_attrs(&mut s);
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attributes added with defaults keep old text and JSON valid and unchanged: a resize without the filter
+    /// fields reads back with the defaults, and writes back without them; a non-default value round-trips in
+    /// both forms.
+    #[test]
+    fn defaulted_attributes_keep_old_forms_unchanged() {
+        let old = Resize::new(ResizeMode::Linear, CoordMode::HalfPixel, NearestMode::Floor, Shape::of(&[4]), vec![2.0]);
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(!json.contains("cubic_a") && !json.contains("roi") && !json.contains("antialias"), "{json}");
+        // What kiln wrote before the fields existed is exactly this.
+        let read: Resize = serde_json::from_str(&json).unwrap();
+        assert_eq!(read, old);
+        let text = Op::Resize(old.clone()).attrs_text();
+        assert!(!text.contains("cubic_a") && !text.contains("extrapolation"), "{text}");
+        let custom = Resize { cubic_a: -0.5, extrapolation: f64::NAN, roi: vec![0.1, 0.9], ..old };
+        let back: Resize = serde_json::from_str(&serde_json::to_string(&custom).unwrap()).unwrap();
+        assert_eq!((back.cubic_a, back.roi.clone()), (-0.5, vec![0.1, 0.9]));
+        assert!(back.extrapolation.is_nan());
     }
 }

@@ -437,7 +437,8 @@ impl Executable {
             Step::Interp { node, .. } => format!("interpreter {node}"),
             Step::Region { node, bodies, .. } => {
                 let steps: usize = bodies.iter().filter_map(|&b| self.regions.get(b)).map(|r| r.steps.len()).sum();
-                format!("region {node} ({} bodies, {steps} steps)", bodies.len())
+                let n = bodies.len();
+                format!("region {node} ({n} {}, {steps} steps)", if n == 1 { "body" } else { "bodies" })
             }
             Step::Backend { backend, node, op, .. } => format!("backend {backend}: {} `{node}`", op.mnemonic()),
             Step::Copy { dst, .. } => format!("copy -> {}", ty(dst)),

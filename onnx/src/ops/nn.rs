@@ -389,6 +389,7 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         "align_corners" => CoordMode::AlignCorners,
         "asymmetric" => CoordMode::Asymmetric,
         "half_pixel_symmetric" => CoordMode::HalfPixelSymmetric,
+        "tf_crop_and_resize" => CoordMode::TfCropAndResize,
         other => return Err(format!("coordinate_transformation_mode `{other}` is not supported")),
     };
     let nearest = match n.string("nearest_mode").as_deref().unwrap_or("round_prefer_floor") {
@@ -412,7 +413,7 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
             return Err(format!("keep_aspect_ratio_policy `{other}` is not one of stretch, not_larger, not_smaller"));
         }
     };
-    n.ignore(&["extrapolation_value"]);
+    let extrapolation = f64::from(n.float("extrapolation_value", 0.0));
     let axes: Vec<usize> = match n.ints("axes") {
         Some(a) => a.iter().map(|&a| super::axis(a, rank)).collect::<Result<_, _>>()?,
         None => (0..rank).collect(),
@@ -461,7 +462,35 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     // Antialiasing changes nothing where no resized axis shrinks (the filter is only stretched to downsample),
     // and nothing for nearest resizing.
     let antialias = antialias && mode != ResizeMode::Nearest && scales.iter().any(|&s| s < 1.0);
-    let attrs = Resize { mode, coord, nearest, shape: Shape(out), scales, cubic_a, exclude_outside, antialias };
+    // The crop box of tf_crop_and_resize: every dim's start, then every dim's end (the full extent of the dims
+    // `axes` leaves out).
+    let mut roi = Vec::new();
+    if coord == CoordMode::TfCropAndResize {
+        let given = match n.opt_input(1) {
+            Some(v) if v.ty.shape.num_elements() != Some(0) => v.floats().ok_or("roi must be known at import time")?,
+            _ => return Err("tf_crop_and_resize needs a roi".into()),
+        };
+        if given.len() != 2 * axes.len() || given.iter().any(|v| !v.is_finite()) {
+            return Err(format!("roi {given:?} must hold a finite start and end per resized axis"));
+        }
+        roi = [vec![0.0; rank], vec![1.0; rank]].concat();
+        for (i, &a) in axes.iter().enumerate() {
+            roi[a] = given[i];
+            roi[rank + a] = given[axes.len() + i];
+        }
+    }
+    let attrs = Resize {
+        mode,
+        coord,
+        nearest,
+        shape: Shape(out),
+        scales,
+        cubic_a,
+        exclude_outside,
+        antialias,
+        roi,
+        extrapolation,
+    };
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
 }
 

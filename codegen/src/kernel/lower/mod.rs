@@ -615,15 +615,18 @@ impl<'g> Ctx<'g> {
             Op::Transpose(t) => self.transpose(ins[0], &t.perm, idx),
             Op::Slice(s) => self.slice(v.node, ins[0], s, idx),
             Op::Pad(p) => self.pad(v.node, ins[0], p, idx),
-            Op::Resize(r) => match r.mode {
-                kiln_ir::op::ResizeMode::Nearest => self.resize_nearest(v.node, ins[0], r, &out_shape, idx),
-                kiln_ir::op::ResizeMode::Linear if !r.antialias => {
-                    self.resize_linear(v.node, ins[0], r, &out_shape, idx)
-                }
-                kiln_ir::op::ResizeMode::Linear | kiln_ir::op::ResizeMode::Cubic => {
-                    self.resize_filtered(v.node, ins[0], r, &out_shape, idx)
-                }
-            },
+            Op::Resize(r) => {
+                let inside = match r.mode {
+                    kiln_ir::op::ResizeMode::Nearest => self.resize_nearest(v.node, ins[0], r, &out_shape, idx),
+                    kiln_ir::op::ResizeMode::Linear if !r.antialias => {
+                        self.resize_linear(v.node, ins[0], r, &out_shape, idx)
+                    }
+                    kiln_ir::op::ResizeMode::Linear | kiln_ir::op::ResizeMode::Cubic => {
+                        self.resize_filtered(v.node, ins[0], r, &out_shape, idx)
+                    }
+                }?;
+                self.crop_extrapolation(v.node, ins[0], r, &out_shape, idx, inside)
+            }
             Op::Concat(c) => self.concat(v.node, ins, c.axis, idx),
             Op::Split(s) => self.split(v.node, ins[0], s, v.index as usize, idx),
             Op::ShapeOf => self.shape_of(ins[0], idx),

@@ -88,10 +88,12 @@ impl Ctx<'_> {
         self.value_at(x, &own)
     }
 
-    /// Nearest resize: each output index maps to the input index ONNX's coordinate and nearest modes pick,
-    /// computed in exact integer arithmetic. Compiled for resized dims whose scale or its inverse is an integer
+    /// Nearest resize: each output index maps to the input index ONNX's coordinate and nearest modes pick. For a
+    /// resized dim whose scale or its inverse is an integer with the asymmetric or half-pixel coordinate modes
     /// (upsampling by 2, downsampling by 2: the coordinates are then exact in floating point too, so the
-    /// interpreter agrees) with the asymmetric or half-pixel coordinate modes; anything else is refused (and
+    /// interpreter agrees) it is computed in exact integer arithmetic, on any extent; for any other scale or
+    /// coordinate mode on static extents it is read from a constant table of the interpreter's own indices
+    /// ([`kiln_ir::interp::nearest_taps`]); anything else (a symbolic extent at such a scale) is refused (and
     /// falls back).
     pub(super) fn resize_nearest(
         &mut self,
@@ -104,12 +106,26 @@ impl Ctx<'_> {
         let shape = self.shape(x)?;
         let mut own = Vec::with_capacity(idx.len());
         for d in 0..idx.len() {
-            let scale = r.scales[d];
-            if shape.0[d] == out_shape.0[d] && scale == 1.0 {
+            if shape.0[d] == out_shape.0[d] && r.keeps_dim(d) {
                 own.push(idx[d].clone());
                 continue;
             }
-            let (a, b) = self.rational_coord(id, r, d, idx[d].clone(), "resize")?;
+            let (a, b) = match self.rational_coord(id, r, d, idx[d].clone(), "resize") {
+                Ok(ab) => ab,
+                // Any other scale or coordinate mode on static extents: the interpreter's own indices, tabled.
+                Err(e) => match (shape.0[d].as_static(), out_shape.0[d].as_static()) {
+                    (Some(n), Some(m)) if n > 0 && m <= MAX_TAP_TABLE => {
+                        let (n, m) = (n as usize, m as usize);
+                        let taps = kiln_ir::interp::nearest_taps(r, d, n, m);
+                        let t = Tensor::from_vec(vec![m], taps.into_iter().map(|i| i as i64).collect())
+                            .expect("one index per output index");
+                        let table = self.table(x, t);
+                        own.push(IExpr::read(table, idx[d].clone()));
+                        continue;
+                    }
+                    _ => return Err(e),
+                },
+            };
             let i = match r.nearest {
                 NearestMode::Floor => IExpr::floor_div(a, IExpr::Const(b)),
                 NearestMode::Ceil => IExpr::floor_div(IExpr::plus(a, IExpr::Const(b - 1)), IExpr::Const(b)),
@@ -187,7 +203,7 @@ impl Ctx<'_> {
         let ct = super::compute_type(dtype);
         let mut taps = Vec::new();
         for d in 0..idx.len() {
-            if shape.0[d] == out_shape.0[d] && r.scales[d] == 1.0 {
+            if shape.0[d] == out_shape.0[d] && r.keeps_dim(d) {
                 continue;
             }
             let o = idx[d].clone();
@@ -233,13 +249,8 @@ impl Ctx<'_> {
         let mut axes = Vec::new();
         let mut terms: usize = 1;
         for d in 0..idx.len() {
-            let (Some(n), Some(m)) = (shape.0[d].as_static(), out_shape.0[d].as_static()) else {
-                return Err(self.node_err(id, format!("{what} of a symbolic extent is not compiled yet")));
-            };
-            if n == 0 || m > MAX_TAP_TABLE {
-                return Err(self.node_err(id, format!("{what} from {n} to {m} elements is not compiled")));
-            }
-            let taps = kiln_ir::interp::filter_taps(r, d, n as usize, m as usize);
+            let (n, m) = self.tabled_extents(id, &shape, out_shape, d, &what)?;
+            let taps = kiln_ir::interp::filter_taps(r, d, n, m);
             let identity = n == m
                 && taps.iter().enumerate().all(|(o, t)| t.iter().all(|&(i, w)| w == 0.0 || (i == o && w == 1.0)));
             if identity {
@@ -305,6 +316,67 @@ impl Ctx<'_> {
             });
         }
         Ok(sum.unwrap_or(zero))
+    }
+
+    /// The static extents `(in, out)` of resized dim `d`, which constant tables of `out` entries can serve;
+    /// refused (naming `what`) on a symbolic or empty extent or a table too large.
+    fn tabled_extents(
+        &self,
+        id: NodeId,
+        shape: &Shape,
+        out_shape: &Shape,
+        d: usize,
+        what: &str,
+    ) -> Result<(usize, usize), LowerError> {
+        let (Some(n), Some(m)) = (shape.0[d].as_static(), out_shape.0[d].as_static()) else {
+            return Err(self.node_err(id, format!("{what} of a symbolic extent is not compiled yet")));
+        };
+        if n == 0 || m > MAX_TAP_TABLE {
+            return Err(self.node_err(id, format!("{what} from {n} to {m} elements is not compiled")));
+        }
+        Ok((n as usize, m as usize))
+    }
+
+    /// `value` — a resize's element at output index `idx` — or, for `tf_crop_and_resize` coordinates, the
+    /// extrapolation value where the output index falls outside the input along any dim: per resized dim a constant
+    /// table of the interpreter's verdicts ([`kiln_ir::interp::outside_taps`]), static extents only.
+    pub(super) fn crop_extrapolation(
+        &mut self,
+        id: NodeId,
+        x: Value,
+        r: &Resize,
+        out_shape: &Shape,
+        idx: &[IExpr],
+        value: Expr,
+    ) -> Result<Expr, LowerError> {
+        if r.coord != CoordMode::TfCropAndResize {
+            return Ok(value);
+        }
+        let shape = self.shape(x)?;
+        let dtype = self.dtype(x)?;
+        if matches!(dtype, DType::I64 | DType::U64) {
+            return Err(self.node_err(id, format!("tf_crop_and_resize of {dtype}")));
+        }
+        let mut outside: Option<Expr> = None;
+        for d in 0..idx.len() {
+            let (n, m) = self.tabled_extents(id, &shape, out_shape, d, "tf_crop_and_resize")?;
+            let flags = kiln_ir::interp::outside_taps(r, d, n, m);
+            if !flags.contains(&true) {
+                continue;
+            }
+            let t = Tensor::from_vec(vec![m], flags.into_iter().map(i64::from).collect())
+                .expect("one flag per output index");
+            let table = self.table(x, t);
+            let here = Expr::cond(CmpOp::Lt, IExpr::Const(0), IExpr::read(table, idx[d].clone()));
+            outside = Some(match outside {
+                None => here,
+                Some(o) => Expr::binary(BinaryOp::Or, o, here),
+            });
+        }
+        Ok(match outside {
+            None => value,
+            Some(o) => Expr::select(o, Expr::Const(Scalar::from_f64(dtype, r.extrapolation)), value),
+        })
     }
 
     /// The tap of output index `o` along dim `d` (static extents `n` → `m`), read from constant tables.

@@ -19,7 +19,7 @@ mod norm;
 mod pool;
 mod resize;
 
-pub use resize::{filter_taps, linear_taps};
+pub use resize::{filter_taps, linear_taps, nearest_taps, outside_taps};
 mod rnn;
 
 use super::elementwise::real_max;

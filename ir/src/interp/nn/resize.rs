@@ -12,6 +12,7 @@ use crate::interp::index::for_each_index;
 use crate::interp::num::Real;
 use crate::op::{CoordMode, NearestMode, Resize, ResizeMode};
 use crate::tensor::{Tensor, strides_of};
+use crate::types::DType;
 
 pub(super) fn resize(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, String> {
     let in_shape = x.shape();
@@ -26,8 +27,54 @@ pub(super) fn resize(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tens
     if let Some(d) = in_shape.iter().position(|&n| n == 0) {
         return Err(format!("cannot resize the empty dim {d} to {}", out_shape[d]));
     }
+    if r.coord == CoordMode::TfCropAndResize {
+        if r.roi.len() != 2 * in_shape.len() {
+            return Err(format!(
+                "tf_crop_and_resize needs a roi of {} values, got {}",
+                2 * in_shape.len(),
+                r.roi.len()
+            ));
+        }
+        // The extrapolated elements are written through f64, exact for every dtype but the 64-bit integers.
+        if matches!(x.dtype(), DType::I64 | DType::U64) {
+            return Err(format!("tf_crop_and_resize of {} is not supported", x.dtype()));
+        }
+    }
+    let resized = resize_inside(r, x, out_shape)?;
+    if r.coord != CoordMode::TfCropAndResize {
+        return Ok(resized);
+    }
+    // Elements sampled outside the crop's input along any dim take the extrapolation value.
+    let outside: Vec<Vec<bool>> = (0..in_shape.len()).map(|d| outside_taps(r, d, in_shape[d], out_shape[d])).collect();
+    let mut values = resized.to_f64_vec();
+    let mut k = 0;
+    for_each_index(out_shape, |o| {
+        if o.iter().enumerate().any(|(d, &i)| outside[d][i]) {
+            values[k] = r.extrapolation;
+        }
+        k += 1;
+    });
+    Tensor::new(out_shape.to_vec(), crate::tensor::Data::from_f64_iter(x.dtype(), values.into_iter()))
+        .map_err(|e| e.to_string())
+}
+
+/// For each output index along dim `d` of a `tf_crop_and_resize`, whether its coordinate falls outside
+/// `[0, in_len - 1]` (the element then takes the extrapolation value). The interpreter and the compiled kernels
+/// both use it.
+pub fn outside_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<bool> {
+    (0..out_len)
+        .map(|o| {
+            let x = source_coord(r, d, o, in_len, out_len);
+            r.coord == CoordMode::TfCropAndResize && (x < 0.0 || x > (in_len - 1) as f64)
+        })
+        .collect()
+}
+
+/// The resize of `x`, without the extrapolation of `tf_crop_and_resize`.
+fn resize_inside(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, String> {
+    let in_shape = x.shape();
     let coords = |d: usize| -> Vec<f64> {
-        (0..out_shape[d]).map(|o| source_coord(r.coord, o, in_shape[d], out_shape[d], r.scales[d])).collect()
+        (0..out_shape[d]).map(|o| source_coord(r, d, o, in_shape[d], out_shape[d])).collect()
     };
     if r.antialias && r.mode == ResizeMode::Linear {
         return filtered(r, x, out_shape);
@@ -36,9 +83,8 @@ pub(super) fn resize(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tens
         ResizeMode::Cubic => filtered(r, x, out_shape),
         ResizeMode::Nearest => {
             let in_strides = strides_of(in_shape);
-            let maps: Vec<Vec<usize>> = (0..in_shape.len())
-                .map(|d| coords(d).into_iter().map(|c| nearest_index(c, r.nearest, in_shape[d])).collect())
-                .collect();
+            let maps: Vec<Vec<usize>> =
+                (0..in_shape.len()).map(|d| nearest_taps(r, d, in_shape[d], out_shape[d])).collect();
             let mut idx = Vec::with_capacity(out_shape.iter().product());
             for_each_index(out_shape, |o| {
                 idx.push((0..o.len()).map(|d| maps[d][o[d]] * in_strides[d]).sum::<usize>());
@@ -97,7 +143,7 @@ pub fn filter_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<V
     let a = r.cubic_a;
     (0..out_len)
         .map(|o| {
-            let x = source_coord(r.coord, o, in_len, out_len, scale);
+            let x = source_coord(r, d, o, in_len, out_len);
             let f = if x.fract() == 0.0 { x - 1.0 } else { x.floor() };
             let ratio = x - f;
             let mut w: Vec<f64> = match (r.mode, r.antialias) {
@@ -159,10 +205,10 @@ fn stretched(start: i64, ratio: f64, s: f64, kernel: impl Fn(f64) -> f64) -> Vec
     if sum == 0.0 { w } else { w.into_iter().map(|v| v / sum).collect() }
 }
 
-/// The input coordinate that output coordinate `o` samples (ONNX `coordinate_transformation_mode`).
-fn source_coord(mode: CoordMode, o: usize, in_len: usize, out_len: usize, scale: f64) -> f64 {
-    let o = o as f64;
-    match mode {
+/// The input coordinate that output coordinate `o` along dim `d` samples (ONNX `coordinate_transformation_mode`).
+fn source_coord(r: &Resize, d: usize, o: usize, in_len: usize, out_len: usize) -> f64 {
+    let (o, scale) = (o as f64, r.scales[d]);
+    match r.coord {
         CoordMode::HalfPixel => (o + 0.5) / scale - 0.5,
         CoordMode::PytorchHalfPixel if out_len > 1 => (o + 0.5) / scale - 0.5,
         CoordMode::PytorchHalfPixel => 0.0,
@@ -177,7 +223,22 @@ fn source_coord(mode: CoordMode, o: usize, in_len: usize, out_len: usize, scale:
             let adjustment = out_len as f64 / (in_len as f64 * scale);
             in_len as f64 / 2.0 * (1.0 - adjustment) + (o + 0.5) / scale - 0.5
         }
+        // As ONNX's reference: the resized length is `in * scale`, unrounded.
+        CoordMode::TfCropAndResize => {
+            let rank = r.roi.len() / 2;
+            let (start, end) = (r.roi.get(d).copied().unwrap_or(0.0), r.roi.get(rank + d).copied().unwrap_or(1.0));
+            let (span, resized) = ((in_len - 1) as f64, in_len as f64 * scale);
+            let x =
+                if resized == 1.0 { (end - start) * span / 2.0 } else { o * (end - start) * span / (resized - 1.0) };
+            x + start * span
+        }
     }
+}
+
+/// The input index nearest resizing along dim `d` from `in_len` (at least 1) to `out_len` elements takes for
+/// each output index. The interpreter and the compiled kernels both use it.
+pub fn nearest_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<usize> {
+    (0..out_len).map(|o| nearest_index(source_coord(r, d, o, in_len, out_len), r.nearest, in_len)).collect()
 }
 
 /// The input index nearest mode picks for coordinate `x`, clamped into `[0, in_len)`.
@@ -199,7 +260,7 @@ fn nearest_index(x: f64, mode: NearestMode, in_len: usize) -> usize {
 /// index, the two input indices it blends and the weight of the second, `(i0, i1, w)`, the result being
 /// `(1 - w)·x[i0] + w·x[i1]` (just `x[i0]` when `w` is 0). The interpreter and the compiled kernels both use it.
 pub fn linear_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<(usize, usize, f64)> {
-    (0..out_len).map(|o| tap(source_coord(r.coord, o, in_len, out_len, r.scales[d]), in_len)).collect()
+    (0..out_len).map(|o| tap(source_coord(r, d, o, in_len, out_len), in_len)).collect()
 }
 
 /// The tap at input coordinate `c`: clamped into `[0, in_len - 1]` (ONNX's edge handling), then split.
