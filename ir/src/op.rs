@@ -547,6 +547,8 @@ named_enum! {
         Reflect = "reflect",
         /// Repeat the edge element.
         Edge = "edge",
+        /// Wrap around (`[1,2,3]` padded by 2 → `[2,3,1,2,3,1,2]`): the element at `(i - begin) mod n`.
+        Wrap = "wrap",
     }
 }
 

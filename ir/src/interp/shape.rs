@@ -160,6 +160,7 @@ pub(super) fn pad(x: &Tensor, p: &Pad) -> Result<Tensor, String> {
             let src = match p.mode {
                 PadMode::Constant => (0..n).contains(&i).then_some(i),
                 PadMode::Edge if n > 0 => Some(i.clamp(0, n - 1)),
+                PadMode::Wrap if n > 0 => Some(i.rem_euclid(n)),
                 PadMode::Reflect if n > 1 => Some(reflect(i, n)),
                 PadMode::Reflect if n == 1 && i == 0 => Some(0),
                 _ => {

@@ -422,6 +422,7 @@ pub(crate) fn pad(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String
         "constant" => PadMode::Constant,
         "reflect" => PadMode::Reflect,
         "edge" => PadMode::Edge,
+        "wrap" => PadMode::Wrap,
         other => return Err(format!("mode `{other}` is not supported")),
     };
     let (pads, value, axes) = if n.opset < 11 {

@@ -517,6 +517,7 @@ impl Ctx<'_> {
                     IExpr::max(IExpr::min(i, IExpr::Const(n - 1)), IExpr::Const(0))
                 }
                 PadMode::Edge if n > 0 => IExpr::max(IExpr::min(i, IExpr::Const(n - 1)), IExpr::Const(0)),
+                PadMode::Wrap if n > 0 => self.simp(IExpr::modulo(i, IExpr::Const(n))),
                 PadMode::Reflect if n > 1 => {
                     let period = 2 * (n - 1);
                     let r = self.simp(IExpr::modulo(i, IExpr::Const(period)));
