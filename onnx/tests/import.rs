@@ -340,3 +340,39 @@ fn resize_keeps_the_aspect_ratio_when_asked() {
         assert_eq!(output_shape(&g, "y"), want, "{policy}");
     }
 }
+
+/// GatherND with two batch dims: each index tuple picks from its own batch element's data (checked against a
+/// direct computation), a negative index counts from the end; batch dims that differ between data and indices
+/// are an error naming both.
+#[test]
+fn gather_nd_with_batch_dims_picks_within_each_batch_element() {
+    let model = |idx_dims: &[i64], idx: &[i64]| {
+        ModelBuilder::new("g")
+            .opset(13)
+            .input("x", dtype::FLOAT, &["2", "3", "4", "5"])
+            .initializer(tensor_i64("i", idx_dims, idx))
+            .node(with_attr(node("g", "GatherND", &["x", "i"], &["y"]), attr_int("batch_dims", 2)))
+            .output("y")
+            .bytes()
+    };
+    // indices [2, 3, 2, 1]: two single-axis picks per batch element (b0, b1).
+    let picks: Vec<i64> = (0..12).map(|k| (k * 7 % 4) as i64 - if k % 5 == 0 { 4 } else { 0 }).collect();
+    let g = import(&model(&[2, 3, 2, 1], &picks));
+    assert_eq!(output_shape(&g, "y"), Shape::of(&[2, 3, 2, 5]));
+    let x = iota_f32(vec![2, 3, 4, 5]);
+    let y = run(&g, &[("x", x.clone())]).remove("y").unwrap();
+    let (xv, yv) = (x.to_f64_vec(), y.to_f64_vec());
+    for b0 in 0..2 {
+        for b1 in 0..3 {
+            for j in 0..2 {
+                let pick = picks[(b0 * 3 + b1) * 2 + j].rem_euclid(4) as usize;
+                for c in 0..5 {
+                    let want = xv[((b0 * 3 + b1) * 4 + pick) * 5 + c];
+                    assert_eq!(yv[((b0 * 3 + b1) * 2 + j) * 5 + c], want, "[{b0},{b1},{j},{c}]");
+                }
+            }
+        }
+    }
+    let err = kiln_onnx::import_bytes(&model(&[2, 4, 1], &[0; 8]), None, &ImportOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("batch dims of data [2, 3] and indices [2, 4] differ"), "{err}");
+}

@@ -332,22 +332,47 @@ fn linear_indices(cx: &mut Ctx<'_>, idx: &Val, data_dims: &[usize], k: usize) ->
     cx.op(Op::Reduce(kiln_ir::op::Reduce { kind: ReduceKind::Sum, axes: vec![-1], keep_dims: false }), &[&scaled])
 }
 
+/// GatherND as one gather along the flattened leading dims: each index tuple becomes a linear index into the
+/// data's first `batch_dims + k` dims (its batch position's offset plus the tuple's), and the rest of the data
+/// rows come along.
 pub(crate) fn gather_nd(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    if n.int("batch_dims", 0) != 0 {
-        return Err("batch_dims other than 0 is not supported".into());
-    }
     let (data, idx) = (n.input(0)?, n.input(1)?);
     let dd = static_shape(data, "GatherND")?;
     let id = static_shape(idx, "GatherND")?;
     let k = *id.last().ok_or("indices must have rank ≥ 1")?;
-    if k > dd.len() {
-        return Err(format!("index depth {k} exceeds the data rank {}", dd.len()));
+    let b = usize::try_from(n.int("batch_dims", 0))
+        .ok()
+        .filter(|&b| b < id.len() && b < dd.len())
+        .ok_or_else(|| format!("batch_dims {} must be below the ranks of data and indices", n.int("batch_dims", 0)))?;
+    if dd[..b] != id[..b] {
+        return Err(format!("the batch dims of data {:?} and indices {:?} differ", &dd[..b], &id[..b]));
     }
-    let lead: usize = dd[..k].iter().product();
-    let mut flat_dims: Vec<Dim> = vec![Dim::Static(lead as u64)];
-    flat_dims.extend(dd[k..].iter().map(|&d| Dim::Static(d as u64)));
+    if b + k > dd.len() {
+        return Err(format!("index depth {k} after {b} batch dim(s) exceeds the data rank {}", dd.len()));
+    }
+    let indexed: usize = dd[b..b + k].iter().product();
+    let batch: usize = dd[..b].iter().product();
+    let mut flat_dims: Vec<Dim> = vec![Dim::Static((batch * indexed) as u64)];
+    flat_dims.extend(dd[b + k..].iter().map(|&d| Dim::Static(d as u64)));
     let flat = super::reshape(cx, data, flat_dims)?;
-    let lin = linear_indices(cx, idx, &dd, k)?;
+    let mut lin = linear_indices(cx, idx, &dd[b..], k)?;
+    if b > 0 {
+        // Each index tuple's batch position, times the rows one batch element spans.
+        let offsets = cx.op(
+            Op::Iota(Iota {
+                dtype: DType::I64,
+                shape: Shape::of(&[batch as u64]),
+                axis: 0,
+                start: 0.0,
+                step: indexed as f64,
+            }),
+            &[],
+        )?;
+        let mut at: Vec<Dim> = dd[..b].iter().map(|&d| Dim::Static(d as u64)).collect();
+        at.extend(std::iter::repeat_n(Dim::Static(1), id.len() - 1 - b));
+        let offsets = super::reshape(cx, &offsets, at)?;
+        lin = bin(cx, B::Add, &lin, &offsets)?;
+    }
     Ok(vec![cx.op(Op::Gather(Gather { axis: 0 }), &[&flat, &lin])?])
 }
 
