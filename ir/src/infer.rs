@@ -390,8 +390,19 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
                     t.shape.rank()
                 ));
             }
-            if r.mode == ResizeMode::Linear {
+            if matches!(r.mode, ResizeMode::Linear | ResizeMode::Cubic) {
                 expect_dtype(t, DType::is_float, "a float type")?;
+            }
+            let crop = r.coord == crate::op::CoordMode::TfCropAndResize;
+            if crop && r.roi.len() != 2 * t.shape.rank() {
+                return Err(format!(
+                    "tf_crop_and_resize needs a roi of {} values, got {}",
+                    2 * t.shape.rank(),
+                    r.roi.len()
+                ));
+            }
+            if crop && matches!(t.dtype, DType::I64 | DType::U64) {
+                return Err(format!("tf_crop_and_resize of {} is not supported", t.dtype));
             }
             one(TensorType::new(t.dtype, r.shape.clone()))
         }

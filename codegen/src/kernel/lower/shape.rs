@@ -250,7 +250,7 @@ impl Ctx<'_> {
         let mut terms: usize = 1;
         for d in 0..idx.len() {
             let (n, m) = self.tabled_extents(id, &shape, out_shape, d, &what)?;
-            let taps = kiln_ir::interp::filter_taps(r, d, n, m);
+            let taps = kiln_ir::interp::filter_taps(r, d, n, m).map_err(|e| self.node_err(id, e))?;
             let identity = n == m
                 && taps.iter().enumerate().all(|(o, t)| t.iter().all(|&(i, w)| w == 0.0 || (i == o && w == 1.0)));
             if identity {

@@ -113,7 +113,7 @@ fn filtered(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Strin
     let mut cur = load::<f64>(x);
     let mut shape = x.shape().to_vec();
     for d in 0..shape.len() {
-        let taps = filter_taps(r, d, shape[d], out_shape[d]);
+        let taps = filter_taps(r, d, shape[d], out_shape[d])?;
         let (outer, inner, in_len) = (shape[..d].iter().product::<usize>(), shape[d + 1..].iter().product(), shape[d]);
         let mut out = Vec::with_capacity(outer * taps.len() * inner);
         for a in 0..outer {
@@ -138,10 +138,32 @@ fn filtered(r: &Resize, x: &Tensor, out_shape: &[usize]) -> Result<Tensor, Strin
 /// input padded by `n/2` on each side); cubic weighs them by Keys' kernel with coefficient `cubic_a`, antialiasing
 /// stretches the linear or cubic kernel by `1/scale` when downsampling (more taps, weights normalized to sum 1),
 /// and `exclude_outside` zeroes the taps outside the input and renormalizes.
-pub fn filter_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<Vec<(usize, f64)>> {
+/// `Err` when antialiasing by this dim's scale would need more than 2^20 taps per output element (a scale that
+/// is not positive, or absurdly small).
+pub fn filter_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Result<Vec<Vec<(usize, f64)>>, String> {
     let scale = r.scales[d];
     let a = r.cubic_a;
-    (0..out_len)
+    // The first tap of a kernel of half-width `half` stretched by 1/scale, relative to the base.
+    let first = |half: f64| -> Result<i64, String> {
+        let s = scale.min(1.0);
+        let start = (-half / s).floor();
+        if !(s > 0.0 && start >= -MAX_FILTER_TAPS) {
+            return Err(format!("antialiasing by scale {scale:?} along dim {d} needs more than 2^20 taps per element"));
+        }
+        Ok(start as i64 + 1)
+    };
+    let (cubic_start, linear_start) = match (r.mode, r.antialias) {
+        (ResizeMode::Cubic, true) => (first(2.0)?, 0),
+        (_, true) => (0, first(1.0)?),
+        _ => (0, 0),
+    };
+    let per_element = 2 - 2 * cubic_start.min(linear_start).min(-1);
+    if (per_element as u128) * (out_len as u128) > MAX_FILTER_TABLE {
+        return Err(format!(
+            "antialiasing by scale {scale:?} along dim {d} needs {per_element} taps for each of {out_len} elements"
+        ));
+    }
+    Ok((0..out_len)
         .map(|o| {
             let x = source_coord(r, d, o, in_len, out_len);
             let f = if x.fract() == 0.0 { x - 1.0 } else { x.floor() };
@@ -151,22 +173,14 @@ pub fn filter_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<V
                     let (p, q) = (ratio, 1.0 - ratio);
                     vec![keys(a, p + 1.0), keys(a, p), keys(a, q), keys(a, q + 1.0)]
                 }
-                (ResizeMode::Cubic, true) => {
-                    let s = scale.min(1.0);
-                    let start = (-2.0 / s).floor() as i64 + 1;
-                    stretched(start, ratio, s, |t| keys(a, t))
-                }
-                (_, true) => {
-                    let s = scale.min(1.0);
-                    let start = (-1.0 / s).floor() as i64 + 1;
-                    stretched(start, ratio, s, |t| (1.0 - t.abs()).clamp(0.0, 1.0))
-                }
+                (ResizeMode::Cubic, true) => stretched(cubic_start, ratio, scale.min(1.0), |t| keys(a, t)),
+                (_, true) => stretched(linear_start, ratio, scale.min(1.0), |t| (1.0 - t.abs()).clamp(0.0, 1.0)),
                 (_, false) => vec![1.0 - ratio, ratio],
             };
             let n = w.len() as i64;
             let pad = (n + 1) / 2;
             let (len, base) = (in_len as i64, f as i64);
-            let start = (base + 1 - n / 2).clamp(-pad, (len + pad - n).max(-pad));
+            let start = base.saturating_add(1).saturating_sub(n / 2).clamp(-pad, (len + pad - n).max(-pad));
             let positions: Vec<i64> = (start..start + n).collect();
             if r.exclude_outside {
                 for (wk, &p) in w.iter_mut().zip(&positions) {
@@ -181,8 +195,15 @@ pub fn filter_taps(r: &Resize, d: usize, in_len: usize, out_len: usize) -> Vec<V
             }
             positions.iter().map(|&p| p.clamp(0, len - 1) as usize).zip(w).collect()
         })
-        .collect()
+        .collect())
 }
+
+/// The most taps (per side) an antialiasing filter may stretch to: beyond it a resize is an error, not an
+/// allocation the size of the scale's inverse.
+const MAX_FILTER_TAPS: f64 = (1u64 << 20) as f64;
+
+/// The most taps a dim's filter may hold in all (2^26: 1 GiB of index and weight pairs).
+const MAX_FILTER_TABLE: u128 = 1 << 26;
 
 /// Keys' cubic convolution kernel with coefficient `a` at distance `t`.
 fn keys(a: f64, t: f64) -> f64 {
@@ -510,5 +531,18 @@ mod tests {
             vec![1.0],
         ));
         expect_err("symbolic target", &op, &[f32s(&[2], &[1.0, 2.0])], "static");
+        // Antialiasing by an absurd scale (align-corners coordinates take the extent from `shape`, so the scale is
+        // not checked otherwise) is an error, not a filter the size of the scale's inverse.
+        for (scale, out) in [(1e-300, 5), (1e-5, 1000)] {
+            let mut r = Resize::new(
+                ResizeMode::Cubic,
+                CoordMode::AlignCorners,
+                NearestMode::Floor,
+                Shape::of(&[out]),
+                vec![scale],
+            );
+            r.antialias = true;
+            expect_err("absurd antialias", &Op::Resize(r), &[f32s(&[5], &[1.0; 5])], "taps");
+        }
     }
 }
