@@ -184,6 +184,13 @@ impl PlanBuilder<'_> {
                 };
                 Ok(DeviceStep::Conv { x, w, bias, out: output, im2col })
             }
+            LibraryOp::ConvTranspose(c) => {
+                let (xt, wt) = (self.ty(inputs[0]).clone(), self.ty(inputs[1]).clone());
+                let bias_ty = inputs.get(2).map(|&b| self.ty(b).clone());
+                let k = builtin::conv_transpose("conv_transpose", &xt, &wt, bias_ty.as_ref(), c, &out_ty)?;
+                let args = inputs.iter().copied().chain([output]).collect();
+                Ok(DeviceStep::Kernel { kernel: self.builtin(k), args })
+            }
             LibraryOp::Pool(p) => {
                 let k = builtin::pool("pool", self.ty(inputs[0]), p, &out_ty)?;
                 Ok(DeviceStep::Kernel { kernel: self.builtin(k), args: vec![inputs[0], output] })

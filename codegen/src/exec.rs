@@ -10,7 +10,8 @@
 //! - a node whose operands are all weights or constants (a weight transpose, say): a step of
 //!   [`Executable::prepare`], run once when the weights are bound, its result kept as a prepared weight;
 //! - a node the placement puts on another backend of the registry: a [`Step::Backend`];
-//! - a `conv_transpose`: the gather-form builtin kernel ([`kernel::builtin::conv_transpose`]);
+//! - a `conv_transpose`: on f32 the library call (a GEMM, then `col2im`), on other float types the gather-form
+//!   builtin kernel ([`kernel::builtin::conv_transpose`]);
 //! - the recurrent ops, `top_k` and the ops with data-dependent extents: a [`Step::Routine`] of the library;
 //! - an `if` or a `loop`: a [`Step::Region`] whose bodies are built (recursively) as executables of their own in
 //!   [`Executable::regions`], launching kernels of this executable's table;
@@ -280,6 +281,7 @@ impl<'g> Builder<'g> {
             Op::MatMul if f32_only => return library(LibraryOp::MatMul),
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
             Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
+            Op::ConvTranspose(c) if f32_only => return library(LibraryOp::ConvTranspose(c.clone())),
             Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
             Op::MatMulInteger => return library(LibraryOp::MatMulInteger),
             Op::ConvInteger(c) => return library(LibraryOp::ConvInteger(c.clone())),

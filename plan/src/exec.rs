@@ -60,6 +60,8 @@ pub enum LibraryOp {
     MatMulInteger,
     /// `conv_integer`: operands x, w, x_zero, w_zero (i8/u8), i32 result.
     ConvInteger(kiln_ir::op::Conv),
+    /// Transposed convolution (a GEMM into a column matrix, then `col2im`); operands x, w and an optional bias.
+    ConvTranspose(kiln_ir::op::ConvTranspose),
 }
 
 /// A routine of the runtime's library with several results, run natively on the host: the recurrent layers,
@@ -426,6 +428,9 @@ impl Executable {
                     LibraryOp::Gather(_) => "gather".to_string(),
                     LibraryOp::MatMulInteger => "matmul_integer".to_string(),
                     LibraryOp::ConvInteger(_) => "conv_integer".to_string(),
+                    LibraryOp::ConvTranspose(c) => {
+                        format!("conv_transpose{}", if c.groups > 1 { " (grouped)" } else { "" })
+                    }
                 };
                 let epi = if epilogue.is_some() { " + epilogue" } else { "" };
                 format!("library {name}{epi} -> {}", ty(output))

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use kiln_ir::op::{Conv, Op, Pool, PoolKind};
+use kiln_ir::op::{Conv, ConvTranspose, Op, Pool, PoolKind};
 use kiln_ir::{DType, Tensor};
 use kiln_runtime::library::{self, Epilogue, LibraryError, Par};
 
@@ -149,6 +149,17 @@ const CONVS: &[ConvCase] = &[
     (&[1, 8, 11, 12], &[8, 1, 3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 8, false),
     (&[1, 4, 9, 9], &[4, 1, 5, 5], &[1, 2], &[2, 0, 1, 3], &[2, 1], 4, true),
     (&[1, 3, 6, 6], &[6, 1, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 3, false),
+    // Depthwise rows of every block mix (32, 24, 16 and 8 columns, a ragged end, under 8), stride 1 (one flat
+    // run per tap) and 2 (phase-split rows), dilated, asymmetric pads, kernel rows wholly in the padding, 1-D.
+    (&[1, 2, 5, 61], &[2, 1, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 2, true),
+    (&[1, 2, 7, 57], &[4, 1, 3, 5], &[2, 2], &[1, 2, 1, 2], &[1, 1], 2, false),
+    (&[1, 3, 9, 45], &[3, 1, 3, 3], &[1, 1], &[2, 2, 3, 1], &[2, 3], 3, true),
+    (&[1, 2, 4, 5], &[2, 1, 3, 3], &[1, 3], &[3, 0, 3, 2], &[1, 1], 2, true),
+    (&[2, 4, 40], &[4, 1, 5], &[1], &[2, 2], &[1], 4, true),
+    (&[1, 2, 70], &[2, 1, 3], &[3], &[1, 4], &[2], 2, false),
+    (&[1, 2, 6, 7], &[2, 1, 1, 7], &[1, 1], &[0, 0, 0, 0], &[1, 1], 2, true),
+    // Pads far beyond the input: the general depthwise loop.
+    (&[1, 2, 3, 3], &[2, 1, 3, 3], &[1, 1], &[200, 1, 200, 1], &[1, 1], 2, true),
     // Pointwise, and 1x1 kernels that are not.
     (&[2, 16, 5, 6], &[8, 16, 1, 1], &[1, 1], &[0, 0, 0, 0], &[1, 1], 1, true),
     (&[1, 8, 4, 4], &[4, 4, 1, 1], &[1, 1], &[0, 0, 0, 0], &[1, 1], 2, false),
@@ -195,6 +206,87 @@ fn conv_f32_matches_the_interpreter() {
             library::conv_f32(f32s(&x), xs, f32s(&w), ws, bias, &attrs, y, &ys, epilogue, par).expect("conv succeeds");
         });
     }
+}
+
+/// (x shape, w shape, strides, pads, dilations, output_padding, groups, bias).
+type ConvTransposeCase =
+    (&'static [usize], &'static [usize], &'static [i64], &'static [i64], &'static [i64], &'static [i64], i64, bool);
+
+const CONV_TRANSPOSES: &[ConvTransposeCase] = &[
+    (&[1, 8, 5, 7], &[8, 4, 2, 2], &[2, 2], &[0, 0, 0, 0], &[1, 1], &[0, 0], 1, true),
+    (&[2, 3, 4, 4], &[3, 2, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], &[0, 0], 1, false),
+    (&[1, 4, 5, 6], &[4, 3, 3, 3], &[2, 3], &[1, 0, 2, 1], &[1, 2], &[1, 2], 2, true),
+    (&[2, 6, 3, 5], &[6, 1, 4, 4], &[2, 2], &[1, 1, 1, 1], &[1, 1], &[0, 0], 6, true),
+    (&[3, 2, 9], &[2, 3, 3], &[3], &[2, 1], &[2], &[1], 1, true),
+    (&[1, 2, 3, 4, 2], &[2, 2, 2, 3, 2], &[1, 2, 2], &[0, 1, 0, 1, 0, 1], &[1, 1, 2], &[0, 1, 0], 1, false),
+    (&[1, 3, 4, 4], &[3, 2, 5, 5], &[1, 1], &[4, 4, 4, 4], &[1, 1], &[0, 0], 1, true),
+    // A column matrix larger than one band (rows 144 × 50 columns × 300 input rows).
+    (&[1, 8, 300, 50], &[8, 16, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], &[0, 0], 1, true),
+    (&[0, 3, 4, 4], &[3, 2, 2, 2], &[2, 2], &[0, 0, 0, 0], &[1, 1], &[0, 0], 1, true),
+];
+
+#[test]
+fn conv_transpose_f32_matches_the_interpreter() {
+    for (i, &(xs, ws, strides, pads, dilations, output_padding, groups, with_bias)) in
+        CONV_TRANSPOSES.iter().enumerate()
+    {
+        let attrs = ConvTranspose {
+            strides: strides.to_vec(),
+            pads: pads.to_vec(),
+            dilations: dilations.to_vec(),
+            output_padding: output_padding.to_vec(),
+            groups,
+        };
+        let seed = 3 * i as u64 + 500;
+        let x = Tensor::random(DType::F32, xs.to_vec(), seed);
+        let w = Tensor::random(DType::F32, ws.to_vec(), seed + 1);
+        let b = Tensor::random(DType::F32, vec![ws[1] * groups as usize], seed + 2);
+        let inputs: Vec<&Tensor> = if with_bias { vec![&x, &w, &b] } else { vec![&x, &w] };
+        let want = interp(&Op::ConvTranspose(attrs.clone()), &inputs);
+        let ys = want.shape().to_vec();
+        let want = want.to_f64_vec();
+        let bias = with_bias.then(|| f32s(&b));
+        with_threads(|par| {
+            let case = format!("conv_transpose x{xs:?} w{ws:?} {attrs:?} bias {with_bias} (threads {})", par.threads);
+            let mut y = vec![f32::NAN; want.len()];
+            library::conv_transpose_f32(f32s(&x), xs, f32s(&w), ws, bias, &attrs, &mut y, &ys, par)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            close(&case, &y.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &want);
+        });
+    }
+}
+
+#[test]
+fn bad_conv_transpose_calls_are_errors() {
+    let s = Par::SERIAL;
+    let attrs = |strides: i64, pad: i64, groups: i64| ConvTranspose {
+        strides: vec![strides],
+        pads: vec![pad, pad],
+        dilations: vec![1],
+        output_padding: vec![0],
+        groups,
+    };
+    let (x, w) = (vec![1.0f32; 10], vec![1.0f32; 6]);
+    let mut y = [0.0f32; 32];
+    let call = |a: &ConvTranspose, ys: &[usize], y: &mut [f32]| {
+        library::conv_transpose_f32(&x, &[1, 2, 5], &w, &[2, 1, 3], None, a, y, ys, s)
+    };
+    expect_err("wrong result shape", call(&attrs(1, 0, 1), &[1, 1, 6], &mut y[..6]), "conv_transpose", "should be");
+    expect_err("groups", call(&attrs(1, 0, 3), &[1, 3, 7], &mut y[..21]), "conv_transpose", "disagree");
+    expect_err("zero groups", call(&attrs(1, 0, 0), &[1, 1, 7], &mut y[..7]), "conv_transpose", "disagree");
+    expect_err("short y", call(&attrs(1, 0, 1), &[1, 1, 7], &mut y[..6]), "conv_transpose", "6");
+    expect_err("pads eat the output", call(&attrs(1, 5, 1), &[1, 1, 0], &mut y[..0]), "conv_transpose", "no output");
+    // A stride of 2^59 and pads of 2^60 cancel into an output of 3; every position stays checked arithmetic.
+    let huge = attrs(1 << 59, 1 << 60, 1);
+    let want = interp(
+        &Op::ConvTranspose(huge.clone()),
+        &[&Tensor::from_vec(vec![1, 2, 5], x.clone()).unwrap(), &Tensor::from_vec(vec![2, 1, 3], w.clone()).unwrap()],
+    );
+    let ys = want.shape().to_vec();
+    let mut got = vec![f32::NAN; want.to_f64_vec().len()];
+    library::conv_transpose_f32(&x, &[1, 2, 5], &w, &[2, 1, 3], None, &huge, &mut got, &ys, s)
+        .expect("a huge stride cancelled by huge pads is a result");
+    close("huge stride", &got.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &want.to_f64_vec());
 }
 
 /// (x shape, kind, kernel, strides, pads, dilations, ceil_mode, count_include_pad).

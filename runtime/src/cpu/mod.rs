@@ -359,6 +359,11 @@ impl CpuProgram {
                     let m = self.exe.buffers[inputs[1].0 as usize].ty.shape.0.first()?.as_static()?.max(1);
                     elems(output)? * (w / m)
                 }
+                Step::Library { op: LibraryOp::ConvTranspose(_), inputs, .. } => {
+                    // Every input element meets every weight of its group: N·C·in · (M/groups)·k.
+                    let c = self.exe.buffers[inputs[1].0 as usize].ty.shape.0.first()?.as_static()?.max(1);
+                    elems(&inputs[0])? * (elems(&inputs[1])? / c)
+                }
                 Step::Library { output, .. } => elems(output)?,
                 Step::Kernel { kernel, .. } => match self.code.as_ref() {
                     KernelCode::Native { entries, .. } => entries[*kernel]
@@ -1142,6 +1147,9 @@ impl CpuProgram {
             unsafe { std::slice::from_raw_parts_mut(ptrs.0[output.0 as usize].cast::<f32>(), n) }
         };
         let par = Par { threads: self.workers };
+        // A conv's optional third operand.
+        let bias =
+            || -> Result<Option<&[f32]>, RunError> { inputs.get(2).map(|&b| Ok(f32s(b, &dims(b)?))).transpose() };
         let r = match op {
             LibraryOp::MatMul => {
                 let (ad, bd) = (dims(inputs[0])?, dims(inputs[1])?);
@@ -1154,11 +1162,7 @@ impl CpuProgram {
                 }
             }
             LibraryOp::Conv(attrs) => {
-                let (xd, wd) = (dims(inputs[0])?, dims(inputs[1])?);
-                let bias = match inputs.get(2) {
-                    Some(&b) => Some(f32s(b, &dims(b)?)),
-                    None => None,
-                };
+                let (xd, wd, bias) = (dims(inputs[0])?, dims(inputs[1])?, bias()?);
                 // The transformed weights serve every conv of this weight that Winograd computes; another conv
                 // of the same weight (a stride-2 one, say: deduplicated constants are shared) runs directly.
                 let big = out_dims.iter().skip(2).product::<usize>() as u64 >= WINOGRAD_MIN_OUTPUT;
@@ -1177,6 +1181,20 @@ impl CpuProgram {
                     out,
                     &out_dims,
                     None,
+                    par,
+                )
+            }
+            LibraryOp::ConvTranspose(attrs) => {
+                let (xd, wd, bias) = (dims(inputs[0])?, dims(inputs[1])?, bias()?);
+                library::conv_transpose_f32(
+                    f32s(inputs[0], &xd),
+                    &xd,
+                    f32s(inputs[1], &wd),
+                    &wd,
+                    bias,
+                    attrs,
+                    out,
+                    &out_dims,
                     par,
                 )
             }

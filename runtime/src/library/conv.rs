@@ -12,8 +12,7 @@ use rayon::prelude::*;
 use super::matmul::{gemm_rowmajor, gemm_rowmajor_raw};
 use super::quant::{self, Int8};
 use super::{
-    Epilogue, LibraryError, Par, attr_usizes, check_len, element_count, phase_start, split_phases, strides_of,
-    with_scratch,
+    Epilogue, LibraryError, Par, element_count, phase_start, split_phases, strides_of, window_attrs, with_scratch,
 };
 
 const OP: &str = "conv";
@@ -107,20 +106,17 @@ impl Geometry {
         y_len: usize,
         y_shape: &[usize],
     ) -> Result<Geometry, LibraryError> {
-        let rank = x_shape.len();
-        if rank < 3 || w_shape.len() != rank {
-            return Err(LibraryError::shape(
-                OP,
-                format!("needs x[N,C,*] and w[M,C/groups,*] of one rank ≥ 3, got {x_shape:?} and {w_shape:?}"),
-            ));
-        }
-        check_len(OP, "x", x_len, x_shape)?;
-        check_len(OP, "w", w_len, w_shape)?;
-        check_len(OP, "y", y_len, y_shape)?;
-        let sp = rank - 2;
-        let strides = attr_usizes(OP, "strides", &attrs.strides, sp, 1)?;
-        let dilations = attr_usizes(OP, "dilations", &attrs.dilations, sp, 1)?;
-        let pads = attr_usizes(OP, "pads", &attrs.pads, 2 * sp, 0)?;
+        let [strides, dilations, pads] = window_attrs(
+            OP,
+            "M,C/groups",
+            (x_len, x_shape),
+            (w_len, w_shape),
+            (y_len, y_shape),
+            &attrs.strides,
+            &attrs.dilations,
+            &attrs.pads,
+        )?;
+        let sp = x_shape.len() - 2;
         let (batch, c, m, cg) = (x_shape[0], x_shape[1], w_shape[0], w_shape[1]);
         let groups = usize::try_from(attrs.groups).unwrap_or(0);
         if groups == 0 || c % groups != 0 || m % groups != 0 || cg.checked_mul(groups) != Some(c) {
@@ -205,21 +201,17 @@ impl Geometry {
 /// One image: `x` is `[C, in…]`, `yi` is `[M, out…]`.
 fn conv_image(g: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, yi: &mut [f32], par: Par) {
     let out = g.out_size;
-    match bias {
-        Some(b) => {
-            for (plane, &bv) in yi.chunks_mut(out).zip(b) {
-                plane.fill(bv);
-            }
-        }
-        None if g.cg == 1 => yi.fill(0.0),
-        // The products overwrite.
-        None => {}
-    }
-    let accumulate = bias.is_some();
     if g.cg == 1 {
-        direct_image(g, x, w, yi, par);
+        direct_image(g, x, w, bias, yi, par);
         return;
     }
+    if let Some(b) = bias {
+        for (plane, &bv) in yi.chunks_mut(out).zip(b) {
+            plane.fill(bv);
+        }
+    }
+    // Without a bias the products overwrite.
+    let accumulate = bias.is_some();
     let (wk, group_out) = (g.cg * g.k_size, g.mg * out);
     for grp in 0..g.groups {
         let xg = &x[grp * g.cg * g.in_size..][..g.cg * g.in_size];
@@ -447,9 +439,38 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], first: usize, rows: usize, p
     }
 }
 
-/// Convs with one input channel per group (depthwise): output channel `mo` reads input channel `mo / mg`.
-/// Accumulates into `yi`, which holds the bias or zeros.
-fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
+/// Convs with one input channel per group (depthwise): output channel `mo` reads input channel `mo / mg`,
+/// starting from its bias (or 0). One and two spatial dims take the register-blocked plane kernel
+/// ([`depthwise_plane`]); more take a row-at-a-time loop.
+fn direct_image(g: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, yi: &mut [f32], par: Par) {
+    if let Some(plane) = PlaneGeometry::of(g) {
+        let scratch = plane.scratch_len();
+        let run = |mo: usize, yp: &mut [f32]| {
+            let xc = &x[(mo / g.mg) * g.in_size..][..g.in_size];
+            let init = bias.map_or(0.0, |b| b[mo]);
+            let wm = &w[mo * g.k_size..][..g.k_size];
+            with_scratch(scratch, |s| match plane.flat() {
+                Some(flat) => depthwise_plane_flat(&plane, flat, xc, wm, init, yp, s),
+                None => depthwise_plane(&plane, xc, wm, init, yp, s),
+            });
+        };
+        if par.parallel() {
+            yi.par_chunks_mut(g.out_size).enumerate().for_each(|(mo, yp)| run(mo, yp));
+        } else {
+            for (mo, yp) in yi.chunks_mut(g.out_size).enumerate() {
+                run(mo, yp);
+            }
+        }
+        return;
+    }
+    match bias {
+        Some(b) => {
+            for (plane, &bv) in yi.chunks_mut(g.out_size).zip(b) {
+                plane.fill(bv);
+            }
+        }
+        None => yi.fill(0.0),
+    }
     let taps = kernel_taps(&g.kernel);
     let in_strides = strides_of(&g.input);
     let (rank, last) = (g.kernel.len(), g.kernel.len() - 1);
@@ -493,6 +514,238 @@ fn direct_image(g: &Geometry, x: &[f32], w: &[f32], yi: &mut [f32], par: Par) {
         for (mo, yp) in yi.chunks_mut(g.out_size).enumerate() {
             plane(mo, yp);
         }
+    }
+}
+
+/// A depthwise conv's plane geometry with one or two spatial dims (one dim is a plane of one row): rows `.0`,
+/// columns `.1` of input, output, kernel, stride, dilation and leading pad.
+struct PlaneGeometry {
+    input: (usize, usize),
+    output: (usize, usize),
+    kernel: (usize, usize),
+    strides: (usize, usize),
+    dilations: (usize, usize),
+    pad_begin: (usize, usize),
+}
+
+impl PlaneGeometry {
+    fn of(g: &Geometry) -> Option<PlaneGeometry> {
+        let pair = |v: &[usize], one: usize| match v {
+            [c] => Some((one, *c)),
+            [r, c] => Some((*r, *c)),
+            _ => None,
+        };
+        let p = PlaneGeometry {
+            input: pair(&g.input, 1)?,
+            output: pair(&g.output, 1)?,
+            kernel: pair(&g.kernel, 1)?,
+            strides: pair(&g.strides, 1)?,
+            dilations: pair(&g.dilations, 1)?,
+            pad_begin: pair(&g.pad_begin, 0)?,
+        };
+        // A padded (phase-split) row must stay about as small as the rows it pads and the outputs it serves
+        // (huge pads, strides or dilations, which leave few outputs, take the general loop), in checked
+        // arithmetic.
+        let reach = (p.output.1.max(1) - 1)
+            .checked_mul(p.strides.1)?
+            .checked_add((p.kernel.1.max(1) - 1).checked_mul(p.dilations.1)?)?
+            .checked_add(p.pad_begin.1)?;
+        let bound = 4 * (p.input.1 + p.output.1 * p.kernel.1) + 64;
+        let sizes = p.input.0 > 0 && p.input.1 > 0 && p.output.1 > 0 && p.kernel.1 > 0;
+        (sizes && reach <= bound && p.strides.1 <= bound).then_some(p)
+    }
+
+    /// The input row of output row `o` through kernel row `k`, if inside the input.
+    fn input_row(&self, o: usize, k: usize) -> Option<usize> {
+        let r = o as i128 * self.strides.0 as i128 + k as i128 * self.dilations.0 as i128 - self.pad_begin.0 as i128;
+        usize::try_from(r).ok().filter(|&r| r < self.input.0)
+    }
+
+    /// How [`depthwise_plane`] lays out input rows: whether they are copied (padded, phase-split), the padded
+    /// width (every column an output row reads, from the first leading pad on, the row itself at least), the
+    /// phase length and the length of a laid-out row.
+    fn rows(&self) -> (bool, usize, usize, usize) {
+        let reach = (self.output.1 - 1) * self.strides.1 + (self.kernel.1 - 1) * self.dilations.1 + 1;
+        let width = reach.max(self.pad_begin.1 + self.input.1);
+        let sw = self.strides.1;
+        let copied = sw > 1 || width > self.input.1;
+        let phase_len = width.div_ceil(sw);
+        (copied, width, phase_len, if copied { sw * phase_len } else { self.input.1 })
+    }
+
+    /// The scratch floats [`depthwise_plane`] or [`depthwise_plane_flat`] needs.
+    fn scratch_len(&self) -> usize {
+        if let Some((rows, pitch)) = self.flat() {
+            return (rows + self.output.0) * pitch;
+        }
+        match self.rows() {
+            (true, width, _, row_len) => self.input.0 * row_len + width,
+            _ => 0,
+        }
+    }
+
+    /// For a conv of stride 1, the rows and pitch of the padded input plane [`depthwise_plane_flat`] reads: every
+    /// row and column an output reads, from the first leading pad on. `None` for other strides, or when the
+    /// vertical padding would make the plane much larger than the input and output.
+    fn flat(&self) -> Option<(usize, usize)> {
+        if self.strides != (1, 1) || self.output.0 == 0 || self.kernel.0 == 0 {
+            return None;
+        }
+        let reach = (self.output.0 - 1).checked_add((self.kernel.0 - 1).checked_mul(self.dilations.0)?)? + 1;
+        let rows = reach.max(self.pad_begin.0.checked_add(self.input.0)?);
+        (rows <= 4 * (self.input.0 + self.output.0 * self.kernel.0) + 64).then(|| (rows, self.rows().1))
+    }
+}
+
+/// One output plane of a depthwise conv: `xc` is the input plane, `wm` the plane's kernel, `init` its bias (or 0).
+/// Every output row sums its taps in registers through [`madd_rows`], blocks of 32 and 8 columns at a time,
+/// each tap a contiguous run of an input row: when the row's padding or a column stride above 1 would break
+/// that, the plane's rows are first copied (into `scratch`, [`PlaneGeometry::scratch_len`] floats of any
+/// contents) with zeros in the padding and split into their stride phases. Kernel rows that fall in the padding
+/// are skipped.
+fn depthwise_plane(p: &PlaneGeometry, xc: &[f32], wm: &[f32], init: f32, yp: &mut [f32], scratch: &mut [f32]) {
+    let ((ih, iw), (oh, ow), (kh, kw)) = (p.input, p.output, p.kernel);
+    let (sw, dw, pw) = (p.strides.1, p.dilations.1, p.pad_begin.1);
+    let (copied, width, phase_len, row_len) = p.rows();
+    if copied {
+        let (rows, padded) = scratch.split_at_mut(ih * row_len);
+        // Only the row's own columns change from row to row: the padding is zeroed once.
+        padded.fill(0.0);
+        for (row, out) in xc.chunks_exact(iw).zip(rows.chunks_exact_mut(row_len)) {
+            padded[pw..pw + iw].copy_from_slice(row);
+            if sw == 1 {
+                out.copy_from_slice(&padded[..width]);
+            } else {
+                split_phases(&padded[..width], sw, phase_len, out);
+            }
+        }
+    }
+    let src: &[f32] = if copied { &scratch[..ih * row_len] } else { xc };
+    // Where kernel column kx's run over the output row starts in a (padded, phase-split) input row.
+    let starts: Vec<usize> =
+        (0..kw).map(|kx| if copied { phase_start(kx * dw, sw, phase_len) } else { kx * dw }).collect();
+    let mut taps: Vec<(&[f32], f32)> = Vec::with_capacity(kh * kw);
+    for (o, yrow) in yp.chunks_exact_mut(ow).enumerate().take(oh) {
+        taps.clear();
+        for ky in 0..kh {
+            let Some(r) = p.input_row(o, ky) else { continue };
+            let row = &src[r * row_len..][..row_len];
+            taps.extend(starts.iter().zip(&wm[ky * kw..][..kw]).map(|(&start, &wv)| (&row[start..start + ow], wv)));
+        }
+        madd_rows(yrow, init, &taps);
+    }
+}
+
+/// [`depthwise_plane`] for a stride of 1: the input is copied into a zero-padded plane of pitch `pitch`, where
+/// every tap `(ky, kx)` of output `(o, c)` — flat index `o·pitch + c` — reads the flat element `ky·dil·pitch +
+/// kx·dil` further on, so the whole plane is one long run per tap ([`madd_rows`] at full width whatever the
+/// row length); the `ow` real columns of each row are then copied out.
+fn depthwise_plane_flat(
+    p: &PlaneGeometry,
+    (rows, pitch): (usize, usize),
+    xc: &[f32],
+    wm: &[f32],
+    init: f32,
+    yp: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let ((iw, oh), ow, (kh, kw)) = ((p.input.1, p.output.0), p.output.1, p.kernel);
+    let (dh, dw) = p.dilations;
+    let (ph, pw) = p.pad_begin;
+    let (plane, out) = scratch.split_at_mut(rows * pitch);
+    plane.fill(0.0);
+    for (r, row) in xc.chunks_exact(iw).enumerate() {
+        plane[(ph + r) * pitch + pw..][..iw].copy_from_slice(row);
+    }
+    let n = (oh - 1) * pitch + ow;
+    let mut taps: Vec<(&[f32], f32)> = Vec::with_capacity(kh * kw);
+    for ky in 0..kh {
+        for kx in 0..kw {
+            let off = ky * dh * pitch + kx * dw;
+            taps.push((&plane[off..off + n], wm[ky * kw + kx]));
+        }
+    }
+    if pitch == ow {
+        madd_rows(&mut yp[..n], init, &taps);
+        return;
+    }
+    madd_rows(&mut out[..n], init, &taps);
+    for (o, yrow) in yp.chunks_exact_mut(ow).enumerate().take(oh) {
+        yrow.copy_from_slice(&out[o * pitch..][..ow]);
+    }
+}
+
+/// `y[i] = init + Σ_t w_t · x_t[i]` over the taps `(x_t, w_t)` (each `x_t` as long as `y`), compiled for the
+/// widest vectors this CPU has.
+fn madd_rows(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { madd_rows_avx512(y, init, taps) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { madd_rows_avx2(y, init, taps) };
+        }
+    }
+    madd_rows_with::<false>(y, init, taps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn madd_rows_avx512(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
+    madd_rows_with::<true>(y, init, taps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn madd_rows_avx2(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
+    madd_rows_with::<true>(y, init, taps)
+}
+
+/// [`madd_rows`]: `FMA` fuses each multiply-add (only where the CPU has the instruction; elsewhere `mul_add`
+/// would be a library call).
+#[inline(always)]
+fn madd_rows_with<const FMA: bool>(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
+    /// `y[i..i + B] = init + Σ_t w_t · x_t[i..i + B]`.
+    #[inline(always)]
+    fn block<const FMA: bool, const B: usize>(y: &mut [f32], i: usize, init: f32, taps: &[(&[f32], f32)]) {
+        let mut acc = [init; B];
+        for &(x, w) in taps {
+            let xs: &[f32; B] = x[i..i + B].try_into().expect("a block of the tap's row");
+            for (a, &v) in acc.iter_mut().zip(xs) {
+                *a = if FMA { w.mul_add(v, *a) } else { *a + w * v };
+            }
+        }
+        y[i..i + B].copy_from_slice(&acc);
+    }
+    let n = y.len();
+    if n < 8 {
+        // Tap by tap, so that the elements' sums do not wait on one another.
+        y.fill(init);
+        for &(x, w) in taps {
+            for (v, &xv) in y.iter_mut().zip(x) {
+                *v = if FMA { w.mul_add(xv, *v) } else { *v + w * xv };
+            }
+        }
+        return;
+    }
+    let mut i = 0;
+    while i + 32 <= n {
+        block::<FMA, 32>(y, i, init, taps);
+        i += 32;
+    }
+    // What is left, at most three blocks of 8 and a ragged end, in one pass over the taps (independent sums in
+    // flight); the ragged end is the row's last 8 elements, whose overlap with a block is summed the same.
+    match (n - i) / 8 {
+        3 => block::<FMA, 24>(y, i, init, taps),
+        2 => block::<FMA, 16>(y, i, init, taps),
+        1 => block::<FMA, 8>(y, i, init, taps),
+        _ => {}
+    }
+    if !n.is_multiple_of(8) {
+        block::<FMA, 8>(y, n - 8, init, taps);
     }
 }
 

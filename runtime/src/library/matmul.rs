@@ -311,7 +311,7 @@ pub(super) unsafe fn gemm_rowmajor_raw<T: GemmScalar>(
     par: Par,
 ) {
     // SAFETY: `b`'s block is at row stride `ldb`, column stride 1; the rest is the caller's contract.
-    unsafe { gemm_general(m, n, k, a, lda, b, (ldb, 1), c, c_len, ldc, accumulate, par) }
+    unsafe { gemm_general(m, n, k, a, (lda, 1), b, (ldb, 1), c, c_len, ldc, accumulate, par) }
 }
 
 /// `c[m×n] = a[m×k] · btᵀ` (or `c += …`), where `bt` is `[n×k]` row-major with leading dim `ldbt`: a product with
@@ -335,11 +335,35 @@ pub(super) fn gemm_bt<T: GemmScalar>(
 ) {
     // SAFETY: `c` is a live, exclusively borrowed slice of `c.len()` elements; `bt` holds `b`'s block at row
     // stride 1, column stride `ldbt` (checked against its length inside).
-    unsafe { gemm_general(m, n, k, a, lda, bt, (1, ldbt), c.as_mut_ptr(), c.len(), ldc, accumulate, par) }
+    unsafe { gemm_general(m, n, k, a, (lda, 1), bt, (1, ldbt), c.as_mut_ptr(), c.len(), ldc, accumulate, par) }
 }
 
-/// The one checked entry to the `gemm` crate: `c[m×n] (+)= a[m×k] · b[k×n]`, `a` row-major with leading dim
-/// `lda`, `b`'s element (row `r`, column `j`) at `b[r·b_rs + j·b_cs]`, `c` `c_len` elements at leading dim `ldc`.
+/// `c[m×n] (+)= a · b` where `a`'s element (row `r`, column `j`) is at `a[r·a_rs + j·a_cs]` (a weight read
+/// transposed, say) and `b` is row-major with leading dim `ldb`. On the calling thread's pool.
+///
+/// # Panics
+/// When a slice is too short for its block.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_strided_a<T: GemmScalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    a_strides: (usize, usize),
+    b: &[T],
+    ldb: usize,
+    c: &mut [T],
+    ldc: usize,
+    accumulate: bool,
+    par: Par,
+) {
+    // SAFETY: `c` is a live, exclusively borrowed slice of `c.len()` elements; the operands' extents are
+    // checked against their lengths inside.
+    unsafe { gemm_general(m, n, k, a, a_strides, b, (ldb, 1), c.as_mut_ptr(), c.len(), ldc, accumulate, par) }
+}
+
+/// The one checked entry to the `gemm` crate: `c[m×n] (+)= a[m×k] · b[k×n]`, `a`'s element (row `r`, column
+/// `j`) at `a[r·a_rs + j·a_cs]` and `b`'s at `b[r·b_rs + j·b_cs]`, `c` `c_len` elements at leading dim `ldc`.
 /// Panics when an operand is too short for its block.
 ///
 /// # Safety
@@ -351,7 +375,7 @@ unsafe fn gemm_general<T: GemmScalar>(
     n: usize,
     k: usize,
     a: &[T],
-    lda: usize,
+    (a_rs, a_cs): (usize, usize),
     b: &[T],
     (b_rs, b_cs): (usize, usize),
     c: *mut T,
@@ -374,8 +398,9 @@ unsafe fn gemm_general<T: GemmScalar>(
         }
         return;
     }
+    let a_extent = (m - 1) * a_rs + (k - 1) * a_cs + 1;
     let b_extent = (k - 1) * b_rs + (n - 1) * b_cs + 1;
-    assert!(a.len() >= span(m, lda, k) && b.len() >= b_extent, "library gemm: operand block out of bounds");
+    assert!(a.len() >= a_extent && b.len() >= b_extent, "library gemm: operand block out of bounds");
     let parallelism = if par.parallel() { gemm::Parallelism::Rayon(par.threads) } else { gemm::Parallelism::None };
     // SAFETY: the asserts above keep every element `gemm` touches inside the operands and inside `c`'s block,
     // which nobody else touches (the caller's contract); the operands are shared borrows that cannot alias it.
@@ -389,8 +414,8 @@ unsafe fn gemm_general<T: GemmScalar>(
             ldc as isize,
             accumulate,
             a.as_ptr(),
-            1,
-            lda as isize,
+            a_cs as isize,
+            a_rs as isize,
             b.as_ptr(),
             b_cs as isize,
             b_rs as isize,

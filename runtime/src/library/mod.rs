@@ -1,5 +1,5 @@
-//! Native CPU implementations of the ops the fuse pass leaves to library calls: `matmul`, `conv` and `pool`,
-//! and `matmul` over weights prepacked at load time ([`PackedB`]).
+//! Native CPU implementations of the ops the fuse pass leaves to library calls: `matmul`, `conv`,
+//! `conv_transpose` and `pool`, and `matmul` over weights prepacked at load time ([`PackedB`]).
 //!
 //! The CPU runtime calls these on raw row-major buffers. Every function checks its slice lengths and shapes
 //! against each other and against the op's shape rule up front and answers [`LibraryError`] on any mismatch, so
@@ -10,6 +10,7 @@
 //! [`Epilogue`] that each call runs on finished output blocks while they are still in cache.
 
 mod conv;
+mod conv_transpose;
 mod matmul;
 mod packed;
 mod pool;
@@ -19,6 +20,7 @@ mod topk;
 mod winograd;
 
 pub use conv::{conv_f32, conv_integer};
+pub use conv_transpose::conv_transpose_f32;
 pub use matmul::{BatchPlan, batch_plan, gemm_f32, matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
@@ -113,12 +115,48 @@ pub fn supported(op: &Op, dtype: DType) -> Result<(), LibraryError> {
             DType::F32 => Ok(()),
             other => unsupported("conv", format!("dtype {other}")),
         },
+        Op::ConvTranspose(_) => match dtype {
+            DType::F32 => Ok(()),
+            other => unsupported("conv_transpose", format!("dtype {other}")),
+        },
         Op::Pool(p) => match (dtype, p.kind) {
             (DType::F32, PoolKind::Max | PoolKind::Avg) => Ok(()),
             (other, _) => unsupported("pool", format!("dtype {other}")),
         },
         other => unsupported(other.mnemonic(), "this op (not a library op)".to_string()),
     }
+}
+
+/// The checks a convolution-like call (`conv`, `conv_transpose`) makes before anything else: `x` and `w` of one
+/// rank ≥ 3 (`w_layout` names `w`'s dims in the message), the three slices as long as their shapes, and the
+/// strides, dilations (≥ 1 each) and pads (≥ 0; all begins, then all ends) one per spatial dim, as `usize`.
+#[allow(clippy::too_many_arguments)]
+fn window_attrs(
+    op: &'static str,
+    w_layout: &str,
+    (x_len, x_shape): (usize, &[usize]),
+    (w_len, w_shape): (usize, &[usize]),
+    (y_len, y_shape): (usize, &[usize]),
+    strides: &[i64],
+    dilations: &[i64],
+    pads: &[i64],
+) -> Result<[Vec<usize>; 3], LibraryError> {
+    let rank = x_shape.len();
+    if rank < 3 || w_shape.len() != rank {
+        return Err(LibraryError::shape(
+            op,
+            format!("needs x[N,C,*] and w[{w_layout},*] of one rank ≥ 3, got {x_shape:?} and {w_shape:?}"),
+        ));
+    }
+    check_len(op, "x", x_len, x_shape)?;
+    check_len(op, "w", w_len, w_shape)?;
+    check_len(op, "y", y_len, y_shape)?;
+    let sp = rank - 2;
+    Ok([
+        attr_usizes(op, "strides", strides, sp, 1)?,
+        attr_usizes(op, "dilations", dilations, sp, 1)?,
+        attr_usizes(op, "pads", pads, 2 * sp, 0)?,
+    ])
 }
 
 /// Checks that a buffer of `len` elements holds a tensor of `shape`; `what` names the operand.
