@@ -559,6 +559,12 @@ fn matmul_packed_f32_matches_the_interpreter() {
         check_f32(&format!("packed matmul [{rows}, {k}]·[{k}, {n}]"), &want, &mut |c, epilogue, par| {
             library::matmul_packed_f32(f32s(&a), rows, &packed, c, epilogue, par).expect("packed matmul succeeds");
         });
+        // The same weight stored transposed (`[n, k]`, as ONNX's recurrent weights are) packs to the same panels.
+        let bv = f32s(&b);
+        let bt: Vec<f32> = (0..n * k).map(|i| bv[(i % k) * n + i / k]).collect();
+        let from_t = library::PackedB::pack_transposed(&bt, k, n).expect("packing succeeds");
+        assert_eq!(from_t.unpack(), packed.unpack(), "[{k}, {n}] packed from its transpose");
+        assert!(n * k == 0 || library::PackedB::pack_transposed(&bt[1..], k, n).is_err());
     }
 }
 

@@ -47,11 +47,24 @@ impl PackedB {
     ///
     /// Errors if `b.len() != k·n` or the packed size overflows the address space.
     pub fn pack(b: &[f32], k: usize, n: usize) -> Result<PackedB, LibraryError> {
+        PackedB::pack_with(b, k, n, false)
+    }
+
+    /// Packs `B = btᵀ` from row-major `bt` (`n × k` elements: a weight stored `[out, in]`, as ONNX's recurrent
+    /// weights are).
+    ///
+    /// Errors if `bt.len() != n·k` or the packed size overflows the address space.
+    pub fn pack_transposed(bt: &[f32], k: usize, n: usize) -> Result<PackedB, LibraryError> {
+        PackedB::pack_with(bt, k, n, true)
+    }
+
+    fn pack_with(b: &[f32], k: usize, n: usize, transposed: bool) -> Result<PackedB, LibraryError> {
         let want = k.checked_mul(n).ok_or_else(|| LibraryError::shape(OP, format!("weight {k}×{n} overflows")))?;
         if b.len() != want {
+            let shape = if transposed { format!("[{n}, {k}]") } else { format!("[{k}, {n}]") };
             return Err(LibraryError::shape(
                 OP,
-                format!("weight has {} elements but shape [{k}, {n}] needs {want}", b.len()),
+                format!("weight has {} elements but shape {shape} needs {want}", b.len()),
             ));
         }
         let panels = n.div_ceil(PANEL);
@@ -65,7 +78,13 @@ impl PackedB {
         for (j, panel) in flat.chunks_exact_mut((k * PANEL).max(1)).enumerate() {
             let (first, cols) = (j * PANEL, PANEL.min(n - j * PANEL));
             for (p, row) in panel.chunks_exact_mut(PANEL).enumerate() {
-                row[..cols].copy_from_slice(&b[p * n + first..p * n + first + cols]);
+                if transposed {
+                    for (c, v) in row[..cols].iter_mut().enumerate() {
+                        *v = b[(first + c) * k + p];
+                    }
+                } else {
+                    row[..cols].copy_from_slice(&b[p * n + first..p * n + first + cols]);
+                }
             }
         }
         Ok(PackedB { k, n, panels, storage })

@@ -8,7 +8,39 @@
 use kiln_ir::op::{Gru, Lstm, RnnDirection};
 
 use super::matmul::gemm_bt;
+use super::packed::{PackedB, matmul_packed_f32, prefer_packed};
 use super::{LibraryError, Par};
+
+/// A direction's recurrent weight `R` (`[n, k]`, as ONNX stores it) for the per-step products `H · Rᵀ`: packed
+/// once per call when the packed kernel wins for this batch (then every time step streams the packed panels
+/// instead of the `gemm` crate packing `R` again per step), else read in place.
+enum Recurrent<'a> {
+    Packed(PackedB),
+    InPlace { r: &'a [f32], n: usize, k: usize },
+}
+
+impl<'a> Recurrent<'a> {
+    fn new(r: &'a [f32], n: usize, k: usize, batch: usize, seq: usize) -> Recurrent<'a> {
+        if seq > 1 && prefer_packed(batch, k, n) {
+            // The lengths were checked by the caller, so packing cannot fail; if it did, read in place.
+            if let Ok(p) = PackedB::pack_transposed(r, k, n) {
+                return Recurrent::Packed(p);
+            }
+        }
+        Recurrent::InPlace { r, n, k }
+    }
+
+    /// `out[batch, n] = h[batch, k] · Rᵀ`.
+    fn apply(&self, h: &[f32], batch: usize, out: &mut [f32]) {
+        match self {
+            Recurrent::Packed(p) => {
+                matmul_packed_f32(&h[..batch * p.k()], batch, p, &mut out[..batch * p.n()], None, Par::SERIAL)
+                    .expect("the packed product's shapes were checked with the call's");
+            }
+            Recurrent::InPlace { r, n, k } => gemm_bt(batch, *n, *k, h, *k, r, *k, out, *n, false, Par::SERIAL),
+        }
+    }
+}
 
 /// Extents of a recurrent call.
 #[derive(Copy, Clone, Debug)]
@@ -294,11 +326,11 @@ pub fn lstm_f32(
     let mut hr = vec![0.0f32; s.batch * rows];
     for d in 0..s.dirs {
         let xw = project(x, w, b, s, 4, d, 4, par);
-        let rd = &r[d * rows * hs..(d + 1) * rows * hs];
+        let rd = Recurrent::new(&r[d * rows * hs..(d + 1) * rows * hs], rows, hs, s.batch, s.seq);
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(l.direction, d) { s.seq - 1 - step } else { step };
-            gemm_bt(s.batch, rows, hs, &y_h[state.clone()], hs, rd, hs, &mut hr, rows, false, Par::SERIAL);
+            rd.apply(&y_h[state.clone()], s.batch, &mut hr);
             for n in 0..s.batch {
                 let g = &mut hr[n * rows..(n + 1) * rows];
                 for (v, p) in g.iter_mut().zip(&xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows]) {
@@ -340,14 +372,15 @@ pub fn gru_f32(
     for d in 0..s.dirs {
         // z and r take both biases with the projection; the candidate's recurrent bias goes with its own term.
         let xw = project(x, w, b, s, 3, d, 2, par);
-        let rd = &r[d * rows * hs..(d + 1) * rows * hs];
+        let r_d = &r[d * rows * hs..(d + 1) * rows * hs];
+        let rd = Recurrent::new(r_d, rows, hs, s.batch, s.seq);
         // R_h alone (`[h, h]`, rows 2h.. of R), for the candidate's recurrent GEMM without `linear_before_reset`.
-        let rh = &rd[2 * hs * hs..];
+        let rh = Recurrent::new(&r_d[2 * hs * hs..], hs, hs, s.batch, if g.linear_before_reset { 1 } else { s.seq });
         let rb_h = &b[d * 2 * rows + rows + 2 * hs..d * 2 * rows + 2 * rows];
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(g.direction, d) { s.seq - 1 - step } else { step };
-            gemm_bt(s.batch, rows, hs, &y_h[state.clone()], hs, rd, hs, &mut hr, rows, false, Par::SERIAL);
+            rd.apply(&y_h[state.clone()], s.batch, &mut hr);
             if g.linear_before_reset {
                 for n in 0..s.batch {
                     rec[n * hs..(n + 1) * hs].copy_from_slice(&hr[n * rows + 2 * hs..(n + 1) * rows]);
@@ -361,7 +394,7 @@ pub fn gru_f32(
                         gated[n * hs + j] = sigmoid(clamp(pre[hs + j] + hrow[hs + j], clip)) * h[j];
                     }
                 }
-                gemm_bt(s.batch, hs, hs, &gated, hs, rh, hs, &mut rec, hs, false, Par::SERIAL);
+                rh.apply(&gated, s.batch, &mut rec);
             }
             for n in 0..s.batch {
                 let pre = &xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows];
