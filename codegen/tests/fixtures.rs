@@ -57,6 +57,7 @@ fn lowerable_fixtures_match_the_interpreter() {
             "conv_symbolic",
             "data_dependent",
             "fusion",
+            "grid_sample",
             "lstm_gru",
             "mlp_params",
             "mlp_symbolic_batch",

@@ -406,6 +406,33 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             }
             one(TensorType::new(t.dtype, r.shape.clone()))
         }
+        Op::GridSample(_) => {
+            let (x, grid) = (&ins[0], &ins[1]);
+            expect_dtype(x, DType::is_float, "float data")?;
+            computable(x)?;
+            expect_dtype(grid, DType::is_float, "a float grid")?;
+            computable(grid)?;
+            let rank = x.shape.rank();
+            if rank < 3 || grid.shape.rank() != rank {
+                return Err(format!(
+                    "needs data [N, C, D…] and a grid [N, O…, r] of one rank ≥ 3, got {} and {}",
+                    x.shape, grid.shape
+                ));
+            }
+            if grid.shape.0[rank - 1].as_static() != Some(rank as u64 - 2) {
+                return Err(format!(
+                    "the grid's last dim holds the {} spatial coordinates, got {}",
+                    rank - 2,
+                    grid.shape.0[rank - 1]
+                ));
+            }
+            if !same_extent(&x.shape.0[0], &grid.shape.0[0]) {
+                return Err(format!("data batch {} and grid batch {} differ", x.shape.0[0], grid.shape.0[0]));
+            }
+            let mut dims = vec![x.shape.0[0].clone(), x.shape.0[1].clone()];
+            dims.extend_from_slice(&grid.shape.0[1..rank - 1]);
+            one(TensorType::new(x.dtype, Shape(dims)))
+        }
         Op::Lstm(l) => recurrent(ins, l.hidden_size, l.direction, 4, 8, true),
         Op::Gru(g) => recurrent(ins, g.hidden_size, g.direction, 3, 6, false),
         Op::Fusion(f) => f.body.infer(ins),

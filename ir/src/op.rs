@@ -190,6 +190,8 @@ define_ops! {
     Gelu(Gelu) = "gelu", Arity::Exact(1);
     /// Nearest or linear resize to a static output shape.
     Resize(Resize) = "resize", Arity::Exact(1);
+    /// Samples `x[N, C, D…]` at the normalized coordinates of `grid[N, O…, r]` (ONNX GridSample): `[N, C, O…]`.
+    GridSample(GridSample) = "grid_sample", Arity::Exact(2);
     /// ONNX LSTM (layout 0): `lstm(x, w, r, b, h0, c0)` → `y, y_h, y_c`.
     Lstm(Lstm) = "lstm", Arity::Exact(6);
     /// ONNX GRU (layout 0): `gru(x, w, r, b, h0)` → `y, y_h`.
@@ -645,6 +647,31 @@ named_enum! {
 }
 
 named_enum! {
+    /// What a grid sample reads outside the input (ONNX GridSample `padding_mode`).
+    pub enum GridPadding {
+        /// 0.
+        Zeros = "zeros",
+        /// The nearest edge element: coordinates and taps clamped into the input.
+        Border = "border",
+        /// The input mirrored at its borders (at the edge pixels' centres with `align_corners`, else at their
+        /// outer edges), as often as needed.
+        Reflection = "reflection",
+    }
+}
+
+attrs! {
+    /// ONNX GridSample: output element `(n, c, o…)` samples `x[n, c]` at the grid's point `grid[n, o…]`, whose `r`
+    /// values are normalized coordinates in `[-1, 1]` of the spatial dims in reverse order (`(x, y)` for an image:
+    /// width first). A coordinate `v` over an extent `L` is `(v + 1)/2 · (L - 1)` with `align_corners`, else
+    /// `((v + 1)·L - 1)/2`, in f32. `nearest` rounds it half to even; a coordinate outside the input's borders
+    /// (`[0, L-1]` with `align_corners`, else `[-0.5, L-0.5]`) is clamped into `[0, L-1]` (`border`) or
+    /// reflected (`reflection`). `linear` and `cubic` (Keys, a = -0.75) then interpolate dim by dim over 2 or 4
+    /// taps per dim, innermost dims first, each tap outside the input read as `padding` says (the index
+    /// clamped, reflected, or the value 0). Float data; the result has `x`'s dtype.
+    pub struct GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool }
+}
+
+named_enum! {
     /// How an output coordinate maps to an input coordinate (ONNX `coordinate_transformation_mode`).
     pub enum CoordMode {
         /// `(o + 0.5) / scale - 0.5`.
@@ -871,6 +898,7 @@ impl Op {
             | Op::NonZero(_)
             | Op::Unique(_)
             | Op::NonMaxSuppression(_)
+            | Op::GridSample(_)
             | Op::MatMulInteger
             | Op::ConvInteger(_)
             | Op::ConvTranspose(_)

@@ -85,11 +85,13 @@ pub enum Routine {
     Unique(kiln_ir::op::Unique),
     /// `non_max_suppression`: the kept rows, sized when it runs.
     NonMaxSuppression(kiln_ir::op::NonMaxSuppression),
+    /// `grid_sample` on f32 data and an f32 grid: operands x, grid; result the samples.
+    GridSample(kiln_ir::op::GridSample),
 }
 
 impl Routine {
-    /// The routine of an IR op, when the library has one for it and these dtypes (every operand f32, but
-    /// `non_zero`, which takes any).
+    /// The routine of an IR op, when the library has one for it and these dtypes (every operand f32, but the
+    /// data-dependent ones, which take any).
     pub fn of(op: &Op, dtypes: &[kiln_ir::DType]) -> Option<Routine> {
         match op {
             Op::NonZero(n) => return Some(Routine::NonZero(n.clone())),
@@ -105,6 +107,7 @@ impl Routine {
             Op::Lstm(l) => Some(Routine::Lstm(l.clone())),
             Op::Gru(g) => Some(Routine::Gru(g.clone())),
             Op::TopK(t) => Some(Routine::TopK(t.clone())),
+            Op::GridSample(g) => Some(Routine::GridSample(g.clone())),
             _ => None,
         }
     }
@@ -118,6 +121,7 @@ impl Routine {
             Routine::NonZero(n) => Op::NonZero(n.clone()),
             Routine::Unique(u) => Op::Unique(u.clone()),
             Routine::NonMaxSuppression(n) => Op::NonMaxSuppression(n.clone()),
+            Routine::GridSample(g) => Op::GridSample(g.clone()),
         }
     }
 

@@ -90,6 +90,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("GlobalMaxPool", nn::global_pool),
     ("Greater", elementwise::binary),
     ("GreaterOrEqual", elementwise::binary),
+    ("GridSample", nn::grid_sample),
     ("GroupNormalization", nn::group_norm),
     ("HammingWindow", composite::window),
     ("HannWindow", composite::window),

@@ -1,8 +1,8 @@
-//! Neural-network ONNX ops: convolutions, pooling, normalizations, softmax, resize, recurrent layers.
+//! Neural-network ONNX ops: convolutions, pooling, normalizations, softmax, resize, grid sampling, recurrent layers.
 
 use kiln_ir::op::{
-    BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, Gru, LayerNorm, Lstm, NearestMode, Pool, PoolKind,
-    Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, Softmax, UnaryOp as U,
+    BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, GridPadding, GridSample, Gru, LayerNorm, Lstm,
+    NearestMode, Pool, PoolKind, Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, Softmax, UnaryOp as U,
 };
 use kiln_ir::{Dim, Op, Shape, Tensor};
 
@@ -492,6 +492,25 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         extrapolation,
     };
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
+}
+
+/// GridSample (opsets 16 and 20: `bilinear`/`bicubic` became `linear`/`cubic`, and any number of spatial dims).
+pub(crate) fn grid_sample(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, grid) = (n.input(0)?, n.input(1)?);
+    let mode = match n.string("mode").as_deref().unwrap_or(if n.opset < 20 { "bilinear" } else { "linear" }) {
+        "nearest" => ResizeMode::Nearest,
+        "linear" | "bilinear" => ResizeMode::Linear,
+        "cubic" | "bicubic" => ResizeMode::Cubic,
+        other => return Err(format!("mode `{other}` is not one of nearest, linear, cubic")),
+    };
+    let padding = match n.string("padding_mode").as_deref().unwrap_or("zeros") {
+        "zeros" => GridPadding::Zeros,
+        "border" => GridPadding::Border,
+        "reflection" => GridPadding::Reflection,
+        other => return Err(format!("padding_mode `{other}` is not one of zeros, border, reflection")),
+    };
+    let align_corners = n.int("align_corners", 0) != 0;
+    Ok(vec![cx.op(Op::GridSample(GridSample { mode, padding, align_corners }), &[x, grid])?])
 }
 
 /// Upsample (opsets 7–9): nearest-neighbour scaling, `out[i] = in[floor(i / scale)]`.

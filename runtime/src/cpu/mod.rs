@@ -391,6 +391,8 @@ impl CpuProgram {
                     inputs,
                     ..
                 } => elems(&inputs[0])?,
+                // Up to 4^r taps per sample (cubic), a few for the common linear case.
+                Step::Routine { routine: Routine::GridSample(_), outputs, .. } => elems(&outputs[0])?.saturating_mul(8),
                 Step::Routine { inputs, outputs, .. } => elems(inputs.get(1)?)?
                     .saturating_add(elems(inputs.get(2)?)?)
                     .saturating_mul(elems(&outputs[0])? / last(&outputs[0])?.max(1)),
@@ -967,6 +969,12 @@ impl CpuProgram {
                     )
                 };
                 library::top_k_f32(t, x, &shape, values, indices).map_err(fail)
+            }
+            (Routine::GridSample(g), &[x, grid], &[out]) => {
+                let (xd, gd) = (dims(x)?, dims(grid)?);
+                let (x, grid, out) = (read(x)?, read(grid)?, write(out)?);
+                kiln_ir::interp::grid_sample_f32(g, x, &xd, grid, &gd, out)
+                    .map_err(|e| RunError::Op(format!("{node}: {e}")))
             }
             _ => Err(RunError::Backend(format!(
                 "{node}: a routine with {} operands and {} results",

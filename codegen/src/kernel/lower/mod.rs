@@ -655,6 +655,7 @@ impl<'g> Ctx<'g> {
             | Op::NonZero(_)
             | Op::Unique(_)
             | Op::NonMaxSuppression(_)
+            | Op::GridSample(_)
             | Op::If(_)
             | Op::Loop(_)
             | Op::Fusion(_)) => {
