@@ -45,7 +45,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 10"
+VERSION = "corpus 11"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -324,8 +324,8 @@ def stress_models(out, rng, scratch):
     """Small models built with onnx.helper that stress what real exporters write and kiln once refused: a vision
     graph on symbolic image dims (strided conv, nearest resize by 2, slices to the end and from the back, SAME
     pooling and convolution, concat, transposed conv, global pooling), ceil-mode pooling, bilinear resizing on
-    symbolic extents, and a detector's post-processing whose extents come from the data (run-time TopK k,
-    NonMaxSuppression)."""
+    symbolic extents, a detector's post-processing whose extents come from the data (run-time TopK k,
+    NonMaxSuppression), a spatial transformer (AffineGrid into GridSample) and compiled control flow."""
     from onnx import TensorProto, helper as h, numpy_helper as nh
 
     def w(name, shape):
@@ -442,6 +442,36 @@ def stress_models(out, rng, scratch):
         boxes = np.concatenate([corner, corner + size], axis=2)
         sets.append({"boxes": boxes, "scores": rng.uniform(0, 1, (1, anchors)).astype(np.float32)})
     write_case(out, "stress_detection_head", path, sets)
+
+    # A spatial transformer as exporters write it: a small localization net (conv, pooling, a linear layer
+    # initialized near the identity) predicts an affine transform per image, AffineGrid turns it into a sampling
+    # grid over the image's own shape (`x.size()`), and GridSample resamples the image bilinearly (zeros outside),
+    # on a symbolic batch.
+    theta_bias = np.array([1, 0, 0, 0, 1, 0], np.float32)
+    inits = [
+        w("loc_w", (4, 1, 3, 3)),
+        nh.from_array((rng.standard_normal((4, 6)) * 0.05).astype(np.float32), "fc_w"),
+        nh.from_array(theta_bias, "fc_b"),
+        nh.from_array(np.array([-1, 2, 3], np.int64), "theta_shape"),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "loc_w"], ["loc"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("Relu", ["loc"], ["loc_r"]),
+        h.make_node("GlobalAveragePool", ["loc_r"], ["pooled"]),
+        h.make_node("Flatten", ["pooled"], ["flat"]),
+        h.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["theta_flat"]),
+        h.make_node("Reshape", ["theta_flat", "theta_shape"], ["theta"]),
+        h.make_node("Shape", ["x"], ["grid_size"]),
+        h.make_node("AffineGrid", ["theta", "grid_size"], ["grid"], align_corners=0),
+        h.make_node("GridSample", ["x", "grid"], ["warped"], mode="linear", padding_mode="zeros"),
+    ]
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, 20])
+    outputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["warped", "theta"]]
+    model = h.make_model(h.make_graph(nodes, "stress_spatial_transformer", [x], outputs, inits), opset_imports=[h.make_opsetid("", 20)])
+    path = os.path.join(scratch, "stress_spatial_transformer.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 1, 16, 20), (3, 1, 16, 20)]]
+    write_case(out, "stress_spatial_transformer", path, sets)
 
     # Control flow as scripted exporters write it: an Elman RNN as a Loop over a symbolic number of time steps
     # (the trip count from Shape, each step's slice gathered by the iteration number, the weights captured from

@@ -376,3 +376,41 @@ fn gather_nd_with_batch_dims_picks_within_each_batch_element() {
     let err = kiln_onnx::import_bytes(&model(&[2, 4, 1], &[0; 8]), None, &ImportOptions::default()).unwrap_err();
     assert!(err.to_string().contains("batch dims of data [2, 3] and indices [2, 4] differ"), "{err}");
 }
+
+/// A spatial transformer's sampling as exporters write it: AffineGrid of a run-time `theta` over a constant
+/// `size`, into GridSample, on a symbolic batch. The identity transform samples every pixel centre (without
+/// `align_corners`), so the image comes back unchanged; a `size` computed at run time or a `theta` of the wrong
+/// shape is a clear error.
+#[test]
+fn affine_grid_into_grid_sample_reproduces_the_image_under_the_identity() {
+    let model = |theta_dims: &[&str], size: Option<&[i64]>| {
+        let mut b = ModelBuilder::new("g").opset(20).input("x", dtype::FLOAT, &["N", "2", "4", "5"]).input(
+            "theta",
+            dtype::FLOAT,
+            theta_dims,
+        );
+        b = match size {
+            Some(s) => b.initializer(tensor_i64("size", &[4], s)),
+            None => b.input("size", dtype::INT64, &["4"]),
+        };
+        b.node(node("grid", "AffineGrid", &["theta", "size"], &["grid"]))
+            .node(node("sample", "GridSample", &["x", "grid"], &["y"]))
+            .output("y")
+            .bytes()
+    };
+    let g = import(&model(&["N", "2", "3"], Some(&[1, 2, 4, 5])));
+    assert_eq!(output_shape(&g, "y"), Shape(vec![Dim::sym("N"), Dim::Static(2), Dim::Static(4), Dim::Static(5)]));
+    let x = iota_f32(vec![3, 2, 4, 5]);
+    let identity: Vec<f32> = (0..3).flat_map(|_| [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]).collect();
+    let theta = Tensor::from_vec(vec![3, 2, 3], identity).unwrap();
+    let y = run(&g, &[("x", x.clone()), ("theta", theta)]).remove("y").unwrap();
+    for (i, (a, b)) in y.to_f64_vec().iter().zip(x.to_f64_vec()).enumerate() {
+        assert!((a - b).abs() < 1e-4, "element {i}: {a} vs {b}");
+    }
+    let err =
+        |bytes: Vec<u8>| kiln_onnx::import_bytes(&bytes, None, &ImportOptions::default()).unwrap_err().to_string();
+    let e = err(model(&["N", "2", "3"], None));
+    assert!(e.contains("size") && e.contains("known at import time"), "{e}");
+    let e = err(model(&["N", "3", "3"], Some(&[1, 2, 4, 5])));
+    assert!(e.contains("theta must be [N, 2, 3]"), "{e}");
+}

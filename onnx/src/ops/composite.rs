@@ -1,5 +1,6 @@
 //! ONNX ops kiln imports as compositions of IR primitives: losses, the less common normalizations and
-//! activations, hardmax, eye-like, Lp pooling, SwiGLU, and the signal windows (Hann, Hamming, Blackman).
+//! activations, hardmax, eye-like, Lp pooling, SwiGLU, the signal windows (Hann, Hamming, Blackman), and the
+//! affine sampling grid.
 
 use kiln_ir::op::{
     ArgKind, ArgReduce, BinaryOp as B, Cast, GatherElements, Iota, Pool, PoolKind, Reduce, ReduceKind, Softmax,
@@ -7,8 +8,8 @@ use kiln_ir::op::{
 };
 use kiln_ir::{DType, Dim, Op, Shape};
 
-use super::{axis, bin, dim_product, onnx_dtype, reshape, scalar_like, static_shape, un};
-use crate::import::{Ctx, Val};
+use super::{axis, bin, dim_product, onnx_dtype, reshape, scalar_like, static_shape, transpose, un};
+use crate::import::{Ctx, DimArg, Val};
 use crate::node::OnnxNode;
 
 fn reduce(cx: &mut Ctx<'_>, kind: ReduceKind, x: &Val, axes: Vec<i64>, keep: bool) -> Result<Val, String> {
@@ -372,4 +373,73 @@ pub(crate) fn window(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         y = bin(cx, B::Add, &y, &term)?;
     }
     Ok(vec![cast(cx, &y, dtype)?])
+}
+
+/// The most grid points an AffineGrid may ask for (its base grid is a constant of the model).
+const MAX_AFFINE_GRID_POINTS: u64 = 1 << 26;
+
+/// AffineGrid (opset 20): `grid[n, s…, :] = theta[n] · (x, y[, z], 1)`, the normalized coordinates of an output of
+/// `size` (`[N, C, H, W]` or `[N, C, D, H, W]`, known at import) innermost dim first, as GridSample reads them:
+/// `-1 + i·2/(L-1)` with `align_corners` (-1 for an extent of 1), else `-1 + (2i+1)/L`. The homogeneous base grid
+/// is a constant `[points, r+1]`, multiplied by every `thetaᵀ` at once and reshaped to `[N, s…, r]`.
+pub(crate) fn affine_grid(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let theta = n.input(0)?;
+    // Exporters pass the image's own shape (`x.size()`): its batch may be symbolic (the grid's batch is theta's),
+    // its spatial extents must be known.
+    let size = n
+        .input(1)?
+        .dim_args()
+        .ok_or("input `size` must be known at import time (a constant, or computed from the shapes of inputs)")?;
+    let r = size.len().saturating_sub(2);
+    if !matches!(r, 2 | 3) {
+        return Err(format!("size must be [N, C, H, W] or [N, C, D, H, W], got {} values", size.len()));
+    }
+    let spatial = size[2..]
+        .iter()
+        .map(|a| match a {
+            DimArg::Int(v) if *v >= 0 => Ok(*v as u64),
+            DimArg::Int(v) => Err(format!("size has a negative extent {v}")),
+            DimArg::Sym(s) => {
+                Err(format!("a grid over the symbolic extent `{s}` is not supported (its points are constants)"))
+            }
+        })
+        .collect::<Result<Vec<u64>, String>>()?;
+    if !theta.dtype().is_float() {
+        return Err(format!("theta must be a float tensor, got {}", theta.ty));
+    }
+    let d = &theta.ty.shape.0;
+    if d.len() != 3 || d[1].as_static() != Some(r as u64) || d[2].as_static() != Some(r as u64 + 1) {
+        return Err(format!("theta must be [N, {r}, {}] for a size of rank {}, got {}", r + 1, r + 2, theta.ty.shape));
+    }
+    let points = spatial.iter().try_fold(1u64, |p, &s| p.checked_mul(s)).filter(|&p| p <= MAX_AFFINE_GRID_POINTS);
+    let points =
+        points.ok_or_else(|| format!("spatial size {spatial:?} asks for more than 2^26 grid points"))? as usize;
+    let align = n.int("align_corners", 0) != 0;
+    let coord = |i: u64, len: u64| -> f64 {
+        match (align, len) {
+            (true, 1) => -1.0,
+            (true, _) => -1.0 + i as f64 * (2.0 / (len - 1) as f64),
+            (false, _) => -1.0 + (2 * i + 1) as f64 / len as f64,
+        }
+    };
+    let mut base = Vec::with_capacity(points * (r + 1));
+    for p in 0..points as u64 {
+        // Point p's index per spatial dim, then its coordinates innermost dim first, then 1.
+        let mut rest = p;
+        let mut idx = vec![0u64; r];
+        for k in (0..r).rev() {
+            idx[k] = rest % spatial[k];
+            rest /= spatial[k];
+        }
+        base.extend((0..r).rev().map(|k| coord(idx[k], spatial[k])));
+        base.push(1.0);
+    }
+    let data = kiln_ir::Data::from_f64_iter(theta.dtype(), base.into_iter());
+    let base = cx.constant(kiln_ir::Tensor::new(vec![points, r + 1], data).map_err(|e| e.to_string())?)?;
+    let theta_t = transpose(cx, theta, vec![0, 2, 1])?;
+    let grid = cx.op(Op::MatMul, &[&base, &theta_t])?;
+    let mut dims = vec![d[0].clone()];
+    dims.extend(spatial.iter().map(|&s| Dim::Static(s)));
+    dims.push(Dim::Static(r as u64));
+    Ok(vec![reshape(cx, &grid, dims)?])
 }

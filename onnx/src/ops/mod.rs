@@ -30,6 +30,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Acos", elementwise::unary),
     ("Acosh", elementwise::unary),
     ("Add", elementwise::binary),
+    ("AffineGrid", composite::affine_grid),
     ("And", elementwise::binary),
     ("ArgMax", reduce::arg_reduce),
     ("ArgMin", reduce::arg_reduce),
