@@ -414,3 +414,38 @@ fn affine_grid_into_grid_sample_reproduces_the_image_under_the_identity() {
     let e = err(model(&["N", "3", "3"], Some(&[1, 2, 4, 5])));
     assert!(e.contains("theta must be [N, 2, 3]"), "{e}");
 }
+
+/// Col2Im runs as a grouped transposed convolution with one-hot weights: each value lands where its block and tap
+/// say (checked against a direct scatter), overlaps add, on a symbolic batch; a block count that does not match
+/// the image is an error naming both.
+#[test]
+fn col2im_scatters_blocks_back_into_images() {
+    let model = |l: &str| {
+        ModelBuilder::new("g")
+            .opset(18)
+            .input("x", dtype::FLOAT, &["N", "8", l])
+            .initializer(tensor_i64("image", &[2], &[3, 4]))
+            .initializer(tensor_i64("block", &[2], &[2, 2]))
+            .node(node("c", "Col2Im", &["x", "image", "block"], &["y"]))
+            .output("y")
+            .bytes()
+    };
+    let g = import(&model("6"));
+    assert_eq!(output_shape(&g, "y"), Shape(vec![Dim::sym("N"), Dim::Static(2), Dim::Static(3), Dim::Static(4)]));
+    let x = iota_f32(vec![2, 8, 6]);
+    let y = run(&g, &[("x", x.clone())]).remove("y").unwrap().to_f64_vec();
+    let xv = x.to_f64_vec();
+    let mut want = vec![0.0; 2 * 2 * 12];
+    for n in 0..2 {
+        for ck in 0..8 {
+            let (c, k) = (ck / 4, ck % 4);
+            for l in 0..6 {
+                let (row, col) = (l / 3 + k / 2, l % 3 + k % 2);
+                want[((n * 2 + c) * 3 + row) * 4 + col] += xv[(n * 8 + ck) * 6 + l];
+            }
+        }
+    }
+    assert_eq!(y, want);
+    let err = kiln_onnx::import_bytes(&model("7"), None, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("7 block positions") && err.contains("give 6"), "{err}");
+}

@@ -53,6 +53,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Celu", elementwise::activation),
     ("CenterCropPad", shape::center_crop_pad),
     ("Clip", elementwise::clip),
+    ("Col2Im", nn::col2im),
     ("Compress", shape::compress),
     ("NonZero", shape::non_zero),
     ("Unique", shape::unique),

@@ -494,6 +494,76 @@ pub(crate) fn resize(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     Ok(vec![cx.op(Op::Resize(attrs), &[x])?])
 }
 
+/// Col2Im (opset 18): `x[N, C·∏block, L]` holds, for every sliding block position `l` (row-major over the
+/// blocks grid) and tap `k` of channel `c`, a value that lands at `l·stride + k·dilation - pad_begin` of image
+/// `c`; overlapping values add. That is a transposed convolution of `x` seen as `[N, C·K, blocks…]`, `C` groups,
+/// whose one-hot weights route tap `k` of a group's `K` input channels to its one output channel — and so runs as
+/// one (the library's GEMM and col2im on the CPU). `image_shape` and `block_shape` must be known at import; float
+/// data.
+pub(crate) fn col2im(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let x = n.input(0)?;
+    let image = const_ints(n, 1, "image_shape")?.ok_or("needs `image_shape`")?;
+    let block = const_ints(n, 2, "block_shape")?.ok_or("needs `block_shape`")?;
+    let r = image.len();
+    if r == 0 || block.len() != r || image.iter().chain(&block).any(|&v| v <= 0) {
+        return Err(format!("image_shape {image:?} and block_shape {block:?} must be positive, one per spatial dim"));
+    }
+    let strides = n.ints("strides").unwrap_or_else(|| vec![1; r]);
+    let dilations = n.ints("dilations").unwrap_or_else(|| vec![1; r]);
+    let pads = n.ints("pads").unwrap_or_else(|| vec![0; 2 * r]);
+    check_window(r, &[("kernel", &block), ("strides", &strides), ("dilations", &dilations)])?;
+    if pads.len() != 2 * r || pads.iter().any(|&p| p < 0) {
+        return Err(format!("pads {pads:?} must be {} non-negative values", 2 * r));
+    }
+    if !x.dtype().is_float() {
+        return Err(format!("Col2Im of {} is not supported (float types only)", x.dtype()));
+    }
+    let d = &x.ty.shape.0;
+    let taps = block.iter().try_fold(1u64, |p, &b| p.checked_mul(b as u64)).filter(|&t| t <= 1 << 20);
+    let taps = taps.ok_or_else(|| format!("block_shape {block:?} is too large"))?;
+    let ck = match d.get(1).and_then(Dim::as_static) {
+        Some(ck) if d.len() == 3 && ck % taps == 0 => ck,
+        _ => return Err(format!("input must be [N, C·{taps}, L] with a static channel dim, got {}", x.ty.shape)),
+    };
+    let channels = ck / taps;
+    // The sliding blocks per dim, and the output padding that reaches the whole image.
+    let mut blocks = Vec::with_capacity(r);
+    let mut output_padding = Vec::with_capacity(r);
+    for i in 0..r {
+        let span = image[i] as i128 + pads[i] as i128 + pads[r + i] as i128;
+        let eff = (block[i] as i128 - 1) * dilations[i] as i128 + 1;
+        if span < eff {
+            return Err(format!("block {block:?} does not fit image {image:?} padded by {pads:?}"));
+        }
+        let b = (span - eff) / strides[i] as i128 + 1;
+        blocks.push(b as u64);
+        output_padding.push(((span - eff) % strides[i] as i128) as i64);
+    }
+    let positions = blocks.iter().try_fold(1u64, |p, &b| p.checked_mul(b)).filter(|&p| p <= 1 << 40);
+    let positions = positions.ok_or_else(|| format!("{blocks:?} block positions are too many"))?;
+    if let Some(l) = d[2].as_static()
+        && l != positions
+    {
+        return Err(format!(
+            "input has {l} block positions; image, block, pads and strides give {positions} ({blocks:?})"
+        ));
+    }
+    let mut grid = vec![d[0].clone(), Dim::Static(ck)];
+    grid.extend(blocks.iter().map(|&b| Dim::Static(b)));
+    let x = reshape(cx, x, grid)?;
+    // w[c·K + k, 0, t…] = 1 where tap t is k.
+    let mut w = vec![0.0f64; (ck * taps) as usize];
+    for c in 0..ck {
+        w[(c * taps + c % taps) as usize] = 1.0;
+    }
+    let mut w_shape = vec![ck as usize, 1];
+    w_shape.extend(block.iter().map(|&b| b as usize));
+    let w = Tensor::new(w_shape, kiln_ir::Data::from_f64_iter(x.dtype(), w.into_iter())).map_err(|e| e.to_string())?;
+    let w = cx.constant(w)?;
+    let attrs = ConvTranspose { strides, pads, dilations, output_padding, groups: channels as i64 };
+    Ok(vec![cx.op(Op::ConvTranspose(attrs), &[&x, &w])?])
+}
+
 /// GridSample (opsets 16 and 20: `bilinear`/`bicubic` became `linear`/`cubic`, and any number of spatial dims).
 pub(crate) fn grid_sample(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let (x, grid) = (n.input(0)?, n.input(1)?);
