@@ -449,3 +449,59 @@ fn col2im_scatters_blocks_back_into_images() {
     let err = kiln_onnx::import_bytes(&model("7"), None, &ImportOptions::default()).unwrap_err().to_string();
     assert!(err.contains("7 block positions") && err.contains("give 6"), "{err}");
 }
+
+/// DFT as constant twiddle matrices: zero-padding to a longer `dft_length` and truncation to a shorter one, the
+/// one-sided spectrum, and the inverse of a complex spectrum, each against a direct f64 sum.
+#[test]
+fn dft_pads_truncates_and_inverts_like_the_definition() {
+    let signal: Vec<f32> = (0..10).map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.5).collect(); // [2, 5, 1]
+    let naive = |x: &[(f64, f64)], len: usize, bins: usize, inverse: bool| -> Vec<(f64, f64)> {
+        (0..bins)
+            .map(|k| {
+                let (mut re, mut im) = (0.0, 0.0);
+                for (j, &(a, b)) in x.iter().enumerate().take(len) {
+                    let t = 2.0 * std::f64::consts::PI * (j * k) as f64 / len as f64;
+                    let (c, s) = (t.cos(), if inverse { t.sin() } else { -t.sin() });
+                    re += a * c - b * s;
+                    im += a * s + b * c;
+                }
+                if inverse { (re / len as f64, im / len as f64) } else { (re, im) }
+            })
+            .collect()
+    };
+    for (len, onesided, inverse) in [(8, false, false), (3, false, false), (8, true, false), (5, false, true)] {
+        let parts = if inverse { 2 } else { 1 };
+        let mut dft = node("d", "DFT", &["x", "len"], &["y"]);
+        dft = with_attr(with_attr(dft, attr_int("onesided", onesided as i64)), attr_int("inverse", inverse as i64));
+        let bytes = ModelBuilder::new("g")
+            .opset(19)
+            .input("x", dtype::FLOAT, &["2", "5", &parts.to_string()])
+            .initializer(tensor_i64("len", &[], &[len as i64]))
+            .node(with_attr(dft, attr_int("axis", 1)))
+            .output("y")
+            .bytes();
+        let g = import(&bytes);
+        let xs: Vec<f32> = if inverse { signal.iter().flat_map(|&v| [v, 1.0 - v]).collect() } else { signal.clone() };
+        let x = Tensor::from_vec(vec![2, 5, parts], xs.clone()).unwrap();
+        let y = run(&g, &[("x", x)]).remove("y").unwrap();
+        let bins = if onesided { len / 2 + 1 } else { len };
+        assert_eq!(y.shape(), &[2, bins, 2], "len {len} onesided {onesided} inverse {inverse}");
+        let got = y.to_f64_vec();
+        for b in 0..2 {
+            let row: Vec<(f64, f64)> = (0..5)
+                .map(|j| {
+                    let at = (b * 5 + j) * parts;
+                    (f64::from(xs[at]), if inverse { f64::from(xs[at + 1]) } else { 0.0 })
+                })
+                .collect();
+            for (k, (re, im)) in naive(&row, len, bins, inverse).into_iter().enumerate() {
+                let at = (b * bins + k) * 2;
+                assert!(
+                    (got[at] - re).abs() < 1e-5 && (got[at + 1] - im).abs() < 1e-5,
+                    "bin {k}: {:?}",
+                    &got[at..at + 2]
+                );
+            }
+        }
+    }
+}

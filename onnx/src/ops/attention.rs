@@ -6,10 +6,10 @@
 //! bottom-right-aligned causal mask, the sliding window (opset 25) and the `nonpad_kv_seqlen` padding mask; the
 //! causal and window offsets are the past length, or per batch `nonpad_kv_seqlen - q_len` for an external cache.
 
-use kiln_ir::op::{BinaryOp as B, Broadcast, Cast, Concat, Iota, Pad, PadMode, Reduce, ReduceKind, UnaryOp as U};
+use kiln_ir::op::{BinaryOp as B, Broadcast, Concat, Iota, Pad, PadMode, Reduce, ReduceKind, UnaryOp as U};
 use kiln_ir::{DType, Dim, Op, Shape};
 
-use super::{bin, onnx_dtype, reshape, scalar_like, static_shape, transpose, un};
+use super::{bin, cast, onnx_dtype, reshape, scalar_like, static_shape, transpose, un};
 use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
@@ -257,10 +257,6 @@ fn repeat_heads(cx: &mut Ctx<'_>, x: &Val, reps: u64) -> Result<Val, String> {
     let x = reshape(cx, x, [d[0], d[1], 1, d[2], d[3]].map(Dim::Static).to_vec())?;
     let x = cx.op(Op::Broadcast(Broadcast { shape: Shape::of(&[d[0], d[1], reps, d[2], d[3]]) }), &[&x])?;
     reshape(cx, &x, [d[0], d[1] * reps, d[2], d[3]].map(Dim::Static).to_vec())
-}
-
-fn cast(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Val, String> {
-    if x.dtype() == to { Ok(x.clone()) } else { cx.op(Op::Cast(Cast { to }), &[x]) }
 }
 
 /// Softmax over the last axis in which an all-`-inf` row gives zeros instead of NaN.

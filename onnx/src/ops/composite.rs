@@ -3,21 +3,16 @@
 //! affine sampling grid.
 
 use kiln_ir::op::{
-    ArgKind, ArgReduce, BinaryOp as B, Cast, GatherElements, Iota, Pool, PoolKind, Reduce, ReduceKind, Softmax,
-    UnaryOp as U,
+    ArgKind, ArgReduce, BinaryOp as B, GatherElements, Iota, Pool, PoolKind, Reduce, ReduceKind, Softmax, UnaryOp as U,
 };
 use kiln_ir::{DType, Dim, Op, Shape};
 
-use super::{axis, bin, dim_product, onnx_dtype, reshape, scalar_like, static_shape, transpose, un};
+use super::{axis, bin, cast, dim_product, onnx_dtype, reshape, scalar_like, static_shape, transpose, un};
 use crate::import::{Ctx, DimArg, Val};
 use crate::node::OnnxNode;
 
 fn reduce(cx: &mut Ctx<'_>, kind: ReduceKind, x: &Val, axes: Vec<i64>, keep: bool) -> Result<Val, String> {
     cx.op(Op::Reduce(Reduce { kind, axes, keep_dims: keep }), &[x])
-}
-
-fn cast(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Val, String> {
-    if x.dtype() == to { Ok(x.clone()) } else { cx.op(Op::Cast(Cast { to }), &[x]) }
 }
 
 /// Losses' `reduction` attribute.

@@ -14,6 +14,7 @@ mod reduce;
 mod rnn;
 mod rotary;
 mod shape;
+mod signal;
 
 use kiln_ir::op::{BinaryOp, Reshape, Transpose, UnaryOp};
 use kiln_ir::{DType, Data, Dim, Op, Shape, Tensor};
@@ -70,6 +71,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("CumSum", reduce::cumsum),
     ("DepthToSpace", shape::depth_to_space),
     ("DequantizeLinear", quant::dequantize_linear),
+    ("DFT", signal::dft),
     ("Div", elementwise::binary),
     ("Dropout", elementwise::dropout),
     ("DynamicQuantizeLinear", quant::dynamic_quantize_linear),
@@ -121,6 +123,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("MaxPool", nn::pool),
     ("Mean", elementwise::variadic),
     ("MeanVarianceNormalization", composite::mean_variance_normalization),
+    ("MelWeightMatrix", signal::mel_weight_matrix),
     ("Min", elementwise::variadic),
     ("Mish", elementwise::activation),
     ("Mod", elementwise::modulo),
@@ -177,6 +180,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Split", shape::split),
     ("Sqrt", elementwise::unary),
     ("Squeeze", shape::squeeze),
+    ("STFT", signal::stft),
     ("Sub", elementwise::binary),
     ("Sum", elementwise::variadic),
     ("SwiGLU", composite::swiglu),
@@ -207,6 +211,11 @@ pub(crate) fn un(cx: &mut Ctx<'_>, kind: UnaryOp, x: &Val) -> Result<Val, String
 /// `kind(a, b)` with broadcasting.
 pub(crate) fn bin(cx: &mut Ctx<'_>, kind: BinaryOp, a: &Val, b: &Val) -> Result<Val, String> {
     cx.op(Op::Binary(kind), &[a, b])
+}
+
+/// `x` converted to `to` (itself when it has that dtype).
+pub(crate) fn cast(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Val, String> {
+    if x.dtype() == to { Ok(x.clone()) } else { cx.op(Op::Cast(kiln_ir::op::Cast { to }), &[x]) }
 }
 
 /// A scalar constant with `like`'s dtype.

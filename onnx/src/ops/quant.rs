@@ -6,11 +6,11 @@
 //! is elementwise IR that fuses into the neighbouring kernels. Quantized types are u8 and i8; the others ONNX
 //! allows (int16, int4, float8, …) are refused by name when a tensor of them is read.
 
-use kiln_ir::op::{BinaryOp as B, Cast, Gather, Reduce, ReduceKind, UnaryOp as U};
+use kiln_ir::op::{BinaryOp as B, Gather, Reduce, ReduceKind, UnaryOp as U};
 use kiln_ir::{DType, Data, Dim, Op, Tensor};
 
 use super::nn::conv_attrs;
-use super::{axis, bin, i64_tensor, onnx_dtype, reshape, un};
+use super::{axis, bin, cast, i64_tensor, onnx_dtype, reshape, un};
 use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
@@ -30,11 +30,6 @@ fn range(d: DType) -> Result<(f64, f64), String> {
              float8/float4 types)"
         )),
     }
-}
-
-/// `x` cast to `to` (itself when it has that dtype).
-fn cast(cx: &mut Ctx<'_>, x: &Val, to: DType) -> Result<Val, String> {
-    if x.dtype() == to { Ok(x.clone()) } else { cx.op(Op::Cast(Cast { to }), &[x]) }
 }
 
 /// A known scale must be finite and non-zero (a zero scale divides by zero; NaN poisons every result).
