@@ -64,6 +64,7 @@ fn lowerable_fixtures_match_the_interpreter() {
             "multi_result",
             "nested_regions",
             "params_only",
+            "roi_align",
             "shape_ops",
             "top_k"
         ]

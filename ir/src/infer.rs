@@ -433,6 +433,37 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
             dims.extend_from_slice(&grid.shape.0[1..rank - 1]);
             one(TensorType::new(x.dtype, Shape(dims)))
         }
+        Op::RoiAlign(a) => {
+            let (x, rois, idx) = (&ins[0], &ins[1], &ins[2]);
+            expect_dtype(x, DType::is_float, "float data")?;
+            computable(x)?;
+            if rois.dtype != x.dtype {
+                return Err(format!("rois {} must have the data's dtype {}", rois.dtype, x.dtype));
+            }
+            expect_index(idx)?;
+            if x.shape.rank() != 4 || rois.shape.rank() != 2 || idx.shape.rank() != 1 {
+                return Err(format!(
+                    "needs x [N, C, H, W], rois [R, 4] and batch_indices [R], got {}, {} and {}",
+                    x.shape, rois.shape, idx.shape
+                ));
+            }
+            if rois.shape.0[1].as_static() != Some(4) || !same_extent(&rois.shape.0[0], &idx.shape.0[0]) {
+                return Err(format!("rois {} and batch_indices {} must be [R, 4] and [R]", rois.shape, idx.shape));
+            }
+            if a.output_height < 1 || a.output_width < 1 || a.sampling_ratio < 0 || !a.spatial_scale.is_finite() {
+                return Err(format!(
+                    "output {}×{} must be positive, sampling_ratio {} non-negative, spatial_scale {} finite",
+                    a.output_height, a.output_width, a.sampling_ratio, a.spatial_scale
+                ));
+            }
+            let dims = vec![
+                rois.shape.0[0].clone(),
+                x.shape.0[1].clone(),
+                Dim::Static(a.output_height as u64),
+                Dim::Static(a.output_width as u64),
+            ];
+            one(TensorType::new(x.dtype, Shape(dims)))
+        }
         Op::Lstm(l) => recurrent(ins, l.hidden_size, l.direction, 4, 8, true),
         Op::Gru(g) => recurrent(ins, g.hidden_size, g.direction, 3, 6, false),
         Op::Fusion(f) => f.body.infer(ins),

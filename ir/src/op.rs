@@ -192,6 +192,9 @@ define_ops! {
     Resize(Resize) = "resize", Arity::Exact(1);
     /// Samples `x[N, C, D…]` at the normalized coordinates of `grid[N, O…, r]` (ONNX GridSample): `[N, C, O…]`.
     GridSample(GridSample) = "grid_sample", Arity::Exact(2);
+    /// Pools each region of interest `rois[r]` of image `x[batch_indices[r]]` to a fixed grid (ONNX RoiAlign):
+    /// `[R, C, output_height, output_width]`.
+    RoiAlign(RoiAlign) = "roi_align", Arity::Exact(3);
     /// ONNX LSTM (layout 0): `lstm(x, w, r, b, h0, c0)` → `y, y_h, y_c`.
     Lstm(Lstm) = "lstm", Arity::Exact(6);
     /// ONNX GRU (layout 0): `gru(x, w, r, b, h0)` → `y, y_h`.
@@ -671,6 +674,24 @@ attrs! {
     pub struct GridSample { mode: ResizeMode, padding: GridPadding, align_corners: bool }
 }
 
+attrs! {
+    /// ONNX RoiAlign: box `r` (`[x1, y1, x2, y2]` in image coordinates, times `spatial_scale`, less 0.5 with
+    /// `half_pixel`; at least 1×1 without it) is split into `output_height × output_width` bins; each bin samples
+    /// a `sampling_ratio²` grid (or `ceil(box / output)` per dim when `sampling_ratio` is 0) bilinearly — a
+    /// sample more than one pixel outside the image is 0, one nearer is clamped in — and pools the samples by
+    /// their mean (`avg`) or by the largest of each sample's four weighted corners (`max`, as ONNX's reference
+    /// computes it). Arithmetic in the data's compute type; `batch_indices` must name an image.
+    pub struct RoiAlign {
+        mode: PoolKind,
+        output_height: i64,
+        output_width: i64,
+        sampling_ratio: i64,
+        #[serde(with = "crate::attr::non_finite")]
+        spatial_scale: f64,
+        half_pixel: bool,
+    }
+}
+
 named_enum! {
     /// How an output coordinate maps to an input coordinate (ONNX `coordinate_transformation_mode`).
     pub enum CoordMode {
@@ -899,6 +920,7 @@ impl Op {
             | Op::Unique(_)
             | Op::NonMaxSuppression(_)
             | Op::GridSample(_)
+            | Op::RoiAlign(_)
             | Op::MatMulInteger
             | Op::ConvInteger(_)
             | Op::ConvTranspose(_)

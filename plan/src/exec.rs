@@ -87,6 +87,8 @@ pub enum Routine {
     NonMaxSuppression(kiln_ir::op::NonMaxSuppression),
     /// `grid_sample` on f32 data and an f32 grid: operands x, grid; result the samples.
     GridSample(kiln_ir::op::GridSample),
+    /// `roi_align` on f32 data and boxes with i64 batch indices: operands x, rois, batch_indices.
+    RoiAlign(kiln_ir::op::RoiAlign),
 }
 
 impl Routine {
@@ -98,6 +100,9 @@ impl Routine {
             Op::Unique(u) => return Some(Routine::Unique(u.clone())),
             Op::NonMaxSuppression(n) => return Some(Routine::NonMaxSuppression(n.clone())),
             Op::TopK(t) if dtypes.len() == 2 => return Some(Routine::TopKAtRunTime(t.clone())),
+            Op::RoiAlign(a) if dtypes == [kiln_ir::DType::F32, kiln_ir::DType::F32, kiln_ir::DType::I64] => {
+                return Some(Routine::RoiAlign(a.clone()));
+            }
             _ => {}
         }
         if !dtypes.iter().all(|&d| d == kiln_ir::DType::F32) {
@@ -122,6 +127,7 @@ impl Routine {
             Routine::Unique(u) => Op::Unique(u.clone()),
             Routine::NonMaxSuppression(n) => Op::NonMaxSuppression(n.clone()),
             Routine::GridSample(g) => Op::GridSample(g.clone()),
+            Routine::RoiAlign(a) => Op::RoiAlign(a.clone()),
         }
     }
 

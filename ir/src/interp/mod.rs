@@ -30,7 +30,7 @@ mod topk;
 pub use control::{BodyRunner, max_loop_iterations, run_if, run_loop};
 pub use dynamic::{data_dependent, non_zero};
 pub use index::resolve_index;
-pub use nn::{filter_taps, grid_sample_f32, linear_taps, nearest_taps, outside_taps};
+pub use nn::{filter_taps, grid_sample_f32, linear_taps, nearest_taps, outside_taps, roi_align_f32};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -119,6 +119,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         | Op::Gelu(_)
         | Op::Resize(_)
         | Op::GridSample(_)
+        | Op::RoiAlign(_)
         | Op::Lstm(_)
         | Op::Gru(_) => nn::eval(op, inputs)?,
     };

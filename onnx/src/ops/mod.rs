@@ -157,6 +157,7 @@ pub(crate) const TABLE: &[(&str, Handler)] = &[
     ("Reshape", shape::reshape),
     ("Resize", nn::resize),
     ("ReverseSequence", shape::reverse_sequence),
+    ("RoiAlign", nn::roi_align),
     ("RotaryEmbedding", rotary::rotary_embedding),
     ("Round", elementwise::unary),
     ("Scan", control::scan),

@@ -2,7 +2,7 @@
 
 use kiln_ir::op::{
     BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, GridPadding, GridSample, Gru, LayerNorm, Lstm,
-    NearestMode, Pool, PoolKind, Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, Softmax, UnaryOp as U,
+    NearestMode, Pool, PoolKind, Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, RoiAlign, Softmax, UnaryOp as U,
 };
 use kiln_ir::{Dim, Op, Shape, Tensor};
 
@@ -562,6 +562,32 @@ pub(crate) fn col2im(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
     let w = cx.constant(w)?;
     let attrs = ConvTranspose { strides, pads, dilations, output_padding, groups: channels as i64 };
     Ok(vec![cx.op(Op::ConvTranspose(attrs), &[&x, &w])?])
+}
+
+/// RoiAlign (opsets 10 and 16; opset 10 has no `coordinate_transformation_mode` and behaves as
+/// `output_half_pixel`).
+pub(crate) fn roi_align(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
+    let (x, rois, idx) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let mode = match n.string("mode").as_deref().unwrap_or("avg") {
+        "avg" => PoolKind::Avg,
+        "max" => PoolKind::Max,
+        other => return Err(format!("mode `{other}` is not one of avg, max")),
+    };
+    let half_pixel = match n.string("coordinate_transformation_mode").as_deref() {
+        None => n.opset >= 16,
+        Some("half_pixel") => true,
+        Some("output_half_pixel") => false,
+        Some(other) => return Err(format!("coordinate_transformation_mode `{other}` is not supported")),
+    };
+    let attrs = RoiAlign {
+        mode,
+        output_height: n.int("output_height", 1),
+        output_width: n.int("output_width", 1),
+        sampling_ratio: n.int("sampling_ratio", 0),
+        spatial_scale: f64::from(n.float("spatial_scale", 1.0)),
+        half_pixel,
+    };
+    Ok(vec![cx.op(Op::RoiAlign(attrs), &[x, rois, idx])?])
 }
 
 /// GridSample (opsets 16 and 20: `bilinear`/`bicubic` became `linear`/`cubic`, and any number of spatial dims).

@@ -392,7 +392,9 @@ impl CpuProgram {
                     ..
                 } => elems(&inputs[0])?,
                 // Up to 4^r taps per sample (cubic), a few for the common linear case.
-                Step::Routine { routine: Routine::GridSample(_), outputs, .. } => elems(&outputs[0])?.saturating_mul(8),
+                Step::Routine { routine: Routine::GridSample(_) | Routine::RoiAlign(_), outputs, .. } => {
+                    elems(&outputs[0])?.saturating_mul(8)
+                }
                 Step::Routine { inputs, outputs, .. } => elems(inputs.get(1)?)?
                     .saturating_add(elems(inputs.get(2)?)?)
                     .saturating_mul(elems(&outputs[0])? / last(&outputs[0])?.max(1)),
@@ -969,6 +971,18 @@ impl CpuProgram {
                     )
                 };
                 library::top_k_f32(t, x, &shape, values, indices).map_err(fail)
+            }
+            (Routine::RoiAlign(a), &[x, rois, idx], &[out]) => {
+                let (xd, n) = (dims(x)?, len(idx)?);
+                let (x, rois, out) = (read(x)?, read(rois)?, write(out)?);
+                // SAFETY: the batch indices are an i64 buffer of `n` elements (the routine's declared dtypes).
+                let idx: &[i64] = if n == 0 {
+                    &[]
+                } else {
+                    unsafe { std::slice::from_raw_parts(ptrs.0[idx.0 as usize].cast::<i64>(), n) }
+                };
+                kiln_ir::interp::roi_align_f32(a, x, &xd, rois, idx, out)
+                    .map_err(|e| RunError::Op(format!("{node}: {e}")))
             }
             (Routine::GridSample(g), &[x, grid], &[out]) => {
                 let (xd, gd) = (dims(x)?, dims(grid)?);

@@ -656,6 +656,7 @@ impl<'g> Ctx<'g> {
             | Op::Unique(_)
             | Op::NonMaxSuppression(_)
             | Op::GridSample(_)
+            | Op::RoiAlign(_)
             | Op::If(_)
             | Op::Loop(_)
             | Op::Fusion(_)) => {

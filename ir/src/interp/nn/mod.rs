@@ -1,5 +1,5 @@
 //! Reference semantics of the neural-net ops: `conv`, `conv_transpose`, `pool`, `softmax`, `log_softmax`,
-//! `layer_norm`, `batch_norm`, `gelu`, `resize`, `grid_sample`, `lstm` and `gru`.
+//! `layer_norm`, `batch_norm`, `gelu`, `resize`, `grid_sample`, `roi_align`, `lstm` and `gru`.
 //!
 //! Every op here follows its ONNX namesake (see the attribute docs in `op.rs`). The code is the oracle other
 //! backends are tested against, so it is written as plain loops over the definitions, with only the hoisting
@@ -19,8 +19,10 @@ mod grid_sample;
 mod norm;
 mod pool;
 mod resize;
+mod roi_align;
 
 pub use grid_sample::grid_sample_f32;
+pub use roi_align::roi_align_f32;
 
 pub use resize::{filter_taps, linear_taps, nearest_taps, outside_taps};
 mod rnn;
@@ -54,6 +56,7 @@ pub(super) fn eval(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::Gelu(g) => one(gelu(g, x)),
         Op::Resize(r) => one(resize::resize(r, x, first)),
         Op::GridSample(g) => one(grid_sample::grid_sample(g, x, inputs[1], first)),
+        Op::RoiAlign(a) => one(roi_align::roi_align(a, inputs, first)),
         Op::Lstm(l) => rnn::lstm(l, inputs),
         Op::Gru(g) => rnn::gru(g, inputs),
         other => Err(format!("`{}` is not a neural-net op", other.mnemonic())),
