@@ -77,14 +77,17 @@ impl PackedB {
         // `max(1)`: with k = 0 there is no storage and nothing to copy.
         for (j, panel) in flat.chunks_exact_mut((k * PANEL).max(1)).enumerate() {
             let (first, cols) = (j * PANEL, PANEL.min(n - j * PANEL));
-            for (p, row) in panel.chunks_exact_mut(PANEL).enumerate() {
-                if transposed {
-                    for (c, v) in row[..cols].iter_mut().enumerate() {
-                        *v = b[(first + c) * k + p];
+            if transposed {
+                // Column c of the panel is row first + c of `bt`: read it contiguously, write it down the panel.
+                for c in 0..cols {
+                    for (p, &v) in b[(first + c) * k..(first + c + 1) * k].iter().enumerate() {
+                        panel[p * PANEL + c] = v;
                     }
-                } else {
-                    row[..cols].copy_from_slice(&b[p * n + first..p * n + first + cols]);
                 }
+                continue;
+            }
+            for (p, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+                row[..cols].copy_from_slice(&b[p * n + first..p * n + first + cols]);
             }
         }
         Ok(PackedB { k, n, panels, storage })
