@@ -505,3 +505,31 @@ fn dft_pads_truncates_and_inverts_like_the_definition() {
         }
     }
 }
+
+/// Constants a handler builds are bounded: a mel filter bank over a 2^24-point spectrum, or a Col2Im over a
+/// huge declared channel count, is a clear error at import, never an allocation of terabytes.
+#[test]
+fn absurd_signal_and_col2im_constants_are_errors() {
+    let mel = ModelBuilder::new("g")
+        .opset(17)
+        .initializer(tensor_i64("mels", &[], &[65536]))
+        .initializer(tensor_i64("len", &[], &[1 << 24]))
+        .initializer(tensor_i64("rate", &[], &[16000]))
+        .initializer(tensor_f32("lo", &[], &[0.0]))
+        .initializer(tensor_f32("hi", &[], &[8000.0]))
+        .node(node("m", "MelWeightMatrix", &["mels", "len", "rate", "lo", "hi"], &["y"]))
+        .output("y")
+        .bytes();
+    let err = kiln_onnx::import_bytes(&mel, None, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("too large"), "{err}");
+    let col = ModelBuilder::new("g")
+        .opset(18)
+        .input("x", dtype::FLOAT, &["1", "4294967296", "1"])
+        .initializer(tensor_i64("image", &[2], &[1, 1]))
+        .initializer(tensor_i64("block", &[2], &[1, 1]))
+        .node(node("c", "Col2Im", &["x", "image", "block"], &["y"]))
+        .output("y")
+        .bytes();
+    let err = kiln_onnx::import_bytes(&col, None, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("too large"), "{err}");
+}

@@ -526,6 +526,9 @@ pub(crate) fn col2im(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Str
         _ => return Err(format!("input must be [N, C·{taps}, L] with a static channel dim, got {}", x.ty.shape)),
     };
     let channels = ck / taps;
+    if ck.checked_mul(taps).is_none_or(|e| e > 1 << 26) {
+        return Err(format!("{ck} channels of {taps}-tap blocks need too large a routing weight"));
+    }
     // The sliding blocks per dim, and the output padding that reaches the whole image.
     let mut blocks = Vec::with_capacity(r);
     let mut output_padding = Vec::with_capacity(r);

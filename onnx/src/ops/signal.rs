@@ -209,8 +209,12 @@ pub(crate) fn mel_weight_matrix(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Ve
         }
     };
     let (lower, upper) = (edge(3, "lower_edge_hertz")?, edge(4, "upper_edge_hertz")?);
-    if mels <= 0 || dft_length <= 0 || rate <= 0 || mels > 1 << 16 || dft_length > 1 << 24 {
+    if mels <= 0 || dft_length <= 0 || rate <= 0 {
         return Err(format!("num_mel_bins {mels}, dft_length {dft_length} and sample_rate {rate} must be positive"));
+    }
+    // The filter bank is a constant of the model: bounded like the other constants a handler builds.
+    if (dft_length as u64 / 2 + 1).checked_mul(mels as u64).is_none_or(|e| e > MAX_TWIDDLES as u64) {
+        return Err(format!("a filter bank of {mels} bands over a {dft_length}-point spectrum is too large"));
     }
     let dtype = onnx_dtype(n.int("output_datatype", 1))?;
     if !dtype.is_float() {

@@ -31,13 +31,15 @@ impl<'a> Recurrent<'a> {
     }
 
     /// `out[batch, n] = h[batch, k] · Rᵀ`.
-    fn apply(&self, h: &[f32], batch: usize, out: &mut [f32]) {
+    fn apply(&self, h: &[f32], batch: usize, out: &mut [f32]) -> Result<(), LibraryError> {
         match self {
             Recurrent::Packed(p) => {
                 matmul_packed_f32(&h[..batch * p.k()], batch, p, &mut out[..batch * p.n()], None, Par::SERIAL)
-                    .expect("the packed product's shapes were checked with the call's");
             }
-            Recurrent::InPlace { r, n, k } => gemm_bt(batch, *n, *k, h, *k, r, *k, out, *n, false, Par::SERIAL),
+            Recurrent::InPlace { r, n, k } => {
+                gemm_bt(batch, *n, *k, h, *k, r, *k, out, *n, false, Par::SERIAL);
+                Ok(())
+            }
         }
     }
 }
@@ -330,7 +332,7 @@ pub fn lstm_f32(
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(l.direction, d) { s.seq - 1 - step } else { step };
-            rd.apply(&y_h[state.clone()], s.batch, &mut hr);
+            rd.apply(&y_h[state.clone()], s.batch, &mut hr)?;
             for n in 0..s.batch {
                 let g = &mut hr[n * rows..(n + 1) * rows];
                 for (v, p) in g.iter_mut().zip(&xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows]) {
@@ -380,7 +382,7 @@ pub fn gru_f32(
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(g.direction, d) { s.seq - 1 - step } else { step };
-            rd.apply(&y_h[state.clone()], s.batch, &mut hr);
+            rd.apply(&y_h[state.clone()], s.batch, &mut hr)?;
             if g.linear_before_reset {
                 for n in 0..s.batch {
                     rec[n * hs..(n + 1) * hs].copy_from_slice(&hr[n * rows + 2 * hs..(n + 1) * rows]);
@@ -394,7 +396,7 @@ pub fn gru_f32(
                         gated[n * hs + j] = sigmoid(clamp(pre[hs + j] + hrow[hs + j], clip)) * h[j];
                     }
                 }
-                rh.apply(&gated, s.batch, &mut rec);
+                rh.apply(&gated, s.batch, &mut rec)?;
             }
             for n in 0..s.batch {
                 let pre = &xw[(t * s.batch + n) * rows..(t * s.batch + n + 1) * rows];
