@@ -213,8 +213,9 @@ const CRAFTED: &str = r#"graph "crafted" {
   %6 = relu %5 : f32[2,3]
   %7 = exp %0 : f32[2,4]
   %8 = reduce %7 {kind=sum, axes=[1], keep_dims=true} : f32[2,1]
-  %9 = softmax %6 {axis=-1} : f32[2,3]
-  output "y" = %9
+  %9 = reduce %6 {kind=max, axes=[1], keep_dims=true} : f32[2,1]
+  %10 = sub %6, %9 : f32[2,3]
+  output "y" = %10
   output "z" = %8
 }
 "#;

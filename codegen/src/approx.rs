@@ -20,14 +20,17 @@ pub(crate) const LOG2_E: f32 = std::f32::consts::LOG2_E;
 /// `exp(r) = 1 + r + r^2 P(r)` on the reduced range `|r| <= ln2 / 2`.
 pub(crate) const EXP_P: [f32; 6] =
     [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
-/// Where the `exp` polynomial with a normal `2^n` scale is used: results normal and finite.
-pub(crate) const EXP_RANGE: (f32, f32) = (-87.0, 88.0);
+/// Arguments of `exp` are clamped to this range (a NaN stays NaN): below it the result is 0, above it infinity.
+/// On it `n = round(x log2 e)` lies in [-150, 129], so `2^n` is applied as two normal factors `2^(n>>1)` and
+/// `2^(n - (n>>1))`, and subnormal results and overflow to infinity come out of the last multiplication.
+pub(crate) const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
 
 /// `tanh(x) = x + x^3 P(x^2)` for `|x| < TANH_SMALL`.
 pub(crate) const TANH_P: [f32; 5] = [-5.704_988_7e-3, 2.063_908_9e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328_2e-1];
 /// Below this magnitude `tanh` uses its odd polynomial, above `1 - 2/(e^2|x| + 1)`.
 pub(crate) const TANH_SMALL: f32 = 0.625;
 /// Beyond this magnitude `tanh` is ±1 in f32.
+#[cfg_attr(not(feature = "ptx"), allow(dead_code))]
 pub(crate) const TANH_SATURATE: f32 = 9.0;
 
 /// `erf(x) ≈ x P(x^2) / Q(x^2)` for `|x| < ERF_ONE_FROM`: kiln's own fit (a weighted least-squares rational

@@ -191,6 +191,10 @@ impl PlanBuilder<'_> {
                 let args = inputs.iter().copied().chain([output]).collect();
                 Ok(DeviceStep::Kernel { kernel: self.builtin(k), args })
             }
+            LibraryOp::Softmax { axis, log } => {
+                let k = builtin::softmax("softmax", self.ty(inputs[0]), *axis, *log, &out_ty)?;
+                Ok(DeviceStep::Kernel { kernel: self.builtin(k), args: vec![inputs[0], output] })
+            }
             LibraryOp::Pool(p) => {
                 let k = builtin::pool("pool", self.ty(inputs[0]), p, &out_ty)?;
                 Ok(DeviceStep::Kernel { kernel: self.builtin(k), args: vec![inputs[0], output] })

@@ -282,6 +282,8 @@ impl<'g> Builder<'g> {
             Op::Conv(c) if f32_only => return library(LibraryOp::Conv(c.clone())),
             Op::Pool(p) if f32_only => return library(LibraryOp::Pool(p.clone())),
             Op::ConvTranspose(c) if f32_only => return library(LibraryOp::ConvTranspose(c.clone())),
+            Op::Softmax(s) if f32_only => return library(LibraryOp::Softmax { axis: s.axis, log: false }),
+            Op::LogSoftmax(s) if f32_only => return library(LibraryOp::Softmax { axis: s.axis, log: true }),
             Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
             Op::MatMulInteger => return library(LibraryOp::MatMulInteger),
             Op::ConvInteger(c) => return library(LibraryOp::ConvInteger(c.clone())),

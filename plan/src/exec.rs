@@ -62,6 +62,23 @@ pub enum LibraryOp {
     ConvInteger(kiln_ir::op::Conv),
     /// Transposed convolution (a GEMM into a column matrix, then `col2im`); operands x, w and an optional bias.
     ConvTranspose(kiln_ir::op::ConvTranspose),
+    /// `softmax` on f32 along `axis` (with `log`, `log_softmax`), one operand: a routine of the CPU library
+    /// (vectorized to the CPU's widest registers, `exp` once per element); device plans launch the op lowered to
+    /// a kernel.
+    Softmax {
+        /// The axis (negative counts from the end).
+        axis: i64,
+        /// `log_softmax` when true.
+        log: bool,
+    },
+}
+
+impl LibraryOp {
+    /// The IR op of a [`LibraryOp::Softmax`].
+    pub fn softmax_op(axis: i64, log: bool) -> Op {
+        let s = kiln_ir::op::Softmax { axis };
+        if log { Op::LogSoftmax(s) } else { Op::Softmax(s) }
+    }
 }
 
 /// A routine of the runtime's library with several results, run natively on the host: the recurrent layers,
@@ -441,6 +458,7 @@ impl Executable {
                     LibraryOp::ConvTranspose(c) => {
                         format!("conv_transpose{}", if c.groups > 1 { " (grouped)" } else { "" })
                     }
+                    LibraryOp::Softmax { log, .. } => if *log { "log_softmax" } else { "softmax" }.to_string(),
                 };
                 let epi = if epilogue.is_some() { " + epilogue" } else { "" };
                 format!("library {name}{epi} -> {}", ty(output))

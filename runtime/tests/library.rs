@@ -617,6 +617,9 @@ fn matmul_integer_is_exact() {
         (&[9, 300], &[300, 31]),
         (&[5, 7], &[7, 48]),
         (&[3, 40000], &[40000, 2]),
+        // Enough work for several workers: split over column blocks (many), over rows (one block, ragged rows).
+        (&[17, 64], &[64, 300]),
+        (&[70, 300], &[300, 20]),
     ];
     for (i, (sa, sb)) in shapes.iter().enumerate() {
         for (ta, tb) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8), (DType::I8, DType::U8)]

@@ -12,13 +12,14 @@
 //!
 //! A reduction loop qualifies the same way when every statement is an f32 `Let` or an `Update` of an f32
 //! `Sum`, `Prod`, `Max` or `Min` accumulator, and no value reads an accumulator the loop folds into (that value
-//! would depend on the previous lane's fold). Only the values are vector code: the four lanes are then folded
-//! into each accumulator one at a time, lane 0 to 3, by the same scalar step the scalar loop uses, so the
-//! folding order — and every rounding in it — is the interpreter's, and results differ from the scalar loop
-//! only where an inline approximation below replaces a runtime call. Max and min accumulators are the exception:
-//! exact and NaN-propagating, they fold lane-wise into an f32x4 twin and the four lanes into the accumulator once
-//! after the loop (the same value, in any order). Arg accumulators, other dtypes and bodies with stores keep the
-//! loop scalar. A loop-invariant integer converted to f32 (a quantization's zero point) is converted once and
+//! would depend on the previous lane's fold). Sum, max and min accumulators fold lane-wise into an f32x4 twin,
+//! and the twin's four lanes into the accumulator once after the loop (`acc + ((l0 + l1) + (l2 + l3))` for a
+//! sum): max and min are exact and NaN-propagating, so that is the interpreter's value bit for bit; a sum is
+//! reassociated into four interleaved partial sums — as every vectorizing compiler and math library does (the
+//! library calls too) — so it differs from the interpreter's in-order sum by summation rounding only, and runs
+//! at one vector add per four elements instead of a chain of four dependent scalar adds. Product accumulators
+//! keep the in-order fold: the four lanes fold into the accumulator one at a time, lane 0 to 3, by the scalar
+//! loop's step. Arg accumulators, other dtypes and bodies with stores keep the loop scalar. A loop-invariant integer converted to f32 (a quantization's zero point) is converted once and
 //! splat.
 //!
 //! Memory: an index affine in the loop variable with coefficient 1 is one vector load or store, coefficient 0
@@ -248,12 +249,16 @@ impl Emitter<'_, '_> {
                     }
                 }
                 Stmt::Update { acc, value, .. } if self.vaccs.contains_key(acc) => {
-                    // A max or min: lane-wise into its vector twin, folded once after the loop.
+                    // A sum, max or min: lane-wise into its vector twin, folded once after the loop.
                     let (x, _) = self.vexpr(value, var, i, &vlets)?;
                     let twin = self.vaccs[acc];
                     let op = self.accs[acc].op;
                     let cur = self.b.use_var(twin);
-                    let next = if op == AccOp::Max { self.b.ins().fmax(cur, x) } else { self.b.ins().fmin(cur, x) };
+                    let next = match op {
+                        AccOp::Max => self.b.ins().fmax(cur, x),
+                        AccOp::Min => self.b.ins().fmin(cur, x),
+                        _ => self.b.ins().fadd(cur, x),
+                    };
                     self.b.def_var(twin, next);
                 }
                 Stmt::Update { acc, value, .. } => {
@@ -276,35 +281,48 @@ impl Emitter<'_, '_> {
         Ok(())
     }
 
-    /// Before a vectorized reduction loop: an f32x4 twin for each f32 max/min accumulator the body folds into,
-    /// starting at the accumulator's value in every lane. Max and min are exact and NaN-propagating, so lane-wise
-    /// partial results folded at the end equal the in-order fold the scalar loop does, bit for bit (sums and
-    /// products keep their in-order lane fold: their rounding depends on the order).
+    /// Before a vectorized reduction loop: an f32x4 twin for each f32 sum, max or min accumulator the body folds
+    /// into — four partial sums starting at 0, or the accumulator's max/min in every lane. Max and min are exact
+    /// and NaN-propagating, so lane-wise partial results folded at the end equal the in-order fold the scalar loop
+    /// does, bit for bit; sums are reassociated (see the module docs); products keep their in-order lane fold.
     pub(crate) fn open_vector_accs(&mut self, body: &Block) {
         for s in &body.0 {
             let Stmt::Update { acc, position: None, .. } = s else { continue };
             let Some(slot) = self.accs.get(acc).copied() else { continue };
-            if slot.dtype != DType::F32 || !matches!(slot.op, AccOp::Max | AccOp::Min) || self.vaccs.contains_key(acc) {
+            if slot.dtype != DType::F32
+                || !matches!(slot.op, AccOp::Sum | AccOp::Max | AccOp::Min)
+                || self.vaccs.contains_key(acc)
+            {
                 continue;
             }
             let twin = self.b.declare_var(types::F32X4);
-            let cur = self.b.use_var(slot.value);
-            let lanes = self.splat(cur);
+            let start = if slot.op == AccOp::Sum { self.b.ins().f32const(0.0) } else { self.b.use_var(slot.value) };
+            let lanes = self.splat(start);
             self.b.def_var(twin, lanes);
             self.vaccs.insert(*acc, twin);
         }
     }
 
-    /// After a vectorized reduction loop: each twin's four lanes folded into its accumulator.
+    /// After a vectorized reduction loop: each twin's four lanes folded into its accumulator (a sum's pairwise,
+    /// then added to the accumulator).
     pub(crate) fn close_vector_accs(&mut self) -> EResult<()> {
         for (acc, twin) in std::mem::take(&mut self.vaccs) {
             let slot = self.accs[&acc];
             let v = self.b.use_var(twin);
-            let mut folded = self.b.use_var(slot.value);
-            for lane in 0..LANES as u8 {
-                let x = self.b.ins().extractlane(v, lane);
-                folded = self.fold(slot.op, folded, x, DType::F32)?;
-            }
+            let cur = self.b.use_var(slot.value);
+            let lanes: Vec<Value> = (0..LANES as u8).map(|lane| self.b.ins().extractlane(v, lane)).collect();
+            let folded = if slot.op == AccOp::Sum {
+                let low = self.b.ins().fadd(lanes[0], lanes[1]);
+                let high = self.b.ins().fadd(lanes[2], lanes[3]);
+                let all = self.b.ins().fadd(low, high);
+                self.b.ins().fadd(cur, all)
+            } else {
+                let mut folded = cur;
+                for x in lanes {
+                    folded = self.fold(slot.op, folded, x, DType::F32)?;
+                }
+                folded
+            };
             self.b.def_var(slot.value, folded);
         }
         Ok(())

@@ -461,6 +461,27 @@ pub fn gather(
     Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
 }
 
+/// `softmax` (with `log`, `log_softmax`) along `axis`: the op lowered as a graph node of its own is (the row's
+/// maximum and sum memoized per row, [`super::lower`]), with the same symbols as the builtins. Args `[x, out]`.
+pub fn softmax(name: &str, x: &TensorType, axis: i64, log: bool, out: &TensorType) -> Result<Kernel, LowerError> {
+    let err = |reason: String| LowerError::NotLowerable { node: name.to_string(), reason };
+    let mut g = kiln_ir::Builder::new(name);
+    let xv = g.input("x", x.dtype, x.shape.clone()).map_err(|e| err(e.to_string()))?;
+    let op = kiln_plan::exec::LibraryOp::softmax_op(axis, log);
+    let y = g.op(op, &[xv]).map_err(|e| err(e.to_string()))?;
+    let got = g.type_of(y).map_err(|e| err(e.to_string()))?.clone();
+    if &got != out {
+        return Err(err(format!("the result is {got}, not {out}")));
+    }
+    g.output("y", y);
+    let graph = g.finish();
+    let (k, values) = super::lower_mapped(&graph, &[y.node], name, &super::LowerOptions::default())?;
+    if values != [xv, y] {
+        return Err(err(format!("lowered with {} arguments in another order", values.len())));
+    }
+    Ok(k)
+}
+
 /// `cond ? value : fill`, or `value` when nothing needs masking.
 fn masked(cond: Option<Expr>, value: Expr, fill: Expr) -> Expr {
     match cond {

@@ -17,7 +17,7 @@ use kiln_ir::op::UnaryOp;
 
 use super::emit::{KernelEmitter, R};
 use crate::approx::{
-    ERF_ONE_FROM, ERF_P, ERF_Q, EXP_P, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
+    ERF_ONE_FROM, ERF_P, ERF_Q, EXP_CLAMP, EXP_P, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
 };
 
 /// fdlibm's split of ln 2 for f64: the high part has 32 significant bits (so `n * LN2_HI_F64` is exact for the
@@ -27,9 +27,6 @@ const LN2_HI_F64: f64 = 6.931_471_803_691_238_164_9e-1;
 /// See [`LN2_HI_F64`].
 #[allow(clippy::excessive_precision)]
 const LN2_LO_F64: f64 = 1.908_214_929_270_587_700_02e-10;
-
-/// Arguments of `exp` are clamped to this range: below it the result is 0, above it infinity.
-const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
 
 impl<'ctx> KernelEmitter<'_, 'ctx> {
     fn f(&self, v: f32) -> FloatValue<'ctx> {

@@ -1224,6 +1224,10 @@ impl CpuProgram {
                 let xd = dims(inputs[0])?;
                 library::pool_f32(f32s(inputs[0], &xd), &xd, attrs, out, &out_dims, par)
             }
+            LibraryOp::Softmax { axis, log } => {
+                let xd = dims(inputs[0])?;
+                library::softmax_f32(f32s(inputs[0], &xd), &xd, *axis, *log, out, par)
+            }
             // Gathers and the integer products return before the f32 views are made.
             LibraryOp::Gather(_) | LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) => {
                 Err(library::LibraryError::Unsupported { op: "gather", what: "an f32 view of its operands".into() })

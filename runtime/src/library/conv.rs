@@ -675,33 +675,10 @@ fn depthwise_plane_flat(
     }
 }
 
-/// `y[i] = init + Σ_t w_t · x_t[i]` over the taps `(x_t, w_t)` (each `x_t` as long as `y`), compiled for the
-/// widest vectors this CPU has.
-fn madd_rows(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { madd_rows_avx512(y, init, taps) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { madd_rows_avx2(y, init, taps) };
-        }
-    }
-    madd_rows_with::<false>(y, init, taps)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn madd_rows_avx512(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
-    madd_rows_with::<true>(y, init, taps)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn madd_rows_avx2(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) {
-    madd_rows_with::<true>(y, init, taps)
+widest_vectors! {
+    /// `y[i] = init + Σ_t w_t · x_t[i]` over the taps `(x_t, w_t)` (each `x_t` as long as `y`), compiled for the
+    /// widest vectors this CPU has.
+    fn madd_rows(y: &mut [f32], init: f32, taps: &[(&[f32], f32)]) = madd_rows_with::<true>, madd_rows_with::<false>;
 }
 
 /// [`madd_rows`]: `FMA` fuses each multiply-add (only where the CPU has the instruction; elsewhere `mul_add`

@@ -9,6 +9,37 @@
 //! workers of it; with one thread nothing is spawned. A library group's elementwise epilogue is passed as an
 //! [`Epilogue`] that each call runs on finished output blocks while they are still in cache.
 
+/// Defines `fn $name(args) -> ret` that runs `$fast(args)` compiled for AVX-512F, or for AVX2 with FMA — whichever
+/// is the widest this CPU has, checked at run time — and `$base(args)` compiled for the baseline otherwise.
+/// `$fast` and `$base` must be `#[inline(always)]` so that their loops are compiled with the chosen features.
+macro_rules! widest_vectors {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $fast:expr, $base:expr;) => {
+        $(#[$m])*
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $fast($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $fast($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (checked just above).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has AVX2 and FMA (checked just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $base($($arg),*)
+        }
+    };
+}
+
 mod conv;
 mod conv_transpose;
 mod matmul;
@@ -16,7 +47,9 @@ mod packed;
 mod pool;
 mod quant;
 mod rnn;
+mod softmax;
 mod topk;
+mod vmath;
 mod winograd;
 
 pub use conv::{conv_f32, conv_integer};
@@ -26,6 +59,7 @@ pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_pack
 pub use pool::pool_f32;
 pub use quant::{Int8, PackedInt8, matmul_integer, matmul_integer_packed};
 pub use rnn::{RnnShape, gru_f32, lstm_f32};
+pub use softmax::softmax_f32;
 pub use topk::top_k_f32;
 pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies};
 

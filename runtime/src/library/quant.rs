@@ -333,8 +333,9 @@ mod vnni {
 
     use super::{Int8, NR, PARALLEL_WORK, Par};
 
-    /// Rows per register tile.
-    const MR: usize = 4;
+    /// Rows per register tile: with two panels, 16 accumulators (of AVX-512's 32 registers) keep `vpdpbusd`'s
+    /// latency hidden, and each broadcast row quad serves two panels, each panel load eight rows.
+    const MR: usize = 8;
 
     /// Whether the CPU runs the VNNI kernel.
     pub(super) fn available() -> bool {
@@ -348,9 +349,9 @@ mod vnni {
         k: usize,
         n: usize,
         data: Vec<i8>,
-        /// Per column: `Σ_k b'` (b' the s8 value).
+        /// Per column (padded with zeros to whole panels): `Σ_k b'` (b' the s8 value).
         col_sums: Vec<i32>,
-        /// Per column: the zero point in s8 terms.
+        /// Per column (padded to whole panels): the zero point in s8 terms.
         zero: Vec<i32>,
     }
 
@@ -367,14 +368,39 @@ mod vnni {
                     }
                 }
             });
-            let col_sums =
-                (0..n).map(|j| (0..k).fold(0i32, |s, kk| s.wrapping_add(b.get(kk * n + j) - shift))).collect();
-            let zero = (0..n).map(|j| super::zero_at(b_zero, j) - shift).collect();
+            let padded = n.div_ceil(NR) * NR;
+            let col_sums = (0..padded)
+                .map(|j| if j < n { (0..k).fold(0i32, |s, kk| s.wrapping_add(b.get(kk * n + j) - shift)) } else { 0 })
+                .collect();
+            let zero = (0..padded).map(|j| if j < n { super::zero_at(b_zero, j) - shift } else { 0 }).collect();
             PackedQuads { quads, k, n, data, col_sums, zero }
         }
     }
 
+    /// The result's base pointer, shared by tasks that write disjoint tiles of it.
+    #[derive(Copy, Clone)]
+    struct Out(*mut i32);
+    // SAFETY: tasks write disjoint element sets through it (disjoint column blocks or row ranges), and the
+    // borrow it comes from outlives them (rayon joins before `gemm` returns).
+    unsafe impl Send for Out {}
+    // SAFETY: as above.
+    unsafe impl Sync for Out {}
+
+    /// The left rows laid out for the kernel: u8 values padded to whole quads, and per row the zero-point terms.
+    struct Lhs {
+        bytes: Vec<u8>,
+        /// Per row: `za` (in u8 terms) and `Σa − k·za`.
+        terms: Vec<(i32, i32)>,
+        lda: usize,
+    }
+
     /// `c[rows×n] = (a − za) · (b − zb)` for `a` rows of `k` values (`za(r)` the zero point of row `r`).
+    ///
+    /// Every operand pairing becomes u8 × s8 (see the module above); then
+    /// `Σ (a − za)(b − zb) = Σ ab − zb·(Σa − k·za) − za·Σb`, each term in wrapping i32, applied to the tile's
+    /// accumulators before they are stored. The loops run over column blocks of two panels outermost, so a block
+    /// of the packed operand stays in cache while every row block multiplies it; the work is split over column
+    /// blocks when there are enough of them for the workers, else over rows.
     pub(super) fn gemm(
         a: Int8<'_>,
         rows: usize,
@@ -387,170 +413,168 @@ mod vnni {
         if rows == 0 || n == 0 {
             return;
         }
+        assert!(c.len() >= rows * n && a.bytes.len() >= rows * k);
         let shift = if a.signed { 128 } else { 0 };
         let lda = 4 * b.quads;
-        // The left rows as u8, padded to whole quads, and their sums.
-        let mut lhs = vec![0u8; rows * lda];
-        let mut row_sums = vec![0i32; rows];
-        for (r, (row, sum)) in lhs.chunks_mut(lda.max(1)).zip(row_sums.iter_mut()).enumerate() {
-            for (kk, v) in row.iter_mut().enumerate().take(k) {
-                let x = a.get(r * k + kk) + shift;
-                *v = x as u8;
-                *sum = sum.wrapping_add(x);
+        let mut bytes = vec![0u8; rows * lda];
+        let mut terms = Vec::with_capacity(rows);
+        for (r, row) in bytes.chunks_mut(lda.max(1)).enumerate() {
+            let src = &a.bytes[r * k..][..k];
+            if a.signed {
+                for (v, &x) in row.iter_mut().zip(src) {
+                    *v = x ^ 0x80;
+                }
+            } else {
+                row[..k].copy_from_slice(src);
             }
+            let sum = row[..k].iter().fold(0i32, |s, &x| s.wrapping_add(i32::from(x)));
+            let z = za(r) + shift;
+            terms.push((z, sum.wrapping_sub((k as i32).wrapping_mul(z))));
         }
+        let lhs = Lhs { bytes, terms, lda };
+        let blocks = n.div_ceil(2 * NR);
+        let out = Out(c.as_mut_ptr());
+        // SAFETY (both closures): each call writes rows `r` × the columns of blocks `blk`, inside `c` (checked
+        // above), and concurrent calls get disjoint ranges.
+        let run = |r: std::ops::Range<usize>, blk: std::ops::Range<usize>| unsafe { tiles(&lhs, b, out, r, blk) };
         let work = rows.saturating_mul(n).saturating_mul(k);
-        let rows_per_task = if par.parallel() && work >= PARALLEL_WORK {
-            rows.div_ceil(par.threads * 4).next_multiple_of(MR)
+        if !par.parallel() || work < PARALLEL_WORK {
+            run(0..rows, 0..blocks);
+        } else if blocks >= 2 * par.threads {
+            let tasks = blocks.min(4 * par.threads);
+            (0..tasks).into_par_iter().for_each(|t| run(0..rows, t * blocks / tasks..(t + 1) * blocks / tasks));
         } else {
-            rows
-        };
-        let run = |(t, block): (usize, &mut [i32])| {
-            let first = t * rows_per_task;
-            let count = block.len() / n;
-            for r0 in (0..count).step_by(MR) {
-                let m = MR.min(count - r0);
-                let row = first + r0;
-                let panel_len = b.quads * 4 * NR;
-                let panels: Vec<&[i8]> = b.data.chunks(panel_len.max(1)).collect();
-                // Two panels (32 columns) per tile where there are two: eight accumulators keep `vpdpbusd`'s
-                // latency hidden and each broadcast row quad serves both.
-                let mut p = 0;
-                while p < panels.len() {
-                    let width = if p + 1 < panels.len() { 2 } else { 1 };
-                    let mut acc = [[[0i32; NR]; MR]; 2];
-                    let rows_a = &lhs[row * lda..(row + m) * lda];
-                    // SAFETY: VNNI is present (the operand was packed for it); the rows and each panel hold
-                    // `m · lda` and `quads · 4·NR` values.
-                    unsafe {
-                        if width == 2 {
-                            tile2(rows_a, m, b.quads, panels[p], panels[p + 1], &mut acc);
-                        } else {
-                            tile(rows_a, m, b.quads, panels[p], &mut acc[0]);
+            let per = rows.div_ceil(par.threads * 4).next_multiple_of(MR);
+            (0..rows.div_ceil(per)).into_par_iter().for_each(|t| run(t * per..((t + 1) * per).min(rows), 0..blocks));
+        }
+    }
+
+    /// The tiles of rows `r` and column blocks `blk` (two panels each, the last maybe one or a part).
+    ///
+    /// # Safety
+    /// `out` points at the `rows × b.n` result, rows `r` lie inside it, and no other thread writes these tiles.
+    unsafe fn tiles(lhs: &Lhs, b: &PackedQuads, out: Out, r: std::ops::Range<usize>, blk: std::ops::Range<usize>) {
+        let panel_len = b.quads * 4 * NR;
+        let panels = b.n.div_ceil(NR);
+        for bi in blk {
+            let p = 2 * bi;
+            let two = p + 1 < panels;
+            let p0 = &b.data[p * panel_len..][..panel_len];
+            let p1 = if two { &b.data[(p + 1) * panel_len..][..panel_len] } else { p0 };
+            let cols = (b.n - p * NR).min(2 * NR);
+            let mut r0 = r.start;
+            while r0 < r.end {
+                let m = MR.min(r.end - r0);
+                let tile = Tile {
+                    a: &lhs.bytes[r0 * lhs.lda..(r0 + m) * lhs.lda],
+                    terms: &lhs.terms[r0..r0 + m],
+                    quads: b.quads,
+                    p0,
+                    p1,
+                    zero: &b.zero[p * NR..],
+                    col_sums: &b.col_sums[p * NR..],
+                    cols,
+                };
+                // SAFETY: VNNI is present (the operand was packed for it); the tile's rows and columns lie inside
+                // the result, at row `r0` and column `p·NR` of a row-major `· × n` matrix (the caller's promise).
+                unsafe { tile.run(out.0.add(r0 * b.n + p * NR), b.n) };
+                r0 += m;
+            }
+        }
+    }
+
+    /// One register tile: up to [`MR`] rows of the left operand against one or two panels.
+    struct Tile<'a> {
+        a: &'a [u8],
+        terms: &'a [(i32, i32)],
+        quads: usize,
+        p0: &'a [i8],
+        p1: &'a [i8],
+        /// The panels' zero points and column sums (whole panels: 16 or 32 values from the first).
+        zero: &'a [i32],
+        col_sums: &'a [i32],
+        /// Valid columns from the first panel's first (up to 32; more than 16 means both panels).
+        cols: usize,
+    }
+
+    impl Tile<'_> {
+        /// Multiplies and stores the corrected results at `c` (row pitch `ldc`).
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F and VNNI; `c` is valid for `terms.len()` rows of `cols` values at pitch `ldc`.
+        unsafe fn run(&self, c: *mut i32, ldc: usize) {
+            let rows = self.terms.len();
+            assert!(
+                rows <= MR
+                    && self.a.len() >= rows * 4 * self.quads
+                    && self.p0.len().min(self.p1.len()) >= self.quads * 4 * NR
+                    && self.zero.len().min(self.col_sums.len()) >= self.cols.next_multiple_of(NR)
+            );
+            macro_rules! by_rows {
+                ($($r:literal)*) => {
+                    match rows {
+                        // SAFETY: as this function's; the lengths were checked above.
+                        $($r => unsafe { self.rows::<$r>(c, ldc) },)*
+                        _ => {}
+                    }
+                };
+            }
+            by_rows!(1 2 3 4 5 6 7 8);
+        }
+
+        /// [`Tile::run`] for exactly `R` rows: `2R` accumulators in registers.
+        ///
+        /// # Safety
+        /// As [`Tile::run`]'s, with `R` rows.
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        unsafe fn rows<const R: usize>(&self, c: *mut i32, ldc: usize) {
+            use std::arch::x86_64::*;
+            let mut v0 = [_mm512_setzero_si512(); R];
+            let mut v1 = [_mm512_setzero_si512(); R];
+            let lda = 4 * self.quads;
+            let (a, b0, b1) = (self.a.as_ptr(), self.p0.as_ptr(), self.p1.as_ptr());
+            let two = self.cols > NR;
+            for q in 0..self.quads {
+                // SAFETY: q < quads: 64 bytes from q·4·NR are in each panel, and each row's 4 bytes from
+                // i·lda + 4q are in `a` (the caller checked the lengths).
+                unsafe {
+                    let bq0 = _mm512_loadu_si512(b0.add(q * 4 * NR).cast());
+                    if two {
+                        let bq1 = _mm512_loadu_si512(b1.add(q * 4 * NR).cast());
+                        for i in 0..R {
+                            let quad = _mm512_set1_epi32(a.add(i * lda + 4 * q).cast::<i32>().read_unaligned());
+                            v0[i] = _mm512_dpbusd_epi32(v0[i], quad, bq0);
+                            v1[i] = _mm512_dpbusd_epi32(v1[i], quad, bq1);
+                        }
+                    } else {
+                        for i in 0..R {
+                            let quad = _mm512_set1_epi32(a.add(i * lda + 4 * q).cast::<i32>().read_unaligned());
+                            v0[i] = _mm512_dpbusd_epi32(v0[i], quad, bq0);
                         }
                     }
-                    for (w, acc) in acc.iter().enumerate().take(width) {
-                        let first_col = (p + w) * NR;
-                        let cols = NR.min(n - first_col);
-                        for (i, acc_row) in acc.iter().enumerate().take(m) {
-                            let r = row + i;
-                            let (za, ra) = (za(r) + shift, row_sums[r]);
-                            let kza = (k as i32).wrapping_mul(za);
-                            let out = &mut block[(r0 + i) * n + first_col..][..cols];
-                            for (j, o) in out.iter_mut().enumerate() {
-                                let col = first_col + j;
-                                let zb = b.zero[col];
-                                *o = acc_row[j]
-                                    .wrapping_sub(zb.wrapping_mul(ra))
-                                    .wrapping_sub(za.wrapping_mul(b.col_sums[col]))
-                                    .wrapping_add(kza.wrapping_mul(zb));
-                            }
-                        }
-                    }
-                    p += width;
                 }
             }
-        };
-        if rows_per_task >= rows {
-            run((0, &mut c[..rows * n]));
-        } else {
-            c[..rows * n].par_chunks_mut(rows_per_task * n).enumerate().for_each(run);
-        }
-    }
-
-    /// `acc[i][j] = Σ_q Σ_t a[i][4q+t] · panel[q][j][t]` for `rows ≤ MR` rows: one `vpdpbusd` per row and quad.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F and VNNI; `a` holds `rows · 4·quads` values and `panel` `quads · 4·NR`.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn tile(a: &[u8], rows: usize, quads: usize, panel: &[i8], acc: &mut [[i32; NR]; MR]) {
-        assert!(a.len() >= rows * 4 * quads && panel.len() >= quads * 4 * NR && rows <= MR);
-        // SAFETY: as this function's; the lengths were checked above.
-        unsafe {
-            match rows {
-                4 => tile_rows::<4>(a, quads, panel, acc),
-                3 => tile_rows::<3>(a, quads, panel, acc),
-                2 => tile_rows::<2>(a, quads, panel, acc),
-                _ => tile_rows::<1>(a, quads, panel, acc),
-            }
-        }
-    }
-
-    /// [`tile`] over two panels at once (32 columns): `acc[w]` for panel `w`.
-    ///
-    /// # Safety
-    /// As [`tile`]'s, for both panels.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn tile2(a: &[u8], rows: usize, quads: usize, p0: &[i8], p1: &[i8], acc: &mut [[[i32; NR]; MR]; 2]) {
-        assert!(a.len() >= rows * 4 * quads && p0.len().min(p1.len()) >= quads * 4 * NR && rows <= MR);
-        // SAFETY: as this function's; the lengths were checked above.
-        unsafe {
-            match rows {
-                4 => tile2_rows::<4>(a, quads, p0, p1, acc),
-                3 => tile2_rows::<3>(a, quads, p0, p1, acc),
-                2 => tile2_rows::<2>(a, quads, p0, p1, acc),
-                _ => tile2_rows::<1>(a, quads, p0, p1, acc),
-            }
-        }
-    }
-
-    /// [`tile2`] for exactly `R` rows: `2R` accumulators in registers.
-    ///
-    /// # Safety
-    /// As [`tile2`]'s, with `rows == R`.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn tile2_rows<const R: usize>(a: &[u8], quads: usize, p0: &[i8], p1: &[i8], acc: &mut [[[i32; NR]; MR]; 2]) {
-        use std::arch::x86_64::*;
-        let mut v0 = [_mm512_setzero_si512(); R];
-        let mut v1 = [_mm512_setzero_si512(); R];
-        let lda = 4 * quads;
-        let (a, b0, b1) = (a.as_ptr(), p0.as_ptr(), p1.as_ptr());
-        for q in 0..quads {
-            // SAFETY: q < quads: 64 bytes from q·4·NR are in each panel, and each row's 4 bytes from
-            // i·lda + 4q are in `a` (the caller checked the lengths).
-            unsafe {
-                let bq0 = _mm512_loadu_si512(b0.add(q * 4 * NR).cast());
-                let bq1 = _mm512_loadu_si512(b1.add(q * 4 * NR).cast());
+            // The zero-point corrections: acc − zb·(Σa − k·za) − za·Σb.
+            let halves = if two { 2 } else { 1 };
+            for h in 0..halves {
+                let valid = (self.cols - h * NR).min(NR);
+                let mask: __mmask16 = if valid == NR { !0 } else { (1u16 << valid) - 1 };
+                // SAFETY: the panels' zero points and column sums are padded to whole panels (checked above).
+                let (zb, cs) = unsafe {
+                    (
+                        _mm512_loadu_si512(self.zero.as_ptr().add(h * NR).cast()),
+                        _mm512_loadu_si512(self.col_sums.as_ptr().add(h * NR).cast()),
+                    )
+                };
                 for i in 0..R {
-                    let quad = _mm512_set1_epi32(a.add(i * lda + 4 * q).cast::<i32>().read_unaligned());
-                    v0[i] = _mm512_dpbusd_epi32(v0[i], quad, bq0);
-                    v1[i] = _mm512_dpbusd_epi32(v1[i], quad, bq1);
+                    let (za, t) = self.terms[i];
+                    let acc = if h == 0 { v0[i] } else { v1[i] };
+                    let acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(t)));
+                    let acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(cs, _mm512_set1_epi32(za)));
+                    // SAFETY: row i's `valid` columns from h·NR lie inside the result (the caller's promise).
+                    unsafe { _mm512_mask_storeu_epi32(c.add(i * ldc + h * NR).cast(), mask, acc) };
                 }
             }
-        }
-        for i in 0..R {
-            // SAFETY: a row of `acc` holds 16 i32s, one 512-bit store each.
-            unsafe {
-                _mm512_storeu_si512(acc[0][i].as_mut_ptr().cast(), v0[i]);
-                _mm512_storeu_si512(acc[1][i].as_mut_ptr().cast(), v1[i]);
-            }
-        }
-    }
-
-    /// [`tile`] for exactly `R` rows, the accumulators in registers.
-    ///
-    /// # Safety
-    /// As [`tile`]'s, with `rows == R`.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn tile_rows<const R: usize>(a: &[u8], quads: usize, panel: &[i8], acc: &mut [[i32; NR]; MR]) {
-        use std::arch::x86_64::*;
-        let mut v = [_mm512_setzero_si512(); R];
-        let lda = 4 * quads;
-        let (a, b) = (a.as_ptr(), panel.as_ptr());
-        for q in 0..quads {
-            // SAFETY: q < quads: the 64 bytes from q·4·NR are in the panel, and each row's 4 bytes from
-            // i·lda + 4q are in `a` (the caller checked both lengths).
-            unsafe {
-                let bq = _mm512_loadu_si512(b.add(q * 4 * NR).cast());
-                for (i, vi) in v.iter_mut().enumerate() {
-                    let quad = a.add(i * lda + 4 * q).cast::<i32>().read_unaligned();
-                    *vi = _mm512_dpbusd_epi32(*vi, _mm512_set1_epi32(quad), bq);
-                }
-            }
-        }
-        for (out, vi) in acc.iter_mut().zip(&v) {
-            // SAFETY: a row of `acc` holds 16 i32s, one 512-bit store.
-            unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), *vi) };
         }
     }
 }

@@ -9,6 +9,7 @@ use kiln_ir::op::{Gru, Lstm, RnnDirection};
 
 use super::matmul::gemm_bt;
 use super::packed::{PackedB, matmul_packed_f32, prefer_packed};
+use super::vmath::{sigmoid, tanh};
 use super::{LibraryError, Par};
 
 /// A direction's recurrent weight `R` (`[n, k]`, as ONNX stores it) for the per-step products `H · Rᵀ`: packed
@@ -144,36 +145,6 @@ fn project(
     xw
 }
 
-/// `e^x` in f32 without a libm call, branch-free so that the gate loops vectorize: `x = n·ln2 + r` with
-/// `|r| ≤ ln2/2`, `e^r` by its degree-6 Taylor polynomial (truncation error below 2·10⁻⁷ relative), scaled by
-/// `2^n` through the exponent bits. Infinity above 88.72, 0 below -87.33 (no subnormals), NaN kept.
-#[inline(always)]
-fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding and subtracting it rounds to the nearest integer
-    let c = x.clamp(-87.0, 88.0);
-    let n = (c * LOG2E + ROUND) - ROUND;
-    let r = (c - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scaled = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
-    let scaled = if x > 88.72 { f32::INFINITY } else { scaled };
-    let scaled = if x < -87.33 { 0.0 } else { scaled };
-    if x.is_nan() { x } else { scaled }
-}
-
-#[inline(always)]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
-}
-
-/// `tanh` as `1 - 2/(e^{2x} + 1)`: exactly ±1 at the ends, within a few 10⁻⁸ absolute of libm's near 0.
-#[inline(always)]
-fn tanh(x: f32) -> f32 {
-    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
-}
-
 /// The clamp of the pre-activations (`f32::INFINITY` for none); NaN stays NaN.
 #[inline(always)]
 fn clamp(v: f32, clip: f32) -> f32 {
@@ -240,60 +211,22 @@ fn gru_row(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut 
     }
 }
 
-/// `lstm_row` compiled for the best vector width this CPU has (AVX-512, AVX2 + FMA, or the baseline).
-fn lstm_row_dispatch(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { lstm_row_avx512(g, c, h, clip, input_forget) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { lstm_row_avx2(g, c, h, clip, input_forget) };
-        }
-    }
-    lstm_row(g, c, h, clip, input_forget)
+widest_vectors! {
+    /// `lstm_row` compiled for the best vector width this CPU has (AVX-512, AVX2 + FMA, or the baseline).
+    fn lstm_row_dispatch(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) = lstm_row, lstm_row;
 }
 
-/// `gru_row` compiled for the best vector width this CPU has.
-fn gru_row_dispatch(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { gru_row_avx512(zr, cand, rec, rb_h, h, clip, lbr) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return unsafe { gru_row_avx2(zr, cand, rec, rb_h, h, clip, lbr) };
-        }
-    }
-    gru_row(zr, cand, rec, rb_h, h, clip, lbr)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn lstm_row_avx512(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
-    lstm_row(g, c, h, clip, input_forget)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn lstm_row_avx2(g: &mut [f32], c: &mut [f32], h: &mut [f32], clip: f32, input_forget: bool) {
-    lstm_row(g, c, h, clip, input_forget)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn gru_row_avx512(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
-    gru_row(zr, cand, rec, rb_h, h, clip, lbr)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn gru_row_avx2(zr: &mut [f32], cand: &mut [f32], rec: &[f32], rb_h: &[f32], h: &mut [f32], clip: f32, lbr: bool) {
-    gru_row(zr, cand, rec, rb_h, h, clip, lbr)
+widest_vectors! {
+    /// `gru_row` compiled for the best vector width this CPU has.
+    fn gru_row_dispatch(
+        zr: &mut [f32],
+        cand: &mut [f32],
+        rec: &[f32],
+        rb_h: &[f32],
+        h: &mut [f32],
+        clip: f32,
+        lbr: bool,
+    ) = gru_row, gru_row;
 }
 
 /// The pre-activation bound of `clip` (infinity for none).
