@@ -857,3 +857,43 @@ fn reads_from_non_index_buffers_are_malformed() {
         assert!(matches!(&err, CpuError::Malformed { kernel, .. } if kernel == "lane_gather"), "{err}");
     }
 }
+
+/// `max`/`min` against a constant take the short select form in vector loops, and still give the evaluator's
+/// bits on every edge value: NaN, ±0 (max(-0, +0) is +0, min(+0, -0) is -0), infinities, the constant itself.
+#[test]
+fn clamps_to_constants_are_exact() {
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n]
+          %1 = constant {value=f32[] [0.0]} : f32[]
+          %2 = constant {value=f32[] [-0.0]} : f32[]
+          %3 = constant {value=f32[] [255.0]} : f32[]
+          %4 = constant {value=f32[] [-2.5]} : f32[]
+          %5 = max %0, %1 : f32[n]
+          %6 = max %2, %0 : f32[n]
+          %7 = min %0, %3 : f32[n]
+          %8 = min %1, %0 : f32[n]
+          %9 = min %0, %2 : f32[n]
+          %10 = max %4, %0 : f32[n]
+          %11 = min %10, %3 : f32[n]
+          output "max_pos_zero" = %5
+          output "max_neg_zero" = %6
+          output "min_255" = %7
+          output "min_pos_zero" = %8
+          output "min_neg_zero" = %9
+          output "clip" = %11
+        }"#,
+    )
+    .unwrap();
+    let k = lower_whole(&g, "clamps").unwrap();
+    let code = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    assert!(code.contains("f32x4"), "{code}");
+    for n in [1usize, 4, 37, 64] {
+        let x = edge_tensor(DType::F32, vec![n], n);
+        let mut args = vec![x];
+        args.extend(
+            k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).map(|_| Tensor::zeros(DType::F32, vec![n])),
+        );
+        assert_bit_exact(&format!("clamps [n={n}]"), &k, &args, &[n as i64], &[]);
+    }
+}

@@ -949,6 +949,60 @@ impl Op {
         self.fusibility() == Fusibility::Elementwise
     }
 
+    /// Whether the op is float arithmetic that computes the same in f32 on half-precision (f16/bf16) values widened
+    /// to f32, rounding its results once — as the interpreter computes every such op on half types: what the
+    /// `widen-half` pass rewrites. Ops that move values (reshape, gather, concat, ...), casts, integer and
+    /// data-dependent ops, regions and the ops the library only takes in f32 are not. Exhaustive, so a new op must
+    /// take a side.
+    pub fn widens_half(&self) -> bool {
+        match self {
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Reduce(_)
+            | Op::ArgReduce(_)
+            | Op::Softmax(_)
+            | Op::LogSoftmax(_)
+            | Op::LayerNorm(_)
+            | Op::BatchNorm(_)
+            | Op::Gelu(_)
+            | Op::MatMul
+            | Op::Conv(_)
+            | Op::Pool(_) => true,
+            Op::Input(_)
+            | Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Cast(_)
+            | Op::TopK(_)
+            | Op::NonZero(_)
+            | Op::Unique(_)
+            | Op::NonMaxSuppression(_)
+            | Op::MatMulInteger
+            | Op::ConvInteger(_)
+            | Op::ConvTranspose(_)
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::Broadcast(_)
+            | Op::Slice(_)
+            | Op::Concat(_)
+            | Op::Split(_)
+            | Op::Pad(_)
+            | Op::Gather(_)
+            | Op::GatherElements(_)
+            | Op::Scatter(_)
+            | Op::Iota(_)
+            | Op::ShapeOf
+            | Op::Resize(_)
+            | Op::GridSample(_)
+            | Op::RoiAlign(_)
+            | Op::Lstm(_)
+            | Op::Gru(_)
+            | Op::If(_)
+            | Op::Loop(_)
+            | Op::Fusion(_) => false,
+        }
+    }
+
     /// The op's dim-valued attributes (the target shape of `reshape`, `broadcast`, `iota` and `resize`; the `k`
     /// of `top_k`): the symbols a run binds that reach an op through its attributes, not its operands.
     pub fn dim_attrs(&self) -> Vec<&Dim> {

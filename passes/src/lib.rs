@@ -124,7 +124,7 @@ declare_pipelines! {
     "O0" = "",
     /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
     "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
-    /// O1's cleanups and batch-norm folding to a fixed point, half-precision library ops widened, transposes sunk, fusion groups, schedule, memory plan.
+    /// O1's cleanups and batch-norm folding to a fixed point, half-precision arithmetic widened to f32, transposes sunk, fusion groups, schedule, memory plan.
     "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),widen-half,layout,fixpoint(canonicalize,cse,dce),fuse,schedule,plan-memory",
     /// For now the same as O2, so it also ends with schedule and plan-memory.
     "O3" = "O2",

@@ -39,6 +39,7 @@ use std::collections::{HashMap, HashSet};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use kiln_ir::DType;
+use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, UnaryOp};
 
 use super::emit::{EResult, Emitter, mem};
@@ -47,6 +48,14 @@ use crate::kernel::{AccOp, AccVar, ArgId, Block, Expr, IExpr, LoopVar, Stmt, Var
 /// Little-endian flags for the bitcasts between vector types.
 fn little() -> MemFlagsData {
     MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little)
+}
+
+/// The operands of a `max`/`min` with an f32 constant that is not NaN: the other operand and the constant.
+fn clamp_operands<'e>(a: &'e Expr, b: &'e Expr) -> Option<(&'e Expr, f32)> {
+    match (a, b) {
+        (x, Expr::Const(Scalar::F32(c))) | (Expr::Const(Scalar::F32(c)), x) if !c.is_nan() => Some((x, *c)),
+        _ => None,
+    }
 }
 
 /// Lanes per vector.
@@ -396,6 +405,32 @@ impl Emitter<'_, '_> {
                     // The scalar code calls pow for half types: the same, lane by lane.
                     let (y, _) = self.vexpr(b, var, i, vlets)?;
                     self.per_lane2(|e, x, y| Ok(e.binary(BinaryOp::Pow, x, y, DType::F32)?.0), x, y)?
+                };
+                (self.vround(v, d), d)
+            }
+            Expr::Binary(k @ (BinaryOp::Max | BinaryOp::Min), a, b)
+                if let Some((x, c)) = clamp_operands(a, b)
+                    && !(*k == BinaryOp::Min && c == 0.0 && c.is_sign_negative()) =>
+            {
+                // A clamp to a constant (`max(x, 0)`, `min(x, 255)`): one `maxps`/`minps`-shaped select instead of
+                // the general NaN- and signed-zero-exact sequence. With the constant first, a NaN lane of `x`
+                // fails the comparison and passes through; the one signed-zero case the select gets wrong
+                // (`max(-0, +0)` must be +0) is put right by adding +0, which changes nothing else. (`min` with
+                // -0 keeps the general form.)
+                let (xv, d) = self.vexpr(x, var, i, vlets)?;
+                let cv = self.vconst(c);
+                let v = if *k == BinaryOp::Min {
+                    let above = self.b.ins().fcmp(FloatCC::LessThan, cv, xv);
+                    self.select_mask(above, cv, xv)
+                } else {
+                    let below = self.b.ins().fcmp(FloatCC::LessThan, xv, cv);
+                    let v = self.select_mask(below, cv, xv);
+                    if c == 0.0 && c.is_sign_positive() {
+                        let zero = self.vconst(0.0);
+                        self.b.ins().fadd(v, zero)
+                    } else {
+                        v
+                    }
                 };
                 (self.vround(v, d), d)
             }
