@@ -159,6 +159,20 @@ impl PlanBuilder<'_> {
         Ok(())
     }
 
+    /// A library op the device has no native form of, as `op` lowered to a kernel of its own.
+    fn single_op(
+        &mut self,
+        name: &str,
+        op: &kiln_ir::Op,
+        inputs: &[BufferId],
+        output: BufferId,
+    ) -> Result<DeviceStep, LowerError> {
+        let tys: Vec<TensorType> = inputs.iter().map(|&b| self.ty(b).clone()).collect();
+        let (k, operands) = builtin::single_op(name, op, &tys, self.ty(output))?;
+        let args = operands.iter().map(|o| o.map_or(output, |i| inputs[i])).collect();
+        Ok(DeviceStep::Kernel { kernel: self.builtin(k), args })
+    }
+
     fn library(&mut self, op: &LibraryOp, inputs: &[BufferId], output: BufferId) -> Result<DeviceStep, LowerError> {
         let out_ty = self.ty(output).clone();
         match op {
@@ -192,9 +206,9 @@ impl PlanBuilder<'_> {
                 Ok(DeviceStep::Kernel { kernel: self.builtin(k), args })
             }
             LibraryOp::Softmax { axis, log } => {
-                let k = builtin::softmax("softmax", self.ty(inputs[0]), *axis, *log, &out_ty)?;
-                Ok(DeviceStep::Kernel { kernel: self.builtin(k), args: vec![inputs[0], output] })
+                self.single_op("softmax", &LibraryOp::softmax_op(*axis, *log), inputs, output)
             }
+            LibraryOp::Concat(c) => self.single_op("concat", &kiln_ir::Op::Concat(c.clone()), inputs, output),
             LibraryOp::Pool(p) => {
                 let k = builtin::pool("pool", self.ty(inputs[0]), p, &out_ty)?;
                 Ok(DeviceStep::Kernel { kernel: self.builtin(k), args: vec![inputs[0], output] })

@@ -285,6 +285,7 @@ impl<'g> Builder<'g> {
             Op::Softmax(s) if f32_only => return library(LibraryOp::Softmax { axis: s.axis, log: false }),
             Op::LogSoftmax(s) if f32_only => return library(LibraryOp::Softmax { axis: s.axis, log: true }),
             Op::Gather(gather) => return library(LibraryOp::Gather(gather.clone())),
+            Op::Concat(c) => return library(LibraryOp::Concat(c.clone())),
             Op::MatMulInteger => return library(LibraryOp::MatMulInteger),
             Op::ConvInteger(c) => return library(LibraryOp::ConvInteger(c.clone())),
             Op::MatMul | Op::Conv(_) | Op::Pool(_) => {

@@ -62,6 +62,9 @@ pub enum LibraryOp {
     ConvInteger(kiln_ir::op::Conv),
     /// Transposed convolution (a GEMM into a column matrix, then `col2im`); operands x, w and an optional bias.
     ConvTranspose(kiln_ir::op::ConvTranspose),
+    /// `concat` of operands of any one dtype: each operand's contiguous blocks copied into place (a device plan
+    /// launches the op lowered to a kernel).
+    Concat(kiln_ir::op::Concat),
     /// `softmax` on f32 along `axis` (with `log`, `log_softmax`), one operand: a routine of the CPU library
     /// (vectorized to the CPU's widest registers, `exp` once per element); device plans launch the op lowered to
     /// a kernel.
@@ -458,6 +461,7 @@ impl Executable {
                     LibraryOp::ConvTranspose(c) => {
                         format!("conv_transpose{}", if c.groups > 1 { " (grouped)" } else { "" })
                     }
+                    LibraryOp::Concat(_) => "concat".to_string(),
                     LibraryOp::Softmax { log, .. } => if *log { "log_softmax" } else { "softmax" }.to_string(),
                 };
                 let epi = if epilogue.is_some() { " + epilogue" } else { "" };

@@ -447,6 +447,7 @@ impl<'e> State<'e> {
             LibraryOp::MatMulInteger => (Op::MatMulInteger, false),
             LibraryOp::ConvInteger(c) => (Op::ConvInteger(c.clone()), false),
             LibraryOp::ConvTranspose(c) => (Op::ConvTranspose(c.clone()), true),
+            LibraryOp::Concat(c) => (Op::Concat(c.clone()), false),
             LibraryOp::Softmax { axis, log } => (LibraryOp::softmax_op(*axis, *log), true),
         };
         if float_only && let Some(&b) = inputs.iter().chain([&output]).find(|&&b| self.ty(b).dtype != DType::F32) {

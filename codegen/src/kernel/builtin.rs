@@ -461,14 +461,23 @@ pub fn gather(
     Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
 }
 
-/// `softmax` (with `log`, `log_softmax`) along `axis`: the op lowered as a graph node of its own is (the row's
-/// maximum and sum memoized per row, [`super::lower`]), with the same symbols as the builtins. Args `[x, out]`.
-pub fn softmax(name: &str, x: &TensorType, axis: i64, log: bool, out: &TensorType) -> Result<Kernel, LowerError> {
+/// One op (a `softmax`, a `concat`, ...) on operands of types `ins`, lowered as a graph node of its own is
+/// ([`super::lower`]), with the same symbols as the builtins: for the library calls a device has no native form
+/// of. Returns the kernel and, per argument, the operand it takes (`Some(i)`) or the result (`None`): an operand
+/// the op never reads (an empty one) has no argument.
+pub fn single_op(
+    name: &str,
+    op: &Op,
+    ins: &[TensorType],
+    out: &TensorType,
+) -> Result<(Kernel, Vec<Option<usize>>), LowerError> {
     let err = |reason: String| LowerError::NotLowerable { node: name.to_string(), reason };
     let mut g = kiln_ir::Builder::new(name);
-    let xv = g.input("x", x.dtype, x.shape.clone()).map_err(|e| err(e.to_string()))?;
-    let op = kiln_plan::exec::LibraryOp::softmax_op(axis, log);
-    let y = g.op(op, &[xv]).map_err(|e| err(e.to_string()))?;
+    let mut operands = Vec::with_capacity(ins.len());
+    for (i, t) in ins.iter().enumerate() {
+        operands.push(g.input(&format!("x{i}"), t.dtype, t.shape.clone()).map_err(|e| err(e.to_string()))?);
+    }
+    let y = g.op(op.clone(), &operands).map_err(|e| err(e.to_string()))?;
     let got = g.type_of(y).map_err(|e| err(e.to_string()))?.clone();
     if &got != out {
         return Err(err(format!("the result is {got}, not {out}")));
@@ -476,10 +485,15 @@ pub fn softmax(name: &str, x: &TensorType, axis: i64, log: bool, out: &TensorTyp
     g.output("y", y);
     let graph = g.finish();
     let (k, values) = super::lower_mapped(&graph, &[y.node], name, &super::LowerOptions::default())?;
-    if values != [xv, y] {
-        return Err(err(format!("lowered with {} arguments in another order", values.len())));
-    }
-    Ok(k)
+    let args = values
+        .iter()
+        .map(|v| match operands.iter().position(|o| o == v) {
+            Some(i) => Ok(Some(i)),
+            None if *v == y => Ok(None),
+            None => Err(err(format!("an argument for {v:?}, neither an operand nor the result"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((k, args))
 }
 
 /// `cond ? value : fill`, or `value` when nothing needs masking.

@@ -1157,6 +1157,14 @@ impl CpuProgram {
         if let LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) = op {
             return self.integer_product(set, op, inputs, output, ptrs, symbols);
         }
+        if let LibraryOp::Concat(c) = op {
+            let elem = self.exe.buffers[output.0 as usize].ty.dtype.size_bytes();
+            let parts = inputs
+                .iter()
+                .map(|&b| Ok((ptrs.0[b.0 as usize].cast_const(), dims(b)?)))
+                .collect::<Result<Vec<_>, RunError>>()?;
+            return concat(c, &parts, elem, ptrs.0[output.0 as usize], &dims(output)?);
+        }
         // SAFETY: an f32 buffer of `n` elements; library operands never overlap the output.
         let f32s = |b: BufferId, dims: &[usize]| -> &[f32] { unsafe { f32_view(ptrs, b, dims.iter().product()) } };
         let out_dims = dims(output)?;
@@ -1228,8 +1236,8 @@ impl CpuProgram {
                 let xd = dims(inputs[0])?;
                 library::softmax_f32(f32s(inputs[0], &xd), &xd, *axis, *log, out, par)
             }
-            // Gathers and the integer products return before the f32 views are made.
-            LibraryOp::Gather(_) | LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) => {
+            // Gathers, concatenations and the integer products return before the f32 views are made.
+            LibraryOp::Gather(_) | LibraryOp::Concat(_) | LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_) => {
                 Err(library::LibraryError::Unsupported { op: "gather", what: "an f32 view of its operands".into() })
             }
         };
@@ -1361,6 +1369,56 @@ impl CpuProgram {
 /// `gather` of rows: for each outer position and each index, one contiguous run of `inner` elements is copied.
 /// Indices are i32 or i64, negative from the end; an index out of range is an error naming it.
 #[allow(clippy::too_many_arguments)]
+/// `concat` of `parts` (each a buffer and its dims) into `out` (dims `out_dims`), elements of `elem` bytes: per
+/// position before the axis, each part's contiguous block copied into place. The dims are checked against one
+/// another first, so every copy stays inside its buffers.
+fn concat(
+    c: &kiln_ir::op::Concat,
+    parts: &[(*const u8, Vec<usize>)],
+    elem: usize,
+    out: *mut u8,
+    out_dims: &[usize],
+) -> Result<(), RunError> {
+    let rank = out_dims.len();
+    let axis = if c.axis < 0 { c.axis + rank as i64 } else { c.axis };
+    if rank == 0 || !(0..rank as i64).contains(&axis) {
+        return Err(RunError::Op(format!("concat: axis {} is out of range for rank {rank}", c.axis)));
+    }
+    let axis = axis as usize;
+    let mut along = 0;
+    for (_, d) in parts {
+        let same = d.len() == rank && d.iter().zip(out_dims).enumerate().all(|(i, (a, b))| i == axis || a == b);
+        if !same {
+            return Err(RunError::Op(format!(
+                "concat: an operand of dims {d:?} does not fit a result of {out_dims:?}"
+            )));
+        }
+        along += d[axis];
+    }
+    if along != out_dims[axis] {
+        return Err(RunError::Op(format!(
+            "concat: the operands give {along} along axis {axis}, not {}",
+            out_dims[axis]
+        )));
+    }
+    let outer: usize = out_dims[..axis].iter().product();
+    let inner = out_dims[axis + 1..].iter().product::<usize>() * elem;
+    let row = out_dims[axis] * inner;
+    let mut at = 0;
+    for (src, d) in parts {
+        let block = d[axis] * inner;
+        if block > 0 {
+            for o in 0..outer {
+                // SAFETY: part `src` holds `outer · block` bytes and the result `outer · row` (dims checked above);
+                // block `o` of the part lands at `o · row + at`, inside the result, which no operand overlaps.
+                unsafe { std::ptr::copy_nonoverlapping(src.add(o * block), out.add(o * row + at), block) };
+            }
+        }
+        at += block;
+    }
+    Ok(())
+}
+
 fn gather(
     g: &kiln_ir::op::Gather,
     data: *const u8,
@@ -1428,5 +1486,27 @@ mod tests {
         assert!(weak.upgrade().is_none(), "the 5-thread pool ends with its last program");
         let d = program(3);
         assert!(Arc::ptr_eq(&a.pool, &d.pool));
+    }
+
+    /// `concat` copies each operand's blocks into place on any axis and element size (an empty operand adds
+    /// nothing); operand dims that do not fit the result are an error, never a copy out of bounds.
+    #[test]
+    fn concat_copies_blocks_and_checks_dims() {
+        let a: Vec<u16> = (0..12).collect(); // [2, 3, 2]
+        let b: Vec<u16> = (100..104).collect(); // [2, 1, 2]
+        let empty: Vec<u16> = Vec::new(); // [2, 0, 2]
+        let mut out = vec![0u16; 16];
+        let parts = [
+            (a.as_ptr().cast::<u8>(), vec![2, 3, 2]),
+            (empty.as_ptr().cast::<u8>(), vec![2, 0, 2]),
+            (b.as_ptr().cast::<u8>(), vec![2, 1, 2]),
+        ];
+        let c = kiln_ir::op::Concat { axis: -2 };
+        concat(&c, &parts, 2, out.as_mut_ptr().cast(), &[2, 4, 2]).expect("concatenates");
+        assert_eq!(out, [0, 1, 2, 3, 4, 5, 100, 101, 6, 7, 8, 9, 10, 11, 102, 103]);
+        for (dims, axis) in [(vec![2, 5, 2], 1), (vec![2, 4, 3], 1), (vec![2, 4, 2], 3)] {
+            let err = concat(&kiln_ir::op::Concat { axis }, &parts, 2, out.as_mut_ptr().cast(), &dims);
+            assert!(err.is_err(), "{dims:?} axis {axis}");
+        }
     }
 }
