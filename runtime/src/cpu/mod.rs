@@ -1369,6 +1369,15 @@ impl CpuProgram {
 /// `gather` of rows: for each outer position and each index, one contiguous run of `inner` elements is copied.
 /// Indices are i32 or i64, negative from the end; an index out of range is an error naming it.
 #[allow(clippy::too_many_arguments)]
+/// `axis` (negative counts from the end) of a rank-`rank` operand of `op`, or an error naming the op.
+fn axis_of(op: &str, axis: i64, rank: usize) -> Result<usize, RunError> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    if rank == 0 || !(0..rank as i64).contains(&a) {
+        return Err(RunError::Op(format!("{op}: axis {axis} is out of range for rank {rank}")));
+    }
+    Ok(a as usize)
+}
+
 /// `concat` of `parts` (each a buffer and its dims) into `out` (dims `out_dims`), elements of `elem` bytes: per
 /// position before the axis, each part's contiguous block copied into place. The dims are checked against one
 /// another first, so every copy stays inside its buffers.
@@ -1380,11 +1389,7 @@ fn concat(
     out_dims: &[usize],
 ) -> Result<(), RunError> {
     let rank = out_dims.len();
-    let axis = if c.axis < 0 { c.axis + rank as i64 } else { c.axis };
-    if rank == 0 || !(0..rank as i64).contains(&axis) {
-        return Err(RunError::Op(format!("concat: axis {} is out of range for rank {rank}", c.axis)));
-    }
-    let axis = axis as usize;
+    let axis = axis_of("concat", c.axis, rank)?;
     let mut along = 0;
     for (_, d) in parts {
         let same = d.len() == rank && d.iter().zip(out_dims).enumerate().all(|(i, (a, b))| i == axis || a == b);
@@ -1429,12 +1434,7 @@ fn gather(
     index_dtype: kiln_ir::DType,
     out: *mut u8,
 ) -> Result<(), RunError> {
-    let rank = data_dims.len();
-    let axis = if g.axis < 0 { g.axis + rank as i64 } else { g.axis };
-    if rank == 0 || !(0..rank as i64).contains(&axis) {
-        return Err(RunError::Op(format!("gather: axis {} is out of range for rank {rank}", g.axis)));
-    }
-    let axis = axis as usize;
+    let axis = axis_of("gather", g.axis, data_dims.len())?;
     let outer: usize = data_dims[..axis].iter().product();
     let n = data_dims[axis];
     let row = data_dims[axis + 1..].iter().product::<usize>() * elem;
