@@ -79,6 +79,18 @@ const ALIGN: usize = 64;
 /// thread whatever `--threads` says: handing a run of a few microseconds to a pool costs more than it gains.
 const SMALL_PROGRAM: u64 = 1 << 21;
 
+/// A program whose work is only known as it runs (`SMALL_PROGRAM` could not decide) times its runs both ways —
+/// through the pool and serial on the caller's thread — and runs the faster way; one run in this many takes the
+/// other way, so the choice follows the extents the inputs bring. (A tiny detection head's run costs 5 µs serial
+/// and 11 µs handed to the pool.)
+const ADAPTIVE_PROBE: u64 = 64;
+
+thread_local! {
+    /// Set while this thread runs a program's steps on its own (the faster way for it, see [`ADAPTIVE_PROBE`]):
+    /// its steps then use one worker and spawn nothing.
+    static SERIAL_RUN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Below this many element computations a parallel part runs on the calling thread.
 const MIN_PARALLEL_WORK: u64 = 1 << 15;
 
@@ -175,6 +187,13 @@ pub struct CpuProgram {
     threads: usize,
     /// The workers a run actually uses: 1 for programs too small to gain from the pool (see `SMALL_PROGRAM`).
     workers: usize,
+    /// For a program whose work is not known before it builds (symbolic or data-dependent extents, regions):
+    /// how long runs take through the pool (`[0]`) and serial on the caller's thread (`[1]`), in nanoseconds,
+    /// smoothed (0: not measured yet), and a run counter — see [`ADAPTIVE_PROBE`].
+    run_ns: [std::sync::atomic::AtomicU64; 2],
+    runs: std::sync::atomic::AtomicU64,
+    /// Whether the program chooses per run (see [`ADAPTIVE_PROBE`]): several workers, and no static work estimate.
+    adaptive: bool,
     arenas: Mutex<Vec<AlignedBuf>>,
     /// The per-run buffers outside the arena (a library group's intermediate of another dtype than its result,
     /// say) of finished runs, kept for the next: allocating and faulting them in every run cost more than the
@@ -323,12 +342,17 @@ impl CpuProgram {
             pool,
             threads,
             workers: threads,
+            run_ns: [std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0)],
+            runs: std::sync::atomic::AtomicU64::new(0),
+            adaptive: false,
             arenas: Mutex::new(Vec::new()),
             spare: Mutex::new(Vec::new()),
             placed,
         };
-        if program.static_work().is_some_and(|w| w < SMALL_PROGRAM) {
-            program.workers = 1;
+        match program.static_work() {
+            Some(w) if w < SMALL_PROGRAM => program.workers = 1,
+            Some(_) => {}
+            None => program.adaptive = program.workers > 1,
         }
         let set = program.build_weight_set(weights, &HashMap::new())?;
         program.publish(set);
@@ -403,6 +427,36 @@ impl CpuProgram {
             total = total.saturating_add(w);
         }
         Some(total)
+    }
+
+    /// Whether the next run of an adaptive program runs serial: the faster way so far, the way not measured yet, or
+    /// — one run in [`ADAPTIVE_PROBE`] — the other way.
+    fn choose_serial(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.runs.fetch_add(1, Relaxed);
+        let (pool, serial) = (self.run_ns[0].load(Relaxed), self.run_ns[1].load(Relaxed));
+        if pool == 0 {
+            return false;
+        }
+        if serial == 0 {
+            return true;
+        }
+        (serial <= pool) != (n % ADAPTIVE_PROBE == ADAPTIVE_PROBE - 1)
+    }
+
+    /// Folds a run's wall time into its way's smoothed time.
+    fn record_run(&self, serial: bool, took: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let slot = &self.run_ns[usize::from(serial)];
+        let old = slot.load(Relaxed);
+        slot.store(if old == 0 { t } else { (old / 4).saturating_mul(3).saturating_add(t / 4).max(1) }, Relaxed);
+    }
+
+    /// The workers this thread's run uses: 1 inside a run kept on the caller's thread (see [`SERIAL_RUN`]), else
+    /// the program's.
+    fn run_workers(&self) -> usize {
+        if SERIAL_RUN.with(std::cell::Cell::get) { 1 } else { self.workers }
     }
 
     /// Runs the prepare steps on `set`'s weights, filling its prepared weights.
@@ -654,12 +708,26 @@ impl CpuProgram {
                 Ok(())
             };
             // One worker: run on the caller's thread (nothing below spawns work), saving the hand-off to the
-            // pool's thread; more: inside the pool, so library calls and chunked kernels use its workers.
-            if self.workers == 1 {
+            // pool's thread; more: inside the pool, so library calls and chunked kernels use its workers. A program
+            // whose work is only known as it runs takes whichever way its runs have been faster
+            // (`ADAPTIVE_PROBE`). A run nested in a serial one (a region's body) stays serial.
+            if self.workers == 1 || SERIAL_RUN.with(std::cell::Cell::get) {
                 steps()?
             } else {
-                let steps = AssertSend(steps);
-                self.pool.install(move || steps.call())?
+                let serial = self.adaptive && self.choose_serial();
+                let start = std::time::Instant::now();
+                if serial {
+                    SERIAL_RUN.with(|f| f.set(true));
+                    let r = steps();
+                    SERIAL_RUN.with(|f| f.set(false));
+                    r?;
+                } else {
+                    let steps = AssertSend(steps);
+                    self.pool.install(move || steps.call())?;
+                }
+                if self.adaptive {
+                    self.record_run(serial, start.elapsed());
+                }
             }
             let mut out = Vec::with_capacity(self.exe.outputs.len());
             for (i, (name, b)) in self.exe.outputs.iter().enumerate() {
@@ -942,7 +1010,7 @@ impl CpuProgram {
             })
         };
         let fail = |e: library::LibraryError| RunError::Op(format!("{node}: {e}"));
-        let par = Par { threads: self.workers };
+        let par = Par { threads: self.run_workers() };
         match (routine, inputs, outputs) {
             (Routine::Lstm(l), &[x, w, r, b, h0, c0], &[y, yh, yc]) => {
                 let shape = library::RnnShape::new(&dims(x)?, l.hidden_size, l.direction).map_err(fail)?;
@@ -1176,7 +1244,7 @@ impl CpuProgram {
             // library result over a live operand).
             unsafe { std::slice::from_raw_parts_mut(ptrs.0[output.0 as usize].cast::<f32>(), n) }
         };
-        let par = Par { threads: self.workers };
+        let par = Par { threads: self.run_workers() };
         // A conv's optional third operand.
         let bias =
             || -> Result<Option<&[f32]>, RunError> { inputs.get(2).map(|&b| Ok(f32s(b, &dims(b)?))).transpose() };
@@ -1280,7 +1348,7 @@ impl CpuProgram {
             // SAFETY: the output buffer holds `n` i32s and no operand overlaps it.
             unsafe { std::slice::from_raw_parts_mut(ptrs.0[output.0 as usize].cast::<i32>(), n) }
         };
-        let par = Par { threads: self.workers };
+        let par = Par { threads: self.run_workers() };
         if let Some(p) = packed {
             return library::matmul_integer_packed(a, &ad, az, p, out, par).map_err(|e| RunError::Op(e.to_string()));
         }
@@ -1311,8 +1379,9 @@ impl CpuProgram {
                         continue;
                     }
                     let work = (extent as u64).saturating_mul(p.cost_per_iteration.max(1));
-                    let chunks = if p.parallel && self.workers > 1 && work >= MIN_PARALLEL_WORK {
-                        (self.workers as i64 * 4).min(extent)
+                    let workers = self.run_workers();
+                    let chunks = if p.parallel && workers > 1 && work >= MIN_PARALLEL_WORK {
+                        (workers as i64 * 4).min(extent)
                     } else {
                         1
                     };
@@ -1486,6 +1555,25 @@ mod tests {
         assert!(weak.upgrade().is_none(), "the 5-thread pool ends with its last program");
         let d = program(3);
         assert!(Arc::ptr_eq(&a.pool, &d.pool));
+    }
+
+    /// An adaptive program measures the pool first, then serial, then keeps to the faster way but for one probe run
+    /// in `ADAPTIVE_PROBE`; its estimates follow new timings.
+    #[test]
+    fn adaptive_runs_take_the_faster_way_and_probe_the_other() {
+        let p = CpuProgram::new(Executable::empty("empty"), KernelCode::Reference(Vec::new()), 2).expect("binds");
+        let us = std::time::Duration::from_micros;
+        assert!(!p.choose_serial(), "the pool is measured first");
+        p.record_run(false, us(50));
+        assert!(p.choose_serial(), "then serial");
+        p.record_run(true, us(10));
+        let serial: Vec<bool> = (0..2 * ADAPTIVE_PROBE).map(|_| p.choose_serial()).collect();
+        assert_eq!(serial.iter().filter(|s| !**s).count(), 2, "one probe of the pool per ADAPTIVE_PROBE runs");
+        for _ in 0..16 {
+            p.record_run(true, us(500));
+        }
+        // (Run 2 + 2·ADAPTIVE_PROBE is no probe.)
+        assert!(!p.choose_serial(), "slow serial runs send it back to the pool");
     }
 
     /// `concat` copies each operand's blocks into place on any axis and element size (an empty operand adds
