@@ -28,7 +28,7 @@ use kiln_ir::op::Conv;
 
 pub use kiln_plan::device::*;
 
-use crate::exec::{BufferId, Executable, LibraryOp, Step};
+use crate::exec::{BufferId, Executable, LibraryOp, Routine, Step};
 use crate::kernel::{self, Kernel, LowerError, builtin};
 
 /// Builds the device plan of `exe` (which keeps its kernels: they come first in [`DevicePlan::kernels`]).
@@ -50,7 +50,7 @@ pub fn build_plan(exe: &Executable) -> Result<DevicePlan, LowerError> {
     fallbacks.retain(|f| f.region.is_none());
     for s in exe.prepare.iter().chain(&exe.steps) {
         let (op, node) = match s {
-            Step::Routine { routine, node, .. } => (routine.op(), node),
+            Step::Routine { routine, node, .. } if !routine.runs_as_device_kernel() => (routine.op(), node),
             Step::Region { op, node, .. } => (op.clone(), node),
             _ => continue,
         };
@@ -126,13 +126,16 @@ impl PlanBuilder<'_> {
             Step::Copy { src, dst } => out.push(DeviceStep::Copy { src: *src, dst: *dst }),
             // The recurrent routines are the CPU library's: on a device they run on the host, as a fallback
             // (recorded in the device plan's fallbacks by `compile`).
-            Step::Routine { routine, inputs, outputs, node } => out.push(DeviceStep::Host {
-                backend: None,
-                op: routine.op(),
-                inputs: inputs.clone(),
-                outputs: outputs.clone(),
-                node: node.clone(),
-            }),
+            Step::Routine { routine, inputs, outputs, node } => match self.routine_kernel(routine, inputs, outputs)? {
+                Some(step) => out.push(step),
+                None => out.push(DeviceStep::Host {
+                    backend: None,
+                    op: routine.op(),
+                    inputs: inputs.clone(),
+                    outputs: outputs.clone(),
+                    node: node.clone(),
+                }),
+            },
             Step::Interp { op, inputs, outputs, node } | Step::Region { op, inputs, outputs, node, .. } => {
                 out.push(DeviceStep::Host {
                     backend: None,
@@ -168,9 +171,47 @@ impl PlanBuilder<'_> {
         output: BufferId,
     ) -> Result<DeviceStep, LowerError> {
         let tys: Vec<TensorType> = inputs.iter().map(|&b| self.ty(b).clone()).collect();
-        let (k, operands) = builtin::single_op(name, op, &tys, self.ty(output))?;
-        let args = operands.iter().map(|o| o.map_or(output, |i| inputs[i])).collect();
-        Ok(DeviceStep::Kernel { kernel: self.builtin(k), args })
+        let (k, bound) = builtin::single_op(name, op, &tys, self.ty(output))?;
+        Ok(self.bound_kernel(k, &bound, inputs, &[output]))
+    }
+
+    /// Kernel `k` launched with the buffers its arguments bind (`bound`, from the builtins).
+    fn bound_kernel(
+        &mut self,
+        k: Kernel,
+        bound: &[builtin::Bound],
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+    ) -> DeviceStep {
+        let args = bound
+            .iter()
+            .map(|b| match *b {
+                builtin::Bound::Operand(i) => inputs[i],
+                builtin::Bound::Result(i) => outputs[i],
+            })
+            .collect();
+        DeviceStep::Kernel { kernel: self.builtin(k), args }
+    }
+
+    /// A routine of the CPU library that a device runs as a kernel: its primitive expansion lowered to one
+    /// ([`builtin::expanded_op`]); `None` for the routines that run on the host.
+    fn routine_kernel(
+        &mut self,
+        routine: &Routine,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+    ) -> Result<Option<DeviceStep>, LowerError> {
+        match routine {
+            Routine::DynamicQuantize => {
+                let ins: Vec<TensorType> = inputs.iter().map(|&b| self.ty(b).clone()).collect();
+                let outs: Vec<TensorType> = outputs.iter().map(|&b| self.ty(b).clone()).collect();
+                let (k, bound) = builtin::expanded_op("dynamic_quantize", &ins, &outs, |g, x| {
+                    Ok(kiln_ir::quant::expand_dynamic_quantize(g, x[0])?.to_vec())
+                })?;
+                Ok(Some(self.bound_kernel(k, &bound, inputs, outputs)))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn library(&mut self, op: &LibraryOp, inputs: &[BufferId], output: BufferId) -> Result<DeviceStep, LowerError> {

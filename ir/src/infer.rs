@@ -175,6 +175,11 @@ pub fn infer(op: &Op, ins: &[TensorType]) -> Result<Vec<TensorType>, String> {
         Op::Conv(c) => conv(c, ins).map(|t| vec![t]),
         Op::MatMulInteger => matmul_integer(ins).map(|t| vec![t]),
         Op::ConvInteger(c) => conv_integer(c, ins).map(|t| vec![t]),
+        Op::DynamicQuantize => {
+            expect_dtype(&ins[0], |d| d == DType::F32, "f32")?;
+            let scalar = |d| TensorType::new(d, Shape(vec![]));
+            Ok(vec![TensorType::new(DType::U8, ins[0].shape.clone()), scalar(DType::F32), scalar(DType::U8)])
+        }
         Op::ConvTranspose(c) => conv_transpose(c, ins).map(|t| vec![t]),
         Op::Pool(p) => pool(p, &ins[0]).map(|t| vec![t]),
         Op::Reshape(r) => {

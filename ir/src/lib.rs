@@ -19,6 +19,7 @@ pub mod narrow;
 pub mod op;
 pub mod parse;
 pub mod print;
+pub mod quant;
 pub mod random;
 pub mod tensor;
 pub mod types;

@@ -150,6 +150,9 @@ define_ops! {
     /// `x` and `w` are i8 or u8 (conv shapes), `x_zero` a scalar of `x`'s dtype (padding is `x_zero`, i.e. adds 0),
     /// `w_zero` of `w`'s dtype a scalar or one value per output channel (`[M]`).
     ConvInteger(Conv) = "conv_integer", Arity::Exact(4);
+    /// Dynamic u8 quantization of an f32 tensor over its whole range (ONNX DynamicQuantizeLinear): results `y` (u8,
+    /// the operand's shape), its scale (f32 scalar) and zero point (u8 scalar); the arithmetic is `kiln_ir::quant`'s.
+    DynamicQuantize = "dynamic_quantize", Arity::Exact(1);
     /// N-d transposed convolution `conv_transpose(x[N,C,*], w[C,M/groups,*])`, optional `bias[M]`.
     ConvTranspose(ConvTranspose) = "conv_transpose", Arity::Range(2, 3);
     /// Max or average pooling over the spatial dims of `x[N,C,*]`.
@@ -923,6 +926,7 @@ impl Op {
             | Op::RoiAlign(_)
             | Op::MatMulInteger
             | Op::ConvInteger(_)
+            | Op::DynamicQuantize
             | Op::ConvTranspose(_)
             | Op::Pool(_)
             | Op::Slice(_)
@@ -979,6 +983,7 @@ impl Op {
             | Op::NonMaxSuppression(_)
             | Op::MatMulInteger
             | Op::ConvInteger(_)
+            | Op::DynamicQuantize
             | Op::ConvTranspose(_)
             | Op::Reshape(_)
             | Op::Transpose(_)

@@ -109,6 +109,10 @@ pub enum Routine {
     GridSample(kiln_ir::op::GridSample),
     /// `roi_align` on f32 data and boxes with i64 batch indices: operands x, rois, batch_indices.
     RoiAlign(kiln_ir::op::RoiAlign),
+    /// `dynamic_quantize` of f32: operand x; results y (u8), scale (f32 scalar), zero point (u8 scalar). Two
+    /// vectorized passes over x (its range, then the quantization), split over the workers; a device plan
+    /// launches the op's primitive expansion as one kernel instead.
+    DynamicQuantize,
 }
 
 impl Routine {
@@ -133,6 +137,7 @@ impl Routine {
             Op::Gru(g) => Some(Routine::Gru(g.clone())),
             Op::TopK(t) => Some(Routine::TopK(t.clone())),
             Op::GridSample(g) => Some(Routine::GridSample(g.clone())),
+            Op::DynamicQuantize => Some(Routine::DynamicQuantize),
             _ => None,
         }
     }
@@ -148,7 +153,14 @@ impl Routine {
             Routine::NonMaxSuppression(n) => Op::NonMaxSuppression(n.clone()),
             Routine::GridSample(g) => Op::GridSample(g.clone()),
             Routine::RoiAlign(a) => Op::RoiAlign(a.clone()),
+            Routine::DynamicQuantize => Op::DynamicQuantize,
         }
+    }
+
+    /// Whether a device plan launches it as a kernel of its own (its primitive expansion) rather than running it
+    /// on the host.
+    pub fn runs_as_device_kernel(&self) -> bool {
+        matches!(self, Routine::DynamicQuantize)
     }
 
     /// Whether its results' extents depend on the data (`non_zero`, `unique`, `non_max_suppression`, `top_k` with

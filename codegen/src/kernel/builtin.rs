@@ -30,10 +30,10 @@ use std::collections::HashMap;
 
 use kiln_ir::interp::scalar::Scalar;
 use kiln_ir::op::{BinaryOp, Conv, ConvTranspose, Gather, Op, Pool, PoolKind};
-use kiln_ir::{Dim, Shape, TensorType};
+use kiln_ir::{Dim, NodeId, Shape, TensorType, Value};
 
 use super::ir::{AccOp, AccVar, ArgId, ArgRole, CmpOp, Expr, IExpr, Kernel, KernelArg, LoopKind, LoopVar, Stmt};
-use super::lower::{LowerError, SymbolTable, compute_type};
+use super::lower::{LowerError, SpacePolicy, SymbolTable, compute_type};
 use super::simplify::simplify;
 
 /// `col[n, k, p]`: the im2col matrix of a conv with `groups == 1`. `k` runs over `(ci, k0, k1, …)` (channel
@@ -461,36 +461,78 @@ pub fn gather(
     Ok(b.finish(nest(loops, LoopKind::Parallel, vec![store])))
 }
 
+/// What a kernel argument of [`single_op`] or [`expanded_op`] binds: an operand or a result, by position.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// The operand at this position.
+    Operand(usize),
+    /// The result at this position.
+    Result(usize),
+}
+
 /// One op (a `softmax`, a `concat`, ...) on operands of types `ins`, lowered as a graph node of its own is
 /// ([`super::lower`]), with the same symbols as the builtins: for the library calls a device has no native form
-/// of. Returns the kernel and, per argument, the operand it takes (`Some(i)`) or the result (`None`): an operand
-/// the op never reads (an empty one) has no argument.
+/// of. Returns the kernel and, per argument, what it binds: an operand the op never reads (an empty one) has no
+/// argument.
 pub fn single_op(
     name: &str,
     op: &Op,
     ins: &[TensorType],
     out: &TensorType,
-) -> Result<(Kernel, Vec<Option<usize>>), LowerError> {
+) -> Result<(Kernel, Vec<Bound>), LowerError> {
+    let expand = |g: &mut kiln_ir::Builder, operands: &[Value]| Ok(vec![g.op(op.clone(), operands)?]);
+    lower_expansion(name, ins, std::slice::from_ref(out), SpacePolicy::Shared, expand)
+}
+
+/// An op written as IR primitives by `expand` (on the operands, of types `ins`, giving results of types `outs`),
+/// lowered as one group ([`super::lower_mapped`]): for the routines a device has no native form of
+/// (`dynamic_quantize`'s whole-tensor reductions and elementwise arithmetic become one kernel). Returns the
+/// kernel and what each argument binds.
+pub fn expanded_op(
+    name: &str,
+    ins: &[TensorType],
+    outs: &[TensorType],
+    expand: impl FnOnce(&mut kiln_ir::Builder, &[Value]) -> Result<Vec<Value>, kiln_ir::Error>,
+) -> Result<(Kernel, Vec<Bound>), LowerError> {
+    // The results may live in unrelated iteration spaces (a tensor beside scalars): a loop nest each.
+    lower_expansion(name, ins, outs, SpacePolicy::Separate, expand)
+}
+
+/// [`expanded_op`] with the iteration-space policy `spaces`.
+fn lower_expansion(
+    name: &str,
+    ins: &[TensorType],
+    outs: &[TensorType],
+    spaces: SpacePolicy,
+    expand: impl FnOnce(&mut kiln_ir::Builder, &[Value]) -> Result<Vec<Value>, kiln_ir::Error>,
+) -> Result<(Kernel, Vec<Bound>), LowerError> {
     let err = |reason: String| LowerError::NotLowerable { node: name.to_string(), reason };
     let mut g = kiln_ir::Builder::new(name);
     let mut operands = Vec::with_capacity(ins.len());
     for (i, t) in ins.iter().enumerate() {
         operands.push(g.input(&format!("x{i}"), t.dtype, t.shape.clone()).map_err(|e| err(e.to_string()))?);
     }
-    let y = g.op(op.clone(), &operands).map_err(|e| err(e.to_string()))?;
-    let got = g.type_of(y).map_err(|e| err(e.to_string()))?.clone();
-    if &got != out {
-        return Err(err(format!("the result is {got}, not {out}")));
+    let results = expand(&mut g, &operands).map_err(|e| err(e.to_string()))?;
+    if results.len() != outs.len() {
+        return Err(err(format!("{} results, not {}", results.len(), outs.len())));
     }
-    g.output("y", y);
+    for (i, (&y, out)) in results.iter().zip(outs).enumerate() {
+        let got = g.type_of(y).map_err(|e| err(e.to_string()))?.clone();
+        if &got != out {
+            return Err(err(format!("result {i} is {got}, not {out}")));
+        }
+        g.output(&format!("y{i}"), y);
+    }
     let graph = g.finish();
-    let (k, values) = super::lower_mapped(&graph, &[y.node], name, &super::LowerOptions::default())?;
+    // Every node the expansion added (the inputs are the graph's sources, not members).
+    let group: Vec<NodeId> = graph.node_ids().filter(|&id| !matches!(graph.node(id).op, Op::Input(_))).collect();
+    let (k, values) = super::lower_mapped(&graph, &group, name, &super::LowerOptions { spaces })?;
     let args = values
         .iter()
-        .map(|v| match operands.iter().position(|o| o == v) {
-            Some(i) => Ok(Some(i)),
-            None if *v == y => Ok(None),
-            None => Err(err(format!("an argument for {v:?}, neither an operand nor the result"))),
+        .map(|v| match (operands.iter().position(|o| o == v), results.iter().position(|r| r == v)) {
+            (Some(i), _) => Ok(Bound::Operand(i)),
+            (None, Some(i)) => Ok(Bound::Result(i)),
+            (None, None) => Err(err(format!("an argument for {v:?}, neither an operand nor a result"))),
         })
         .collect::<Result<_, _>>()?;
     Ok((k, args))

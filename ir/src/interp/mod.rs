@@ -97,6 +97,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
         Op::MatMul => one(reduce::matmul(inputs[0], inputs[1])?),
         Op::MatMulInteger => one(quant::matmul_integer(inputs)?),
         Op::ConvInteger(c) => one(quant::conv_integer(c, inputs)?),
+        Op::DynamicQuantize => quant::dynamic_quantize(inputs[0])?,
         Op::Reshape(r) => one(shape::reshape(inputs[0], &r.shape)?),
         Op::Transpose(t) => one(shape::transpose(inputs[0], &t.perm)?),
         Op::Broadcast(b) => one(shape::broadcast(inputs[0], &b.shape)?),

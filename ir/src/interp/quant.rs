@@ -1,4 +1,4 @@
-//! Integer (quantized) ops: `matmul_integer` and `conv_integer`.
+//! Integer (quantized) ops: `matmul_integer`, `conv_integer` and `dynamic_quantize`.
 //!
 //! The operands are 8-bit, so `(q - zero)` fits 9 bits and every product 17: the sums are computed exactly in f64
 //! (exact below 2^53 — far beyond any real contraction) by the float kernels, then wrapped to i32 as integer
@@ -56,4 +56,20 @@ pub(super) fn conv_integer(c: &Conv, inputs: &[&Tensor]) -> Result<Tensor, Strin
     let w = shifted(w, wz, per_dims(wz, w.shape().len(), 0))?;
     let out = nn::eval(&Op::Conv(c.clone()), &[&x, &w])?;
     Ok(wrap_i32(&out[0]))
+}
+
+/// `dynamic_quantize`: `y`, its scale and its zero point, by [`crate::quant`]'s arithmetic.
+pub(super) fn dynamic_quantize(x: &Tensor) -> Result<Vec<Tensor>, String> {
+    let Data::F32(xs) = x.data() else { return Err(format!("quantizes f32 tensors, got {}", x.dtype())) };
+    let (lo, hi) = xs.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+        if v.is_nan() || lo.is_nan() { (f32::NAN, f32::NAN) } else { (lo.min(v), hi.max(v)) }
+    });
+    let (scale, zero) = crate::quant::dynamic_u8_params(lo, hi);
+    let y = xs.iter().map(|&v| crate::quant::quantize_u8(v, scale, zero)).collect();
+    let scalar = |d| Tensor::new(vec![], d).map_err(|e| e.to_string());
+    Ok(vec![
+        Tensor::new(x.shape().to_vec(), Data::U8(y)).map_err(|e| e.to_string())?,
+        scalar(Data::F32(vec![scale]))?,
+        scalar(Data::U8(vec![zero]))?,
+    ])
 }

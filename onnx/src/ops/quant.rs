@@ -2,11 +2,11 @@
 //! QLinearMatMul and QLinearConv.
 //!
 //! The integer products are the IR's `matmul_integer` and `conv_integer` (i8/u8 operands, zero points, exact i32
-//! accumulation); everything around them — scaling, rounding half to even, adding the zero point, saturating —
+//! accumulation), DynamicQuantizeLinear is the IR's `dynamic_quantize`; everything around them — scaling, rounding half to even, adding the zero point, saturating —
 //! is elementwise IR that fuses into the neighbouring kernels. Quantized types are u8 and i8; the others ONNX
 //! allows (int16, int4, float8, …) are refused by name when a tensor of them is read.
 
-use kiln_ir::op::{BinaryOp as B, Gather, Reduce, ReduceKind, UnaryOp as U};
+use kiln_ir::op::{BinaryOp as B, Gather, UnaryOp as U};
 use kiln_ir::{DType, Data, Dim, Op, Tensor};
 
 use super::nn::conv_attrs;
@@ -207,32 +207,14 @@ pub(crate) fn dequantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Ve
     Ok(vec![dequantize(cx, x, &s, z.as_ref(), out)?])
 }
 
-/// ONNX DynamicQuantizeLinear, as ONNX Runtime computes it: the range `[min(x, 0), max(x, 0)]` maps onto u8
-/// (scale 1 when it is empty), the zero point is `round(saturate(-min / scale))`.
+/// ONNX DynamicQuantizeLinear, as ONNX Runtime computes it: one `dynamic_quantize` op (its arithmetic is
+/// `kiln_ir::quant`'s), which the CPU runs as a vectorized routine and a device plan as one kernel.
 pub(crate) fn dynamic_quantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
     if x.dtype() != DType::F32 {
         return Err(format!("quantizes f32 tensors, got {}", x.dtype()));
     }
-    let all: Vec<i64> = (0..x.rank() as i64).collect();
-    let whole = |cx: &mut Ctx<'_>, kind| cx.op(Op::Reduce(Reduce { kind, axes: all.clone(), keep_dims: false }), &[x]);
-    let (lo, hi) = (whole(cx, ReduceKind::Min)?, whole(cx, ReduceKind::Max)?);
-    let zero = cx.scalar(DType::F32, 0.0)?;
-    let lo = bin(cx, B::Min, &lo, &zero)?;
-    let hi = bin(cx, B::Max, &hi, &zero)?;
-    let span = bin(cx, B::Sub, &hi, &lo)?;
-    let (levels, one) = (cx.scalar(DType::F32, 255.0)?, cx.scalar(DType::F32, 1.0)?);
-    let scaled = bin(cx, B::Div, &span, &levels)?;
-    let empty = bin(cx, B::Eq, &span, &zero)?;
-    let scale = cx.op(Op::Select, &[&empty, &one, &scaled])?;
-    // round(saturate(0 - lo / scale)): saturating first, rounding second, as the spec says.
-    let shift = bin(cx, B::Div, &lo, &scale)?;
-    let initial = un(cx, U::Neg, &shift)?;
-    let initial = bin(cx, B::Min, &initial, &levels)?;
-    let initial = bin(cx, B::Max, &initial, &zero)?;
-    let zp = saturate_round(cx, &initial, None, DType::U8)?;
-    let y = quantize(cx, x, &scale, Some(&zp), DType::U8, DType::F32)?;
-    Ok(vec![y, scale, zp])
+    cx.op_multi(Op::DynamicQuantize, &[x])
 }
 
 /// An optional zero-point operand, or a scalar 0 of `like`'s dtype.

@@ -411,7 +411,8 @@ impl CpuProgram {
                         | Routine::TopKAtRunTime(_)
                         | Routine::NonZero(_)
                         | Routine::Unique(_)
-                        | Routine::NonMaxSuppression(_),
+                        | Routine::NonMaxSuppression(_)
+                        | Routine::DynamicQuantize,
                     inputs,
                     ..
                 } => elems(&inputs[0])?,
@@ -985,7 +986,7 @@ impl CpuProgram {
         }
     }
 
-    /// Runs a library routine (LSTM, GRU, top_k) on its buffers in place.
+    /// Runs a library routine (LSTM, GRU, top_k, dynamic_quantize, ...) on its buffers in place.
     fn routine(
         &self,
         routine: &Routine,
@@ -997,8 +998,9 @@ impl CpuProgram {
     ) -> Result<(), RunError> {
         let dims = |b: BufferId| self.exe.dims(b, symbols).map_err(RunError::Backend);
         let len = |b: BufferId| -> Result<usize, RunError> { Ok(dims(b)?.iter().product()) };
-        // SAFETY: each buffer holds `len` f32s (the routine's operands and results are f32, checked when the
-        // program was built and verified); results never overlap operands (`Overlap::Never` in the verifier).
+        // SAFETY: `read` and `write` are used only on buffers that hold `len` f32s (each routine's f32 operands and
+        // results, their types checked when the program was built and verified; the arms below view the other
+        // dtypes themselves); results never overlap operands (`Overlap::Never` in the verifier).
         let read = |b: BufferId| -> Result<&[f32], RunError> { Ok(unsafe { f32_view(ptrs, b, len(b)?) }) };
         // SAFETY: as above; each result buffer is distinct, and borrowed mutably once.
         let write = |b: BufferId| -> Result<&mut [f32], RunError> {
@@ -1051,6 +1053,25 @@ impl CpuProgram {
                 };
                 kiln_ir::interp::roi_align_f32(a, x, &xd, rois, idx, out)
                     .map_err(|e| RunError::Op(format!("{node}: {e}")))
+            }
+            (Routine::DynamicQuantize, &[x], &[y, scale, zero]) => {
+                let x = read(x)?;
+                let n = x.len();
+                // SAFETY: the result `y` is a u8 buffer of `x`'s `n` elements (the op's type rule, verified), distinct
+                // from the operand.
+                let y: &mut [u8] = if n == 0 {
+                    &mut []
+                } else {
+                    unsafe { std::slice::from_raw_parts_mut(ptrs.0[y.0 as usize].cast::<u8>(), n) }
+                };
+                let (s, z) = library::dynamic_quantize_u8(x, y, par).map_err(fail)?;
+                // SAFETY: the scale and the zero point are an f32 and a u8 scalar buffer (one element each),
+                // distinct from the others; arena slots need not be aligned for an f32, hence the unaligned write.
+                unsafe {
+                    ptrs.0[scale.0 as usize].cast::<f32>().write_unaligned(s);
+                    ptrs.0[zero.0 as usize].cast::<u8>().write(z);
+                }
+                Ok(())
             }
             (Routine::GridSample(g), &[x, grid], &[out]) => {
                 let (xd, gd) = (dims(x)?, dims(grid)?);

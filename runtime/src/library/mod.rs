@@ -42,6 +42,7 @@ macro_rules! widest_vectors {
 
 mod conv;
 mod conv_transpose;
+mod dynquant;
 mod matmul;
 mod packed;
 mod pool;
@@ -54,6 +55,7 @@ mod winograd;
 
 pub use conv::{conv_f32, conv_integer};
 pub use conv_transpose::conv_transpose_f32;
+pub use dynquant::dynamic_quantize_u8;
 pub use matmul::{BatchPlan, batch_plan, gemm_f32, matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;

@@ -644,6 +644,7 @@ impl<'g> Ctx<'g> {
             | Op::Conv(_)
             | Op::MatMulInteger
             | Op::ConvInteger(_)
+            | Op::DynamicQuantize
             | Op::ConvTranspose(_)
             | Op::Pool(_)
             | Op::Gather(_)
