@@ -17,7 +17,7 @@ use kiln_ir::op::UnaryOp;
 
 use super::emit::{KernelEmitter, R};
 use crate::approx::{
-    ERF_ONE_FROM, ERF_P, ERF_Q, EXP_CLAMP, EXP_P, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_P, TANH_SATURATE, TANH_SMALL,
+    ERF_ONE_FROM, ERF_P, ERF_Q, EXP_CLAMP, EXP_P, LN2_HI, LN2_LO, LOG_P, LOG2_E, TANH_CLAMP, TANH_P, TANH_Q,
 };
 
 /// fdlibm's split of ln 2 for f64: the high part has 32 significant bits (so `n * LN2_HI_F64` is exact for the
@@ -233,30 +233,26 @@ impl<'ctx> KernelEmitter<'_, 'ctx> {
         self.fsel(is_nan, x, y)
     }
 
-    /// `tanh x` on f32.
+    /// `tanh x` on f32: the CPU's vector approximation (`approx`): `x P(x^2) / Q(x^2)` on the argument clamped to
+    /// ±`TANH_CLAMP`, the result clamped to [-1, 1]; a NaN stays NaN (every comparison with it is false).
     pub(super) fn tanh_f32(&mut self, x: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
-        let ax = self.fintrinsic("fabs", x)?;
-        // Small magnitudes: x + x^3 P(x^2).
+        let (hi, lo) = (self.f(TANH_CLAMP), self.f(-TANH_CLAMP));
+        let x = self.clamp_f(x, lo, hi)?;
         let z = self.fmul(x, x)?;
         let p = self.horner(z, &TANH_P)?;
-        let p = self.fmul(p, z)?;
-        let p = self.fmul(p, x)?;
-        let small = self.fadd(p, x)?;
-        // Large magnitudes: 1 - 2 / (e^(2|x|) + 1), ±1 beyond saturation, with x's sign (NaN stays NaN).
-        let sat = self.f(TANH_SATURATE);
-        let saturated = self.fcmp_f(FloatPredicate::OGT, ax, sat)?;
-        let xc = self.fsel(saturated, sat, ax)?;
-        let two_x = self.fadd(xc, xc)?;
-        let e = self.exp_f32(two_x)?;
-        let (one, two) = (self.f(1.0), self.f(2.0));
-        let d = self.fadd(e, one)?;
-        let q = self.b.build_float_div(two, d, "q")?;
-        let big = self.fsub(one, q)?;
-        let big = self.fsel(saturated, one, big)?;
-        let big = self.with_sign(big, x)?;
-        let limit = self.f(TANH_SMALL);
-        let is_small = self.fcmp_f(FloatPredicate::OLT, ax, limit)?;
-        self.fsel(is_small, small, big)
+        let q = self.horner(z, &TANH_Q)?;
+        let num = self.fmul(x, p)?;
+        let y = self.b.build_float_div(num, q, "tanh")?;
+        let (one, minus_one) = (self.f(1.0), self.f(-1.0));
+        self.clamp_f(y, minus_one, one)
+    }
+
+    /// `x` clamped to `[lo, hi]`, a NaN passing through.
+    fn clamp_f(&mut self, x: FloatValue<'ctx>, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> R<FloatValue<'ctx>> {
+        let above = self.fcmp_f(FloatPredicate::OGT, x, hi)?;
+        let x = self.fsel(above, hi, x)?;
+        let below = self.fcmp_f(FloatPredicate::OLT, x, lo)?;
+        self.fsel(below, lo, x)
     }
 
     /// `erf x` on f32: the CPU's vector approximation (`approx`): `x P(x^2) / Q(x^2)` below `ERF_ONE_FROM` in
