@@ -64,9 +64,10 @@ fn lowerable_fixtures_match_the_interpreter() {
             "multi_result",
             "nested_regions",
             "params_only",
+            "qdq_matmul",
             "roi_align",
             "shape_ops",
-            "top_k"
+            "top_k",
         ]
     );
 }
