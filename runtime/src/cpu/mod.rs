@@ -79,10 +79,16 @@ const ALIGN: usize = 64;
 /// thread whatever `--threads` says: handing a run of a few microseconds to a pool costs more than it gains.
 const SMALL_PROGRAM: u64 = 1 << 21;
 
-/// A program whose work is only known as it runs (`SMALL_PROGRAM` could not decide) times its runs both ways —
-/// through the pool and serial on the caller's thread — and runs the faster way; one run in this many takes the
-/// other way, so the choice follows the extents the inputs bring. (A tiny detection head's run costs 5 µs serial
-/// and 11 µs handed to the pool.)
+/// Programs with less work than this (but `SMALL_PROGRAM` or more) are adaptive too (see [`ADAPTIVE_PROBE`]): whether
+/// the pool's hand-offs pay for themselves at this size depends on the machine (a virtual machine's idle workers
+/// take tens of microseconds to wake: a small CRNN's batch-split conv took 0.10 ms on two threads, 0.05 ms on
+/// one), so it is measured, not guessed.
+const ADAPTIVE_WORK: u64 = 1 << 25;
+
+/// A program whose work is only known as it runs (`SMALL_PROGRAM` could not decide), or is below
+/// [`ADAPTIVE_WORK`], times its runs both ways — through the pool and serial on the caller's thread — and runs the
+/// faster way; one run in this many takes the other way, so the choice follows the extents the inputs bring. (A
+/// tiny detection head's run costs 5 µs serial and 11 µs handed to the pool.)
 const ADAPTIVE_PROBE: u64 = 64;
 
 thread_local! {
@@ -192,7 +198,8 @@ pub struct CpuProgram {
     /// smoothed (0: not measured yet), and a run counter — see [`ADAPTIVE_PROBE`].
     run_ns: [std::sync::atomic::AtomicU64; 2],
     runs: std::sync::atomic::AtomicU64,
-    /// Whether the program chooses per run (see [`ADAPTIVE_PROBE`]): several workers, and no static work estimate.
+    /// Whether the program chooses per run (see [`ADAPTIVE_PROBE`]): several workers, and no static work estimate
+    /// or one below [`ADAPTIVE_WORK`].
     adaptive: bool,
     arenas: Mutex<Vec<AlignedBuf>>,
     /// The per-run buffers outside the arena (a library group's intermediate of another dtype than its result,
@@ -351,8 +358,8 @@ impl CpuProgram {
         };
         match program.static_work() {
             Some(w) if w < SMALL_PROGRAM => program.workers = 1,
-            Some(_) => {}
-            None => program.adaptive = program.workers > 1,
+            Some(w) if w >= ADAPTIVE_WORK => {}
+            _ => program.adaptive = program.workers > 1,
         }
         let set = program.build_weight_set(weights, &HashMap::new())?;
         program.publish(set);
