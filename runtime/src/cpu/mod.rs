@@ -91,6 +91,10 @@ const ADAPTIVE_WORK: u64 = 1 << 25;
 /// tiny detection head's run costs 5 µs serial and 11 µs handed to the pool.)
 const ADAPTIVE_PROBE: u64 = 64;
 
+/// An adaptive program's first runs alternate between the two ways (see [`ADAPTIVE_PROBE`]) until this many have
+/// started.
+const ADAPTIVE_TRIALS: u64 = 8;
+
 thread_local! {
     /// Set while this thread runs a program's steps on its own (the faster way for it, see [`ADAPTIVE_PROBE`]):
     /// its steps then use one worker and spawn nothing.
@@ -384,8 +388,10 @@ impl CpuProgram {
         let mut total: u64 = 0;
         for step in &self.exe.steps {
             let w = match step {
-                Step::Library { op: LibraryOp::MatMul, inputs, output, .. } => elems(output)? * last(&inputs[0])?,
-                Step::Library { op: LibraryOp::Conv(_), inputs, output, .. } => {
+                Step::Library { op: LibraryOp::MatMul | LibraryOp::MatMulInteger, inputs, output, .. } => {
+                    elems(output)? * last(&inputs[0])?
+                }
+                Step::Library { op: LibraryOp::Conv(_) | LibraryOp::ConvInteger(_), inputs, output, .. } => {
                     let w = elems(&inputs[1])?;
                     let m = self.exe.buffers[inputs[1].0 as usize].ty.shape.0.first()?.as_static()?.max(1);
                     elems(output)? * (w / m)
@@ -437,8 +443,9 @@ impl CpuProgram {
         Some(total)
     }
 
-    /// Whether the next run of an adaptive program runs serial: the faster way so far, the way not measured yet, or
-    /// — one run in [`ADAPTIVE_PROBE`] — the other way.
+    /// Whether the next run of an adaptive program runs serial: the way not measured yet, either way in turn for
+    /// the first [`ADAPTIVE_TRIALS`] runs, then the faster way so far or — one run in [`ADAPTIVE_PROBE`] — the
+    /// other way.
     fn choose_serial(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let n = self.runs.fetch_add(1, Relaxed);
@@ -448,6 +455,10 @@ impl CpuProgram {
         }
         if serial == 0 {
             return true;
+        }
+        if n < ADAPTIVE_TRIALS {
+            // Both ways several times before the first choice, so one noisy run does not decide.
+            return n % 2 == 1;
         }
         (serial <= pool) != (n % ADAPTIVE_PROBE == ADAPTIVE_PROBE - 1)
     }
@@ -722,6 +733,9 @@ impl CpuProgram {
             if self.workers == 1 || SERIAL_RUN.with(std::cell::Cell::get) {
                 steps()?
             } else {
+                // The program's first run (cold caches, first-touch pages) is not timed: it would misjudge the
+                // way it took.
+                let warm = self.runs.load(std::sync::atomic::Ordering::Relaxed) > 0;
                 let serial = self.adaptive && self.choose_serial();
                 let start = std::time::Instant::now();
                 if serial {
@@ -733,7 +747,7 @@ impl CpuProgram {
                     let steps = AssertSend(steps);
                     self.pool.install(move || steps.call())?;
                 }
-                if self.adaptive {
+                if self.adaptive && warm {
                     self.record_run(serial, start.elapsed());
                 }
             }
@@ -1585,8 +1599,8 @@ mod tests {
         assert!(Arc::ptr_eq(&a.pool, &d.pool));
     }
 
-    /// An adaptive program measures the pool first, then serial, then keeps to the faster way but for one probe run
-    /// in `ADAPTIVE_PROBE`; its estimates follow new timings.
+    /// An adaptive program measures the pool first, then serial, alternates for its trial runs, then keeps to the
+    /// faster way but for one probe run in `ADAPTIVE_PROBE`; its estimates follow new timings.
     #[test]
     fn adaptive_runs_take_the_faster_way_and_probe_the_other() {
         let p = CpuProgram::new(Executable::empty("empty"), KernelCode::Reference(Vec::new()), 2).expect("binds");
@@ -1596,7 +1610,11 @@ mod tests {
         assert!(p.choose_serial(), "then serial");
         p.record_run(true, us(10));
         let serial: Vec<bool> = (0..2 * ADAPTIVE_PROBE).map(|_| p.choose_serial()).collect();
-        assert_eq!(serial.iter().filter(|s| !**s).count(), 2, "one probe of the pool per ADAPTIVE_PROBE runs");
+        let trials = (ADAPTIVE_TRIALS - 2) as usize;
+        assert!(serial[..trials].iter().step_by(2).all(|s| !s), "the trial runs alternate");
+        assert!(serial[1..trials].iter().step_by(2).all(|s| *s), "the trial runs alternate");
+        let pool = serial[trials..].iter().filter(|s| !**s).count();
+        assert_eq!(pool, 2, "one probe of the pool per ADAPTIVE_PROBE runs");
         for _ in 0..16 {
             p.record_run(true, us(500));
         }
