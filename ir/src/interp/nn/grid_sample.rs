@@ -81,6 +81,8 @@ fn sample<F: Real>(
                     F::NAN
                 } else if g.mode == ResizeMode::Nearest {
                     nearest(plane, &taps, &strides)
+                } else if r == 2 {
+                    combine2(plane, &taps, strides[0])
                 } else {
                     combine(plane, &taps, &strides, 0, 0)
                 };
@@ -118,7 +120,7 @@ fn dim_taps<F: Real>(g: &GridSample, v: f32, len: usize, taps: &mut Taps<F>) -> 
             GridPadding::Reflection => Some((reflect(i as f32, lo, hi) as i64).clamp(0, last.max(0)) as usize),
         }
     };
-    let floor = x.floor();
+    let floor = floor_f32(x);
     let t = F::of_f64(f64::from(x - floor));
     let x0 = floor as i64;
     match g.mode {
@@ -134,6 +136,24 @@ fn dim_taps<F: Real>(g: &GridSample, v: f32, len: usize, taps: &mut Taps<F>) -> 
         }
     }
     true
+}
+
+/// `x.floor()` for a finite `x` without a libm call (the crate targets the x86-64 baseline, which has no rounding
+/// instruction): from magnitude 2^23 on, every f32 is an integer.
+fn floor_f32(x: f32) -> f32 {
+    if x.abs() < 8_388_608.0 {
+        let t = x as i32 as f32;
+        // An integral `x` is its own floor (`-0.0` included).
+        if t > x {
+            t - 1.0
+        } else if t == x {
+            x
+        } else {
+            t
+        }
+    } else {
+        x
+    }
 }
 
 /// Reflects `x` at the borders `lo` and `hi` until it lies between them, as the reference does.
@@ -176,6 +196,25 @@ fn nearest<F: Real>(plane: &[F], taps: &[Taps<F>], strides: &[usize]) -> F {
     plane[at]
 }
 
+/// [`combine`] over two spatial dims (rows of `stride` elements), unrolled: the same sums in the same order.
+fn combine2<F: Real>(plane: &[F], taps: &[Taps<F>], stride: usize) -> F {
+    let mut acc = F::ZERO;
+    for &(row, wy) in &taps[0] {
+        let v = match row {
+            None => F::ZERO,
+            Some(i) => {
+                let mut inner = F::ZERO;
+                for &(col, wx) in &taps[1] {
+                    inner = inner + wx * col.map_or(F::ZERO, |j| plane[i * stride + j]);
+                }
+                inner
+            }
+        };
+        acc = acc + wy * v;
+    }
+    acc
+}
+
 /// The interpolated value over dims `dim..` from offset `base`: each dim's taps weight the values of the dims
 /// inside it, innermost first, as the reference's recursion sums them.
 fn combine<F: Real>(plane: &[F], taps: &[Taps<F>], strides: &[usize], dim: usize, base: usize) -> F {
@@ -205,6 +244,17 @@ mod tests {
         let mut out = vec![0.0; n];
         grid_sample_f32(g, x, xs, grid, gs, &mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn the_inline_floor_is_libm_floor_bit_for_bit() {
+        let mut xs =
+            vec![0.0f32, -0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5, 8_388_607.5, -8_388_607.5, 8_388_608.0, -8_388_609.0];
+        xs.extend([f32::MAX, f32::MIN, f32::MIN_POSITIVE, -f32::MIN_POSITIVE, 1e-45, -1e-45, 2.5e9, -2.5e9]);
+        xs.extend((0..20_000).map(|i| (i as f32 - 10_000.0) * 0.0137));
+        for x in xs {
+            assert_eq!(floor_f32(x).to_bits(), x.floor().to_bits(), "{x}");
+        }
     }
 
     #[test]
