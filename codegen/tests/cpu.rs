@@ -862,6 +862,16 @@ fn reads_from_non_index_buffers_are_malformed() {
 
 /// `max`/`min` against a constant take the short select form in vector loops, and still give the evaluator's
 /// bits on every edge value: NaN, ±0 (max(-0, +0) is +0, min(+0, -0) is -0), infinities, the constant itself.
+/// `g` lowered whole; its code must contain each of `expect` (the vector instructions the case is about).
+fn lower_vectorized(g: &kiln_ir::Graph, case: &str, expect: &[&str]) -> Kernel {
+    let k = lower_whole(g, case).unwrap();
+    let code = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    for what in expect {
+        assert!(code.contains(what), "{case}: no {what} in\n{code}");
+    }
+    k
+}
+
 #[test]
 fn clamps_to_constants_are_exact() {
     let g = kiln_ir::parse(
@@ -887,9 +897,7 @@ fn clamps_to_constants_are_exact() {
         }"#,
     )
     .unwrap();
-    let k = lower_whole(&g, "clamps").unwrap();
-    let code = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
-    assert!(code.contains("f32x4"), "{code}");
+    let k = lower_vectorized(&g, "clamps", &["f32x4"]);
     for n in [1usize, 4, 37, 64] {
         let x = edge_tensor(DType::F32, vec![n], n);
         let mut args = vec![x];
@@ -897,5 +905,107 @@ fn clamps_to_constants_are_exact() {
             k.launch_args().filter(|(_, a)| a.role == ArgRole::Output).map(|_| Tensor::zeros(DType::F32, vec![n])),
         );
         assert_bit_exact(&format!("clamps [n={n}]"), &k, &args, &[n as i64], &[]);
+    }
+}
+
+#[test]
+fn quantization_chains_run_in_integer_lanes() {
+    // What QuantizeLinear → DequantizeLinear lower to (f32 → saturating u8 → i32 − zero point → f32), 8-bit
+    // loads dequantized, saturating and wrapping casts, and i32 arithmetic: one vectorizable loop, bit-exact.
+    let g = kiln_ir::parse(
+        r#"graph "g" {
+          %0 = input {name="x"} : f32[n]
+          %1 = input {name="q"} : u8[n]
+          %2 = input {name="s"} : i8[n]
+          %3 = input {name="i"} : i32[n]
+          %4 = constant {value=f32[] [0.0123]} : f32[]
+          %5 = constant {value=f32[] [3.0]} : f32[]
+          %6 = constant {value=f32[] [255.0]} : f32[]
+          %7 = constant {value=f32[] [0.0]} : f32[]
+          %8 = constant {value=i32[] [3]} : i32[]
+          %9 = div %0, %4 : f32[n]
+          %10 = round %9 : f32[n]
+          %11 = add %10, %5 : f32[n]
+          %12 = min %11, %6 : f32[n]
+          %13 = max %12, %7 : f32[n]
+          %14 = cast %13 {to=u8} : u8[n]
+          %15 = cast %14 {to=i32} : i32[n]
+          %16 = sub %15, %8 : i32[n]
+          %17 = cast %16 {to=f32} : f32[n]
+          %18 = mul %17, %4 : f32[n]
+          %19 = cast %1 {to=i32} : i32[n]
+          %20 = sub %19, %8 : i32[n]
+          %21 = cast %20 {to=f32} : f32[n]
+          %22 = cast %2 {to=f32} : f32[n]
+          %23 = cast %0 {to=i8} : i8[n]
+          %24 = cast %0 {to=i32} : i32[n]
+          %25 = mul %3, %3 : i32[n]
+          %26 = add %25, %8 : i32[n]
+          %27 = max %26, %3 : i32[n]
+          %28 = cast %27 {to=u8} : u8[n]
+          %29 = cast %3 {to=i8} : i8[n]
+          %30 = cast %2 {to=u8} : u8[n]
+          output "fake_quant" = %18
+          output "quantized" = %14
+          output "dequant_u8" = %21
+          output "dequant_i8" = %22
+          output "to_i8" = %23
+          output "to_i32" = %24
+          output "wrap_u8" = %28
+          output "wrap_i8" = %29
+          output "i8_as_u8" = %30
+        }"#,
+    )
+    .unwrap();
+    let k = lower_vectorized(
+        &g,
+        "quant",
+        &["fcvt_to_sint_sat.i32x4", "uwiden_low", "swiden_low", "fcvt_from_sint.f32x4", "sshr v"],
+    );
+    for n in [1usize, 4, 7, 37, 64] {
+        for seed in [0, 3] {
+            let args = edge_args(&k, &[n as i64], seed);
+            assert_bit_exact(&format!("quant [n={n}, seed {seed}]"), &k, &args, &[n as i64], &[]);
+        }
+    }
+}
+
+#[test]
+fn strided_byte_accesses_go_lane_by_lane() {
+    // y[2i] = u8(x[2i + 1]), as a transposing dequantize-requantize step would: 8-bit loads and stores with
+    // coefficient 2 inside one vectorizable loop.
+    let i = || IExpr::Var(LoopVar(0));
+    let odd = IExpr::plus(IExpr::times(i(), IExpr::Const(2)), IExpr::Const(1));
+    let even = IExpr::times(IExpr::Const(2), i());
+    let moved = |index: IExpr| {
+        let wide = Expr::Cast(Box::new(Expr::Load { arg: kernel::ArgId(0), index }), DType::I32);
+        let sum = Expr::binary(kiln_ir::op::BinaryOp::Add, wide, Expr::Const(Scalar::I32(200)));
+        Expr::Cast(Box::new(sum), DType::U8)
+    };
+    let pair = |name: &str, role| KernelArg {
+        name: name.into(),
+        dtype: DType::U8,
+        shape: vec![Extent::Sym(0), Extent::Const(2)],
+        role,
+    };
+    let k = Kernel {
+        name: "bytes".into(),
+        args: vec![pair("x", ArgRole::Input), pair("y", ArgRole::Output)],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Vectorizable,
+            body: Block(vec![
+                Stmt::Store { arg: kernel::ArgId(1), index: even.clone(), value: moved(odd.clone()) },
+                Stmt::Store { arg: kernel::ArgId(1), index: odd, value: moved(even) },
+            ]),
+        }]),
+    };
+    let text = cpu::disassemble(&k, &CpuOptions::default()).unwrap();
+    assert!(text.contains("i32x4"), "{text}");
+    for n in [0usize, 1, 4, 7, 13] {
+        let args = vec![edge_tensor(DType::U8, vec![n, 2], n), Tensor::zeros(DType::U8, vec![n, 2])];
+        check_jit(&format!("bytes [n={n}]"), &k, &args, &[n as i64]);
     }
 }

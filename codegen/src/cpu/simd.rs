@@ -1,10 +1,15 @@
 //! The f32x4 form of an innermost vectorizable or reduction loop.
 //!
-//! A vectorizable loop qualifies when every statement is a float `Let` or a store into a float buffer (f32, f16
-//! or bf16), and every value is built from float constants, loads and variables, f32 accumulators, i32 loads
-//! cast to f32 (an integer product's result being scaled), casts between the float types, float unary and
-//! arithmetic binary kinds, and selects whose condition is a float comparison; anything else (other dtypes,
-//! other casts, index values, bool variables) keeps the whole loop scalar. Half-precision values live in f32
+//! A vectorizable loop qualifies when every statement is a `Let` or a store of a float (f32, f16, bf16) or
+//! integer-lane (i32, u8, i8) value into a buffer of its type, and every value is built from constants, loads
+//! and variables of those types, f32 accumulators, casts among them, float unary and arithmetic binary kinds,
+//! i32 `add`/`sub`/`mul`/`max`/`min`, and selects of floats whose condition is a float comparison; anything else
+//! (other dtypes, index values, bool variables) keeps the whole loop scalar. Integer lanes are i32x4 whatever the
+//! type — an 8-bit value is always within its type's range there — and follow the scalar code exactly: f32 to
+//! an integer truncates and saturates (NaN → 0, then an 8-bit type's clamp), narrowing between integers wraps,
+//! i32 arithmetic wraps, 8-bit loads widen four bytes by their signedness and 8-bit stores narrow four lanes
+//! into one 32-bit store. That is what quantization lowers to (`f32 → u8 → i32 − zero point → f32`), so a
+//! QuantizeLinear/DequantizeLinear chain runs four lanes at a time. Half-precision values live in f32
 //! lanes, exactly; every operation on them rounds its lanes to the type (ties to even, inline integer
 //! arithmetic — the lane-wise twin of the scalar conversions, bit for bit), loads widen four 16-bit values in
 //! one `uload16x4`, and stores narrow four into one 64-bit store. Four consecutive iterations run as four lanes; the
@@ -97,6 +102,12 @@ fn floatish(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
+/// The integer dtypes whose values the vector form holds as i32 lanes (8-bit values always within their type's
+/// range, so they widen and narrow exactly).
+fn int_lanes(d: DType) -> bool {
+    matches!(d, DType::I32 | DType::U8 | DType::I8)
+}
+
 /// Whether `e` reads any of `accs`.
 fn reads_acc(e: &Expr, accs: &HashSet<AccVar>) -> bool {
     match e {
@@ -119,11 +130,6 @@ impl Emitter<'_, '_> {
                 }
                 Stmt::Store { arg, value, .. }
                     if self.kernel.args.get(arg.0 as usize).map(|a| a.dtype) == self.vtype(value, &inner) => {}
-                // A float value saturated into an 8-bit buffer (quantization's last step).
-                Stmt::Store { arg, value: Expr::Cast(x, to), .. }
-                    if matches!(to, DType::U8 | DType::I8)
-                        && self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == *to)
-                        && self.vtype(x, &inner) == Some(DType::F32) => {}
                 _ => return false,
             }
         }
@@ -168,31 +174,42 @@ impl Emitter<'_, '_> {
     /// The dtype of `e`'s lanes when the vector form takes it (f32, or f16/bf16 held as f32 lanes), `None` when
     /// it does not; `inner` holds the dtypes of the loop body's own lets.
     fn vtype(&self, e: &Expr, inner: &HashMap<Var, DType>) -> Option<DType> {
-        let lanes = |d: DType| floatish(d).then_some(d);
+        let lanes = |d: DType| (floatish(d) || int_lanes(d)).then_some(d);
         match e {
             Expr::Const(s) => lanes(s.dtype()),
             Expr::Load { arg, .. } => self.kernel.args.get(arg.0 as usize).and_then(|a| lanes(a.dtype)),
-            // An i32 load converted to f32 (an integer product's result, scaled): one vector conversion.
-            Expr::Cast(x, DType::F32)
-                if matches!(&**x, Expr::Load { arg, .. }
-                    if self.kernel.args.get(arg.0 as usize).is_some_and(|a| a.dtype == DType::I32)) =>
-            {
-                Some(DType::F32)
-            }
             // A loop-invariant integer (a zero point) converted to f32: converted once, splat.
             Expr::Cast(x, DType::F32) if self.invariant_int(x, inner) => Some(DType::F32),
-            Expr::Cast(x, to) => self.vtype(x, inner).and(lanes(*to)),
+            Expr::Cast(x, to) => {
+                let from = self.vtype(x, inner)?;
+                let to = lanes(*to)?;
+                // Float to float, float (f32) to integer (saturating), integer to integer (wrapping), integer
+                // to f32 (exact for 8-bit values, rounded once for i32).
+                let ok = match (floatish(from), floatish(to)) {
+                    (true, true) | (false, false) => true,
+                    (true, false) => from == DType::F32,
+                    (false, true) => to == DType::F32,
+                };
+                ok.then_some(to)
+            }
             Expr::Var(v) => inner.get(v).copied().or_else(|| self.lets.get(v).and_then(|(_, d)| lanes(*d))),
             Expr::Acc(a) => self.accs.get(a).filter(|s| !s.op.is_arg() && s.dtype == DType::F32).map(|_| DType::F32),
-            Expr::Unary(k, x) if vector_unary(*k) => self.vtype(x, inner),
-            Expr::Binary(k, a, b) if vector_binary(*k) => {
+            Expr::Unary(k, x) if vector_unary(*k) => self.vtype(x, inner).filter(|&d| floatish(d)),
+            Expr::Binary(k, a, b) => {
                 let d = self.vtype(a, inner)?;
-                (self.vtype(b, inner) == Some(d)).then_some(d)
+                let ok = if floatish(d) {
+                    vector_binary(*k)
+                } else {
+                    // i32 lanes wrap as the scalar i32 arithmetic does; 8-bit arithmetic would need re-wrapping.
+                    d == DType::I32
+                        && matches!(k, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min)
+                };
+                (ok && self.vtype(b, inner) == Some(d)).then_some(d)
             }
             Expr::Select(c, a, b) => {
                 let Expr::Binary(k, x, y) = &**c else { return None };
-                let cd = self.vtype(x, inner)?;
-                let d = self.vtype(a, inner)?;
+                let cd = self.vtype(x, inner).filter(|&d| floatish(d))?;
+                let d = self.vtype(a, inner).filter(|&d| floatish(d))?;
                 (float_cc(*k).is_some() && self.vtype(y, inner) == Some(cd) && self.vtype(b, inner) == Some(d))
                     .then_some(d)
             }
@@ -209,41 +226,23 @@ impl Emitter<'_, '_> {
                     let x = self.vexpr(value, var, i, &vlets)?;
                     vlets.insert(*v, x);
                 }
-                Stmt::Store { arg, index, value: Expr::Cast(x, to) } if matches!(to, DType::U8 | DType::I8) => {
-                    let (x, _) = self.vexpr(x, var, i, &vlets)?;
-                    if index.stride(var) == Some(1) {
-                        // Truncate and saturate to i32 (NaN → 0), clamp to the 8-bit range, narrow twice, store
-                        // four bytes: the scalar cast's result lane by lane.
-                        let v = self.b.ins().fcvt_to_sint_sat(types::I32X4, x);
-                        let (lo, hi) = if *to == DType::U8 { (0, 255) } else { (-128, 127) };
-                        let lo = self.isplat(lo);
-                        let hi = self.isplat(hi);
-                        let v = self.b.ins().smax(v, lo);
-                        let v = self.b.ins().smin(v, hi);
-                        let v16 = self.b.ins().snarrow(v, v);
-                        let v8 = if *to == DType::U8 {
-                            self.b.ins().unarrow(v16, v16)
-                        } else {
-                            self.b.ins().snarrow(v16, v16)
-                        };
-                        let words = self.b.ins().bitcast(types::I32X4, little(), v8);
-                        let low = self.b.ins().extractlane(words, 0);
-                        let addr = self.address(*arg, index, true)?;
-                        self.b.ins().store(mem(), low, addr, 0);
-                    } else {
-                        let to = *to;
-                        self.store_lanes(*arg, index, var, i, x, |e, v, addr| {
-                            let v = e.cast(v, DType::F32, to);
-                            e.store_scalar(v, to, addr);
-                        })?;
-                    }
-                }
                 Stmt::Store { arg, index, value } => {
                     let (x, d) = self.vexpr(value, var, i, &vlets)?;
                     if index.stride(var) == Some(1) {
                         let addr = self.address(*arg, index, true)?;
-                        if d == DType::F32 {
+                        if matches!(d, DType::F32 | DType::I32) {
                             self.b.ins().store(mem(), x, addr, 0);
+                        } else if int_lanes(d) {
+                            // Four in-range 8-bit values: narrowed twice (exactly), stored as one i32.
+                            let v16 = self.b.ins().snarrow(x, x);
+                            let v8 = if d == DType::U8 {
+                                self.b.ins().unarrow(v16, v16)
+                            } else {
+                                self.b.ins().snarrow(v16, v16)
+                            };
+                            let words = self.b.ins().bitcast(types::I32X4, little(), v8);
+                            let low = self.b.ins().extractlane(words, 0);
+                            self.b.ins().store(mem(), low, addr, 0);
                         } else {
                             // Four 16-bit values: narrowed into the low half of a vector, stored as one i64.
                             let bits = self.vhalf_bits(x, d);
@@ -253,8 +252,12 @@ impl Emitter<'_, '_> {
                             self.b.ins().store(mem(), low, addr, 0);
                         }
                     } else {
-                        // `store_scalar` converts half types and stores f32 as it is.
-                        self.store_lanes(*arg, index, var, i, x, |e, v, addr| e.store_scalar(v, d, addr))?;
+                        // `store_scalar` converts half types and stores f32 as it is; an 8-bit lane is its low byte.
+                        self.store_lanes(*arg, index, var, i, x, |e, v, addr| {
+                            let v =
+                                if matches!(d, DType::U8 | DType::I8) { e.b.ins().ireduce(types::I8, v) } else { v };
+                            e.store_scalar(v, d, addr)
+                        })?;
                     }
                 }
                 Stmt::Update { acc, value, .. } if self.vaccs.contains_key(acc) => {
@@ -353,17 +356,11 @@ impl Emitter<'_, '_> {
         Ok(match e {
             Expr::Const(s) => {
                 let c = self.scalar_const(*s);
-                (self.splat(c), s.dtype())
+                (self.any_splat(c, s.dtype()), s.dtype())
             }
             Expr::Load { arg, index } => {
                 let d = self.kernel.arg(*arg).dtype;
                 (self.vload(*arg, index, var, i, d)?, d)
-            }
-            Expr::Cast(x, DType::F32) if matches!(&**x, Expr::Load { arg, .. } if self.kernel.arg(*arg).dtype == DType::I32) =>
-            {
-                let Expr::Load { arg, index } = &**x else { unreachable!("matched above") };
-                let v = self.vload(*arg, index, var, i, DType::I32)?;
-                (self.b.ins().fcvt_from_sint(types::F32X4, v), DType::F32)
             }
             Expr::Cast(x, DType::F32)
                 if !matches!(&**x, Expr::Var(v) if vlets.contains_key(v)) && self.invariant_int(x, &HashMap::new()) =>
@@ -373,15 +370,21 @@ impl Emitter<'_, '_> {
             }
             Expr::Cast(x, to) => {
                 let (v, from) = self.vexpr(x, var, i, vlets)?;
-                // A half value is exact in f32; narrowing rounds once.
-                let v = if *to == DType::F32 || *to == from { v } else { self.vround(v, *to) };
+                let v = match (floatish(from), floatish(*to)) {
+                    // A half value is exact in f32; narrowing rounds once.
+                    (true, true) if *to == DType::F32 || *to == from => v,
+                    (true, true) => self.vround(v, *to),
+                    (true, false) => self.vfloat_to_int(v, *to),
+                    (false, false) => self.vint_to_int(v, from, *to),
+                    (false, true) => self.b.ins().fcvt_from_sint(types::F32X4, v),
+                };
                 (v, *to)
             }
             Expr::Var(v) => match vlets.get(v) {
                 Some(x) => *x,
                 None => {
                     let (x, d) = self.expr(e)?;
-                    (self.splat(x), d)
+                    (self.any_splat(x, d), d)
                 }
             },
             Expr::Acc(_) => {
@@ -437,6 +440,18 @@ impl Emitter<'_, '_> {
             Expr::Binary(k, a, b) => {
                 let (a, d) = self.vexpr(a, var, i, vlets)?;
                 let (b, _) = self.vexpr(b, var, i, vlets)?;
+                if int_lanes(d) {
+                    // i32 lanes (the only integer arithmetic `vtype` admits): wrapping, as the scalar code.
+                    let v = match k {
+                        BinaryOp::Add => self.b.ins().iadd(a, b),
+                        BinaryOp::Sub => self.b.ins().isub(a, b),
+                        BinaryOp::Mul => self.b.ins().imul(a, b),
+                        BinaryOp::Max => self.b.ins().smax(a, b),
+                        BinaryOp::Min => self.b.ins().smin(a, b),
+                        _ => return Err(self.malformed(format!("{} on integer lanes", k.name()))),
+                    };
+                    return Ok((v, d));
+                }
                 let v = match k {
                     BinaryOp::Add => self.b.ins().fadd(a, b),
                     BinaryOp::Sub => self.b.ins().fsub(a, b),
@@ -499,6 +514,43 @@ impl Emitter<'_, '_> {
                 let bits = self.vhalf_bits(v, d);
                 let bits = self.b.ins().ishl_imm_s(bits, 16);
                 self.b.ins().bitcast(types::F32X4, little(), bits)
+            }
+            _ => v,
+        }
+    }
+
+    /// A scalar of `d` in every lane: f32 lanes for the float types, i32 lanes (8-bit values widened by their
+    /// signedness) for the integer ones.
+    fn any_splat(&mut self, x: Value, d: DType) -> Value {
+        if !int_lanes(d) {
+            return self.splat(x);
+        }
+        let x = match d {
+            DType::U8 => self.b.ins().uextend(types::I32, x),
+            DType::I8 => self.b.ins().sextend(types::I32, x),
+            _ => x,
+        };
+        self.b.ins().splat(types::I32X4, x)
+    }
+
+    /// f32 lanes converted to an integer type as the scalar cast converts them: truncated and saturated to i32
+    /// (NaN → 0), then clamped to an 8-bit type's range.
+    fn vfloat_to_int(&mut self, v: Value, to: DType) -> Value {
+        let v = self.b.ins().fcvt_to_sint_sat(types::I32X4, v);
+        let Some((lo, hi)) = to.int_range().filter(|_| to != DType::I32) else { return v };
+        let lo = self.isplat(lo as i64);
+        let hi = self.isplat(hi as i64);
+        let v = self.b.ins().smax(v, lo);
+        self.b.ins().smin(v, hi)
+    }
+
+    /// Integer lanes converted between integer types as the scalar cast converts them: widening keeps the value
+    /// (8-bit lanes already hold it), narrowing to 8 bits wraps.
+    fn vint_to_int(&mut self, v: Value, from: DType, to: DType) -> Value {
+        match to {
+            DType::U8 | DType::I8 if to != from => {
+                let v = self.b.ins().ishl_imm_s(v, 24);
+                if to == DType::U8 { self.b.ins().ushr_imm_s(v, 24) } else { self.b.ins().sshr_imm_s(v, 24) }
             }
             _ => v,
         }
@@ -602,8 +654,23 @@ impl Emitter<'_, '_> {
     /// Four lanes of `arg` (f32, f16/bf16 as f32 lanes, or i32) at `index` for iterations `i..i + 4` of `var`: one vector load at stride
     /// 1, a splat at stride 0, lane by lane otherwise.
     fn vload(&mut self, arg: ArgId, index: &IExpr, var: LoopVar, i: Value, dtype: DType) -> EResult<Value> {
-        let ty = if dtype == DType::I32 { types::I32X4 } else { types::F32X4 };
+        let ty = if int_lanes(dtype) { types::I32X4 } else { types::F32X4 };
+        let byte = matches!(dtype, DType::U8 | DType::I8);
         Ok(match index.stride(var) {
+            Some(1) if byte => {
+                // Four bytes in one load, widened twice to i32 lanes by their signedness.
+                let addr = self.address(arg, index, false)?;
+                let word = self.b.ins().load(types::I32, mem(), addr, 0);
+                let v = self.b.ins().scalar_to_vector(types::I32X4, word);
+                let v = self.b.ins().bitcast(types::I8X16, little(), v);
+                if dtype == DType::U8 {
+                    let v = self.b.ins().uwiden_low(v);
+                    self.b.ins().uwiden_low(v)
+                } else {
+                    let v = self.b.ins().swiden_low(v);
+                    self.b.ins().swiden_low(v)
+                }
+            }
             Some(1) if matches!(dtype, DType::F16 | DType::BF16) => {
                 // Four 16-bit values widened to i32 lanes in one load, then converted.
                 let addr = self.address(arg, index, false)?;
@@ -622,7 +689,7 @@ impl Emitter<'_, '_> {
             Some(0) => {
                 let addr = self.address(arg, index, false)?;
                 let x = self.load_scalar(dtype, addr);
-                self.b.ins().splat(ty, x)
+                self.any_splat(x, dtype)
             }
             _ => {
                 let mut lanes = Vec::with_capacity(LANES as usize);
@@ -631,7 +698,12 @@ impl Emitter<'_, '_> {
                     self.lane_index.insert(var, li);
                     let addr = self.address(arg, index, false);
                     self.lane_index.remove(&var);
-                    lanes.push(self.load_scalar(dtype, addr?));
+                    let x = self.load_scalar(dtype, addr?);
+                    lanes.push(match dtype {
+                        DType::U8 => self.b.ins().uextend(types::I32, x),
+                        DType::I8 => self.b.ins().sextend(types::I32, x),
+                        _ => x,
+                    });
                 }
                 let mut v = self.b.ins().splat(ty, lanes[0]);
                 for (lane, x) in lanes.into_iter().enumerate().skip(1) {
