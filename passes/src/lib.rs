@@ -20,7 +20,7 @@ pub mod fold_batchnorm;
 pub mod fold_constants;
 pub mod fuse;
 pub mod infer_shapes;
-pub mod integer_matmul;
+pub mod integer_products;
 pub mod layout;
 pub mod plan_memory;
 pub mod schedule;
@@ -88,7 +88,7 @@ declare_passes! {
     infer_shapes::InferShapes,
     simplify_shape_arith::SimplifyShapeArith,
     fold_batchnorm::FoldBatchnorm,
-    integer_matmul::IntegerMatmul,
+    integer_products::IntegerProducts,
     canonicalize::Canonicalize,
     fold_constants::FoldConstants,
     cse::Cse,
@@ -126,8 +126,8 @@ declare_pipelines! {
     "O0" = "",
     /// One sweep of the cheap cleanups: shapes, shape arithmetic, algebraic identities, constants, CSE, dead code.
     "O1" = "infer-shapes,simplify-shape-arith,canonicalize,fold-constants,cse,dce",
-    /// O1's cleanups and batch-norm folding to a fixed point, matmuls of dequantized 8-bit operands made integer, half-precision arithmetic widened to f32, transposes sunk, fusion groups, schedule, memory plan.
-    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,fold-constants,fold-batchnorm,cse,dce),integer-matmul,dce,widen-half,layout,fixpoint(canonicalize,cse,dce),fuse,schedule,plan-memory",
+    /// O1's cleanups, matmuls and convs of dequantized 8-bit operands made integer (before constant folding could turn dequantized weights into f32 constants) and batch-norm folding to a fixed point, half-precision arithmetic widened to f32, transposes sunk, fusion groups, schedule, memory plan.
+    "O2" = "infer-shapes,fixpoint(simplify-shape-arith,canonicalize,integer-products,fold-constants,fold-batchnorm,cse,dce),widen-half,layout,fixpoint(canonicalize,cse,dce),fuse,schedule,plan-memory",
     /// For now the same as O2, so it also ends with schedule and plan-memory.
     "O3" = "O2",
     /// The CPU target's default; for now an alias of O2, so it ends with schedule and plan-memory.

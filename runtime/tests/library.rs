@@ -675,7 +675,19 @@ fn conv_integer_is_exact() {
         (vec![1, 3, 8, 8], vec![16, 3, 3, 3], conv(&[1, 1], &[1, 1, 1, 1], &[1, 1], 1)),
         (vec![1, 2, 4, 5, 3], vec![3, 2, 2, 2, 2], conv(&[1, 2, 1], &[0, 1, 1, 1, 0, 0], &[1, 1, 1], 1)),
         (vec![1, 8, 5, 5], vec![8, 1, 3, 3], conv(&[1, 1], &[1, 1, 1, 1], &[1, 1], 8)),
+        // Eight or more output channels per group: the VNNI conv where the CPU has it. Groups with channel
+        // slices, strides and dilations (a patch copied tap by tap), a 7×7 stride-2 stem (copied in runs), 1-D
+        // and 3-D windows, outputs wholly in the padding, and one big enough to run on several workers.
+        (vec![2, 8, 9, 7], vec![24, 4, 3, 3], conv(&[2, 1], &[1, 0, 0, 2], &[1, 2], 2)),
+        (vec![1, 3, 23, 19], vec![16, 3, 7, 7], conv(&[2, 2], &[3, 3, 3, 3], &[1, 1], 1)),
+        (vec![1, 5, 20], vec![9, 5, 4], conv(&[3], &[2, 0], &[1], 1)),
+        (vec![1, 4, 5, 4, 6], vec![8, 4, 2, 3, 2], conv(&[1, 1, 2], &[1, 0, 1, 0, 2, 1], &[1, 1, 1], 1)),
+        (vec![1, 2, 3, 3], vec![8, 2, 3, 3], conv(&[1, 1], &[4, 4, 4, 4], &[1, 1], 1)),
+        (vec![1, 32, 20, 20], vec![40, 32, 3, 3], conv(&[1, 1], &[1, 1, 1, 1], &[1, 1], 1)),
+        // Channels and positions not multiples of the 16×16 blocks the input is laid out channels-last in.
+        (vec![2, 20, 9, 11], vec![16, 20, 3, 3], conv(&[1, 1], &[0, 1, 2, 1], &[1, 1], 1)),
     ];
+    let mut packed_cases = 0;
     for (i, (xs, ws, attrs)) in cases.iter().enumerate() {
         for (tx, tw) in [(DType::U8, DType::I8), (DType::I8, DType::I8), (DType::U8, DType::U8)] {
             for per in [false, true] {
@@ -694,8 +706,26 @@ fn conv_integer_is_exact() {
                         .unwrap_or_else(|e| panic!("{case}: {e}"));
                     assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case}");
                 });
+                let groups = attrs.groups as usize;
+                let packed = library::PackedConvInt8::pack(int8(&w), ws, int8(&wz), groups).expect("packs");
+                if let Some(packed) = packed {
+                    packed_cases += 1;
+                    with_threads(|par| {
+                        let mut out = vec![i32::MIN; want.len()];
+                        library::conv_integer_packed(int8(&x), xs, int8(&xz), &packed, attrs, &mut out, &ys, par)
+                            .unwrap_or_else(|e| panic!("{case} (packed): {e}"));
+                        assert!(out.iter().map(|&v| i64::from(v)).eq(want.iter().copied()), "{case} (packed)");
+                    });
+                }
             }
         }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vnni") {
+        let wide = cases.iter().filter(|(_, ws, a)| ws[0] / a.groups as usize >= 8).count();
+        assert_eq!(packed_cases, wide * 3 * 2, "every case with eight or more channels per group runs the VNNI conv");
+    } else {
+        println!("conv_integer_is_exact: no AVX-512 VNNI here, the packed VNNI conv is not exercised");
     }
 }
 

@@ -6,6 +6,7 @@
 //! is elementwise IR that fuses into the neighbouring kernels. Quantized types are u8 and i8; the others ONNX
 //! allows (int16, int4, float8, …) are refused by name when a tensor of them is read.
 
+use kiln_ir::builder::INLINE_CONSTANT_LIMIT;
 use kiln_ir::op::{BinaryOp as B, Gather, UnaryOp as U};
 use kiln_ir::{DType, Data, Dim, Op, Tensor};
 
@@ -128,6 +129,12 @@ fn quantize(
 fn dequantize(cx: &mut Ctx<'_>, q: &Val, scale: &Val, zero: Option<&Val>, out: DType) -> Result<Val, String> {
     // float8/float4 values subtract in f32 (exact: both are exact f32 values far from f32's precision).
     let diff = if q.dtype().is_narrow_float() { DType::F32 } else { DType::I32 };
+    // An 8-bit weight stays 8-bit: folded here it would become f32 weights, and the `integer-products` pass
+    // could no longer run its matmul or conv on the integer kernels (the pass pipeline's constant folding still
+    // folds a dequantized weight that nothing multiplies).
+    let stored_8bit =
+        matches!(q.dtype(), DType::U8 | DType::I8) && q.konst.as_ref().is_some_and(|t| t.len() > INLINE_CONSTANT_LIMIT);
+    let q = &if stored_8bit { Val { konst: None, ..q.clone() } } else { q.clone() };
     let mut d = cast(cx, q, diff)?;
     if let Some(z) = zero {
         let z = cast(cx, z, diff)?;

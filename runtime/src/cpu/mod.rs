@@ -572,27 +572,40 @@ impl CpuProgram {
     }
 
     /// Packs, once per weight set, the right operand of every integer matmul whose right operand (2-D) and its
-    /// zero point are fixed for the program (weights, constants or prepared values).
+    /// zero point are fixed for the program (weights, constants or prepared values), and the weights of every
+    /// such integer conv that the VNNI conv serves.
     fn pack_integer_weights(&self, set: &mut WeightSet) -> Result<(), RunError> {
-        let mut packed = HashMap::new();
+        let (mut packed, mut convs) = (HashMap::new(), HashMap::new());
+        let bad = |e: library::LibraryError| RunError::Weights(e.to_string());
         for step in self.exe.steps.iter().chain(&self.exe.prepare) {
-            let Step::Library { op: LibraryOp::MatMulInteger, inputs, .. } = step else { continue };
+            let Step::Library { op: op @ (LibraryOp::MatMulInteger | LibraryOp::ConvInteger(_)), inputs, .. } = step
+            else {
+                continue;
+            };
             let [_, b, _, bz] = inputs[..] else { continue };
-            if packed.contains_key(&(b, bz)) {
+            if packed.contains_key(&(b, bz)) || convs.contains_key(&(b, bz)) {
                 continue;
             }
             let (Some(bt), Some(zt)) = (self.weight_tensor(set, b), self.weight_tensor(set, bz)) else { continue };
-            if bt.shape().len() != 2 {
-                continue;
-            }
             let (b8, z8) = (
                 library::Int8 { bytes: bt.as_bytes(), signed: bt.dtype() == kiln_ir::DType::I8 },
                 library::Int8 { bytes: zt.as_bytes(), signed: zt.dtype() == kiln_ir::DType::I8 },
             );
-            let p = library::PackedInt8::pack(b8, bt.shape(), z8).map_err(|e| RunError::Weights(e.to_string()))?;
-            packed.insert((b, bz), Arc::new(p));
+            match op {
+                LibraryOp::ConvInteger(attrs) => {
+                    let groups = usize::try_from(attrs.groups).unwrap_or(0);
+                    if let Some(p) = library::PackedConvInt8::pack(b8, bt.shape(), z8, groups).map_err(bad)? {
+                        convs.insert((b, bz), Arc::new(p));
+                    }
+                }
+                _ if bt.shape().len() == 2 => {
+                    packed.insert((b, bz), Arc::new(library::PackedInt8::pack(b8, bt.shape(), z8).map_err(bad)?));
+                }
+                _ => {}
+            }
         }
         set.packed_int8 = packed;
+        set.packed_conv_int8 = convs;
         Ok(())
     }
 
@@ -1395,7 +1408,12 @@ impl CpuProgram {
             return library::matmul_integer_packed(a, &ad, az, p, out, par).map_err(|e| RunError::Op(e.to_string()));
         }
         match op {
-            LibraryOp::ConvInteger(attrs) => library::conv_integer(a, &ad, b, &bd, az, bz, attrs, out, &out_dims, par),
+            LibraryOp::ConvInteger(attrs) => match set.packed_conv_int8.get(&(inputs[1], inputs[3])) {
+                Some(w) if w.shape() == bd.as_slice() => {
+                    library::conv_integer_packed(a, &ad, az, w, attrs, out, &out_dims, par)
+                }
+                _ => library::conv_integer(a, &ad, b, &bd, az, bz, attrs, out, &out_dims, par),
+            },
             _ => library::matmul_integer(a, &ad, b, &bd, az, bz, out, par),
         }
         .map_err(|e| RunError::Op(e.to_string()))

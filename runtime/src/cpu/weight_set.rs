@@ -34,6 +34,9 @@ pub(crate) struct WeightSet {
     /// 2-D right operands of integer matmuls less their zero points, packed for
     /// `library::matmul_integer_packed`, by (operand, zero point) buffers.
     pub(crate) packed_int8: HashMap<(BufferId, BufferId), Arc<crate::library::PackedInt8>>,
+    /// Integer conv weights packed for `library::conv_integer_packed` (AVX-512 VNNI), by (weights, zero point)
+    /// buffers.
+    pub(crate) packed_conv_int8: HashMap<(BufferId, BufferId), Arc<crate::library::PackedConvInt8>>,
 }
 
 pub use kiln_plan::weights::WeightFingerprint;

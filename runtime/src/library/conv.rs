@@ -192,6 +192,15 @@ impl Geometry {
         (lo as usize, hi as usize)
     }
 
+    /// The taps `[lo, hi)` along dim `d` whose input position for output `o` is inside the input (an interval
+    /// when the dilation is 1; empty as `lo >= hi`).
+    fn valid_taps(&self, d: usize, o: usize) -> (usize, usize) {
+        let start = o * self.strides[d];
+        let lo = self.pad_begin[d].saturating_sub(start).min(self.kernel[d]);
+        let hi = (self.input[d] + self.pad_begin[d]).saturating_sub(start).min(self.kernel[d]);
+        (lo, hi)
+    }
+
     /// The input position of output `o`, tap `k` along dim `d`, if inside the input.
     fn position(&self, d: usize, o: usize, k: usize) -> Option<usize> {
         (o * self.strides[d] + k * self.dilations[d]).checked_sub(self.pad_begin[d]).filter(|&p| p < self.input[d])
@@ -813,6 +822,186 @@ pub fn conv_integer(
             }
         }
     });
+    Ok(())
+}
+
+/// Positions `first..first + out.len() / c` of a channel-major image (`c` planes of `plane` bytes) laid out
+/// channels-last into `out` (`out[i·c + ch] = image[ch·plane + first + i] ^ flip`): 16×16 byte blocks transposed
+/// in SSE2 registers, the ragged channels and positions byte by byte.
+fn channels_last(image: &[u8], plane: usize, first: usize, out: &mut [u8], c: usize, flip: u8) {
+    let count = out.len() / c.max(1);
+    let (full_c, full_p) = (c / 16 * 16, count / 16 * 16);
+    #[cfg(target_arch = "x86_64")]
+    for ch0 in (0..full_c).step_by(16) {
+        for p0 in (0..full_p).step_by(16) {
+            use std::arch::x86_64::*;
+            // SAFETY: SSE2 is part of x86-64. Rows ch0..ch0 + 16 hold 16 bytes from `first + p0` (p0 + 16 ≤ count
+            // positions of the block, inside the plane), and positions p0..p0 + 16 of `out` hold 16 bytes from
+            // channel ch0 (ch0 + 16 ≤ c): every load and store is inside its slice, as the slicing checks.
+            unsafe {
+                let f = _mm_set1_epi8(flip as i8);
+                let rows: [__m128i; 16] = std::array::from_fn(|k| {
+                    let src = &image[(ch0 + k) * plane + first + p0..][..16];
+                    _mm_xor_si128(_mm_loadu_si128(src.as_ptr().cast()), f)
+                });
+                for (j, col) in transpose16(rows).into_iter().enumerate() {
+                    let dst = &mut out[(p0 + j) * c + ch0..][..16];
+                    _mm_storeu_si128(dst.as_mut_ptr().cast(), col);
+                }
+            }
+        }
+    }
+    let simd = cfg!(target_arch = "x86_64");
+    for ch in 0..c {
+        let src = &image[ch * plane + first..][..count];
+        // What the blocks above did not cover: the channels past the last whole 16, or the positions past it.
+        let from = if simd && ch < full_c { full_p } else { 0 };
+        for (i, &v) in src.iter().enumerate().skip(from) {
+            out[i * c + ch] = v ^ flip;
+        }
+    }
+}
+
+/// The transpose of a 16×16 byte block (rows in, columns out): byte, word, dword and qword interleaves.
+#[cfg(target_arch = "x86_64")]
+fn transpose16(r: [std::arch::x86_64::__m128i; 16]) -> [std::arch::x86_64::__m128i; 16] {
+    use std::arch::x86_64::*;
+    // SAFETY (every block below): SSE2 is part of x86-64; these are register-only operations.
+    let t: [__m128i; 16] = std::array::from_fn(|i| unsafe {
+        let (a, b) = (r[2 * (i % 8)], r[2 * (i % 8) + 1]);
+        if i < 8 { _mm_unpacklo_epi8(a, b) } else { _mm_unpackhi_epi8(a, b) }
+    });
+    // u[8h + 4q + 2s + w]: columns 8h + 4w .. + 4, rows 8q + 4s .. + 4, from t[8h + 4q + 2s] and the next.
+    let u: [__m128i; 16] = std::array::from_fn(|i| unsafe {
+        let (h, q, s, w) = (i / 8, (i / 4) % 2, (i / 2) % 2, i % 2);
+        let (a, b) = (t[8 * h + 4 * q + 2 * s], t[8 * h + 4 * q + 2 * s + 1]);
+        if w == 0 { _mm_unpacklo_epi16(a, b) } else { _mm_unpackhi_epi16(a, b) }
+    });
+    // v[8h + 4w + 2q + z]: columns 8h + 4w + 2z .. + 2, rows 8q .. + 8.
+    let v: [__m128i; 16] = std::array::from_fn(|i| unsafe {
+        let (h, w, q, z) = (i / 8, (i / 4) % 2, (i / 2) % 2, i % 2);
+        let (a, b) = (u[8 * h + 4 * q + w], u[8 * h + 4 * q + 2 + w]);
+        if z == 0 { _mm_unpacklo_epi32(a, b) } else { _mm_unpackhi_epi32(a, b) }
+    });
+    // Column 8h + 4w + 2z + e: rows 0..8 from v[8h + 4w + z], rows 8..16 from v[8h + 4w + 2 + z].
+    std::array::from_fn(|col| unsafe {
+        let (h, w, z, e) = (col / 8, (col / 4) % 2, (col / 2) % 2, col % 2);
+        let (a, b) = (v[8 * h + 4 * w + z], v[8 * h + 4 * w + 2 + z]);
+        if e == 0 { _mm_unpacklo_epi64(a, b) } else { _mm_unpackhi_epi64(a, b) }
+    })
+}
+
+/// Input positions per task when a VNNI conv lays its input out channels-last.
+const HWC_BLOCK: usize = 64;
+
+thread_local! {
+    /// The channels-last image of the last VNNI conv on this thread.
+    static NHWC: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// [`conv_integer`] with weights packed by [`quant::PackedConvInt8::pack`], on AVX-512 VNNI: per image the input
+/// is laid out channels-last once (in u8 terms: an i8 input xored with 0x80, its zero point moved by 128), each
+/// output position's patch is one row of the left operand — tap-major, channels innermost, so a patch row of a
+/// one-group conv with unit dilation along the last dim is one copy per outer tap, and taps in the padding hold
+/// the zero point (they add nothing) — and each group is one u8 × s8 product of `[positions, taps·cg]` by the
+/// packed `[taps·cg, mg]`, its tiles stored channel-major (transposed in registers). Same results as
+/// [`conv_integer`] (exact wrapping i32).
+#[allow(clippy::too_many_arguments)]
+pub fn conv_integer_packed(
+    x: Int8<'_>,
+    x_shape: &[usize],
+    x_zero: Int8<'_>,
+    w: &quant::PackedConvInt8,
+    attrs: &Conv,
+    y: &mut [i32],
+    y_shape: &[usize],
+    par: Par,
+) -> Result<(), LibraryError> {
+    const OP: &str = "conv_integer";
+    let w_len = element_count(OP, "w", w.shape())?;
+    let g = Geometry::new(x.bytes.len(), x_shape, w_len, w.shape(), None, attrs, y.len(), y_shape)
+        .map_err(|e| LibraryError::shape(OP, e.to_string()))?;
+    if x_zero.bytes.len() != 1 {
+        return Err(LibraryError::shape(OP, format!("an input zero point of {} values", x_zero.bytes.len())));
+    }
+    if w.group(g.groups - 1).is_none() || w.group(g.groups).is_some() {
+        return Err(LibraryError::shape(OP, format!("weights packed for another group count than {}", g.groups)));
+    }
+    if y.is_empty() {
+        return Ok(());
+    }
+    let flip = if x.signed { 0x80u8 } else { 0 };
+    let za = x_zero.get(0) + i32::from(flip);
+    let (c, cg, mg, p, in_size) = (g.c, g.cg, g.mg, g.out_size, g.in_size);
+    let (rank, taps) = (g.kernel.len(), kernel_taps(&g.kernel));
+    let count = taps.len() / rank.max(1);
+    let last = rank - 1;
+    let kw = g.kernel[last];
+    let (in_strides, out_strides) = (strides_of(&g.input), strides_of(&g.output));
+    // One copy per outer tap when a patch's taps along the last dim are adjacent pixels of all channels.
+    let runs = g.groups == 1 && g.dilations[last] == 1;
+    let parallel = par.parallel() && p.saturating_mul(g.m).saturating_mul(cg * count) >= PARALLEL_WORK;
+    let mut hwc = NHWC.with(std::cell::Cell::take);
+    for n in 0..g.batch {
+        let image = &x.bytes[n * c * in_size..][..c * in_size];
+        // The buffer only grows: shrinking it would make a later, larger image zero the difference again.
+        if hwc.len() < in_size * c {
+            hwc.resize(in_size * c, 0);
+        }
+        let used = &mut hwc[..in_size * c];
+        let to_hwc = |(b, block): (usize, &mut [u8])| channels_last(image, in_size, b * HWC_BLOCK, block, c, flip);
+        if parallel {
+            used.par_chunks_mut(HWC_BLOCK * c).enumerate().for_each(to_hwc);
+        } else {
+            used.chunks_mut(HWC_BLOCK * c).enumerate().for_each(to_hwc);
+        }
+        let hwc: &[u8] = used;
+        for grp in 0..g.groups {
+            let Some(b) = w.group(grp) else { break };
+            let fill = |r: usize, row: &mut [u8]| {
+                // The output position's index per dim (spatial ranks up to MAX_PACKED_RANK: see the packing).
+                let mut o = [0usize; quant::MAX_PACKED_RANK];
+                for (d, od) in o.iter_mut().enumerate().take(rank) {
+                    *od = (r / out_strides[d]) % g.output[d];
+                }
+                for ot in 0..count / kw.max(1) {
+                    let k = &taps[ot * kw * rank..][..rank];
+                    let seg = &mut row[ot * kw * cg..][..kw * cg];
+                    let mut offset = Some(0);
+                    for d in 0..last {
+                        offset = offset.and_then(|off| g.position(d, o[d], k[d]).map(|i| off + i * in_strides[d]));
+                    }
+                    let Some(off) = offset else {
+                        seg.fill(za as u8);
+                        continue;
+                    };
+                    let at = |t: usize| g.position(last, o[last], t).map(|i| (off + i) * c + grp * cg);
+                    if runs {
+                        let (lo, hi) = g.valid_taps(last, o[last]);
+                        if lo > 0 {
+                            seg[..lo * cg].fill(za as u8);
+                        }
+                        if hi < kw {
+                            seg[hi.max(lo) * cg..].fill(za as u8);
+                        }
+                        if let (true, Some(src)) = (lo < hi, at(lo)) {
+                            seg[lo * cg..hi * cg].copy_from_slice(&hwc[src..][..(hi - lo) * cg]);
+                        }
+                    } else {
+                        for (t, tap) in seg.chunks_mut(cg).enumerate() {
+                            match at(t) {
+                                Some(src) => tap.copy_from_slice(&hwc[src..][..cg]),
+                                None => tap.fill(za as u8),
+                            }
+                        }
+                    }
+                }
+            };
+            let out = &mut y[(n * g.m + grp * mg) * p..][..mg * p];
+            quant::conv_gemm(p, fill, za, b, out, par);
+        }
+    }
+    NHWC.with(|s| s.set(hwc));
     Ok(())
 }
 

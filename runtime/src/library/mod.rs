@@ -53,13 +53,13 @@ mod topk;
 mod vmath;
 mod winograd;
 
-pub use conv::{conv_f32, conv_integer};
+pub use conv::{conv_f32, conv_integer, conv_integer_packed};
 pub use conv_transpose::conv_transpose_f32;
 pub use dynquant::dynamic_quantize_u8;
 pub use matmul::{BatchPlan, batch_plan, gemm_f32, matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
-pub use quant::{Int8, PackedInt8, matmul_integer, matmul_integer_packed};
+pub use quant::{Int8, PackedConvInt8, PackedInt8, matmul_integer, matmul_integer_packed};
 pub use rnn::{RnnShape, gru_f32, lstm_f32};
 pub use softmax::softmax_f32;
 pub use topk::top_k_f32;

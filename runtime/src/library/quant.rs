@@ -357,29 +357,50 @@ mod vnni {
 
     impl PackedQuads {
         pub(super) fn new(b: Int8<'_>, k: usize, n: usize, b_zero: Int8<'_>) -> PackedQuads {
-            let shift = if b.signed { 0 } else { 128 };
+            PackedQuads::from_fn(k, n, b.signed, |kk, j| b.get(kk * n + j), |j| super::zero_at(b_zero, j))
+        }
+
+        /// Packs `b[kk][j] = value(kk, j)` for `kk < k`, `j < n` — raw values, i8 when `signed`, else u8 — with
+        /// column `j`'s zero point `zero(j)` (raw, of the same type).
+        pub(in super::super) fn from_fn(
+            k: usize,
+            n: usize,
+            signed: bool,
+            value: impl Fn(usize, usize) -> i32 + Sync,
+            zero: impl Fn(usize) -> i32,
+        ) -> PackedQuads {
+            let shift = if signed { 0 } else { 128 };
             let quads = k.div_ceil(4);
             let panel_len = quads * 4 * NR;
             let mut data = vec![0i8; n.div_ceil(NR) * panel_len];
             data.par_chunks_mut(panel_len.max(1)).enumerate().for_each(|(p, panel)| {
                 for j in 0..NR.min(n.saturating_sub(p * NR)) {
                     for kk in 0..k {
-                        panel[(kk / 4) * 4 * NR + 4 * j + kk % 4] = (b.get(kk * n + p * NR + j) - shift) as i8;
+                        panel[(kk / 4) * 4 * NR + 4 * j + kk % 4] = (value(kk, p * NR + j) - shift) as i8;
                     }
                 }
             });
             let padded = n.div_ceil(NR) * NR;
             let col_sums = (0..padded)
-                .map(|j| if j < n { (0..k).fold(0i32, |s, kk| s.wrapping_add(b.get(kk * n + j) - shift)) } else { 0 })
+                .map(|j| if j < n { (0..k).fold(0i32, |s, kk| s.wrapping_add(value(kk, j) - shift)) } else { 0 })
                 .collect();
-            let zero = (0..padded).map(|j| if j < n { super::zero_at(b_zero, j) - shift } else { 0 }).collect();
+            let zero = (0..padded).map(|j| if j < n { zero(j) - shift } else { 0 }).collect();
             PackedQuads { quads, k, n, data, col_sums, zero }
+        }
+
+        /// Whether some column's zero point (in s8 terms) is not 0, so the left rows' sums enter the result.
+        fn needs_row_sums(&self) -> bool {
+            self.zero.iter().any(|&z| z != 0)
         }
     }
 
-    /// The result's base pointer, shared by tasks that write disjoint tiles of it.
+    /// The result's base pointer, shared by tasks that write disjoint tiles of it, and its layout: row-major
+    /// `[rows, n]`, or with `transposed` column-major — `[n, rows]`, element `(r, j)` at `j·rows + r`.
     #[derive(Copy, Clone)]
-    struct Out(*mut i32);
+    struct Out {
+        ptr: *mut i32,
+        transposed: Option<usize>,
+    }
     // SAFETY: tasks write disjoint element sets through it (disjoint column blocks or row ranges), and the
     // borrow it comes from outlives them (rayon joins before `gemm` returns).
     unsafe impl Send for Out {}
@@ -389,9 +410,60 @@ mod vnni {
     /// The left rows laid out for the kernel: u8 values padded to whole quads, and per row the zero-point terms.
     struct Lhs {
         bytes: Vec<u8>,
-        /// Per row: `za` (in u8 terms) and `Σa − k·za`.
+        /// Per row: `za` (in u8 terms) and `Σa − k·za` (0 when no column's zero point needs it).
         terms: Vec<(i32, i32)>,
         lda: usize,
+    }
+
+    /// Rows per task when the left rows are laid out in parallel.
+    const LHS_ROWS_PER_TASK: usize = 64;
+
+    impl Lhs {
+        /// `rows` rows of `k` u8 values for `b`, in `bytes`' allocation: `fill(r, row)` writes all of row `r`'s
+        /// `k` bytes in u8 terms (an s8 operand already xored with 0x80), the quad padding is zeros;
+        /// `za(r)` is row `r`'s zero point in the same terms. The rows' sums are taken only when `b` needs them.
+        fn build(
+            mut bytes: Vec<u8>,
+            rows: usize,
+            b: &PackedQuads,
+            fill: impl Fn(usize, &mut [u8]) + Sync,
+            za: impl Fn(usize) -> i32 + Sync,
+            par: Par,
+        ) -> Lhs {
+            let (k, lda) = (b.k, 4 * b.quads);
+            let sums = b.needs_row_sums();
+            // Every byte is written below (rows by `fill`, the padding here): no clearing pass, and the buffer
+            // only grows (shrinking it would make the next, larger call zero the difference again).
+            if bytes.len() < rows * lda {
+                bytes.resize(rows * lda, 0);
+            }
+            let used = &mut bytes[..rows * lda];
+            let mut terms = vec![(0, 0); rows];
+            /// A task's share: its index, its rows' bytes and its rows' terms.
+            type Share<'s> = (usize, (&'s mut [u8], &'s mut [(i32, i32)]));
+            let lay = |(t, (chunk, terms)): Share<'_>| {
+                for (i, (row, term)) in chunk.chunks_mut(lda.max(1)).zip(terms.iter_mut()).enumerate() {
+                    let r = t * LHS_ROWS_PER_TASK + i;
+                    fill(r, &mut row[..k]);
+                    row[k..].fill(0);
+                    let z = za(r);
+                    let sum = if sums { row[..k].iter().fold(0i32, |s, &x| s.wrapping_add(i32::from(x))) } else { 0 };
+                    *term = (z, if sums { sum.wrapping_sub((k as i32).wrapping_mul(z)) } else { 0 });
+                }
+            };
+            let chunk = (LHS_ROWS_PER_TASK * lda).max(1);
+            if par.parallel() && rows.saturating_mul(k) >= PARALLEL_WORK / 8 {
+                used.par_chunks_mut(chunk).zip(terms.par_chunks_mut(LHS_ROWS_PER_TASK)).enumerate().for_each(lay);
+            } else {
+                used.chunks_mut(chunk).zip(terms.chunks_mut(LHS_ROWS_PER_TASK)).enumerate().for_each(lay);
+            }
+            Lhs { bytes, terms, lda }
+        }
+    }
+
+    thread_local! {
+        /// The left rows of the last VNNI product on this thread, kept to save faulting in fresh pages per call.
+        static LHS: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
     }
 
     /// `c[rows×n] = (a − za) · (b − zb)` for `a` rows of `k` values (`za(r)` the zero point of row `r`).
@@ -409,31 +481,41 @@ mod vnni {
         c: &mut [i32],
         par: Par,
     ) {
-        let (k, n) = (b.k, b.n);
-        if rows == 0 || n == 0 {
-            return;
-        }
-        assert!(c.len() >= rows * n && a.bytes.len() >= rows * k);
+        let k = b.k;
+        assert!(a.bytes.len() >= rows * k);
         let shift = if a.signed { 128 } else { 0 };
-        let lda = 4 * b.quads;
-        let mut bytes = vec![0u8; rows * lda];
-        let mut terms = Vec::with_capacity(rows);
-        for (r, row) in bytes.chunks_mut(lda.max(1)).enumerate() {
+        let fill = |r: usize, row: &mut [u8]| {
             let src = &a.bytes[r * k..][..k];
             if a.signed {
                 for (v, &x) in row.iter_mut().zip(src) {
                     *v = x ^ 0x80;
                 }
             } else {
-                row[..k].copy_from_slice(src);
+                row.copy_from_slice(src);
             }
-            let sum = row[..k].iter().fold(0i32, |s, &x| s.wrapping_add(i32::from(x)));
-            let z = za(r) + shift;
-            terms.push((z, sum.wrapping_sub((k as i32).wrapping_mul(z))));
+        };
+        gemm_rows_of(rows, fill, |r| za(r) + shift, b, c, false, par);
+    }
+
+    /// `c = (a − za) · (b − zb)` for left rows laid out by `fill` (see [`Lhs::build`]; `za` in u8 terms), `c`
+    /// row-major `[rows, n]`, or column-major (`[n, rows]`: a conv's channel-major result) when `transposed`.
+    pub(in super::super) fn gemm_rows_of(
+        rows: usize,
+        fill: impl Fn(usize, &mut [u8]) + Sync,
+        za: impl Fn(usize) -> i32 + Sync,
+        b: &PackedQuads,
+        c: &mut [i32],
+        transposed: bool,
+        par: Par,
+    ) {
+        let (k, n) = (b.k, b.n);
+        if rows == 0 || n == 0 {
+            return;
         }
-        let lhs = Lhs { bytes, terms, lda };
+        assert!(c.len() >= rows * n);
+        let lhs = Lhs::build(LHS.with(std::cell::Cell::take), rows, b, fill, za, par);
         let blocks = n.div_ceil(2 * NR);
-        let out = Out(c.as_mut_ptr());
+        let out = Out { ptr: c.as_mut_ptr(), transposed: transposed.then_some(rows) };
         // SAFETY (both closures): each call writes rows `r` × the columns of blocks `blk`, inside `c` (checked
         // above), and concurrent calls get disjoint ranges.
         let run = |r: std::ops::Range<usize>, blk: std::ops::Range<usize>| unsafe { tiles(&lhs, b, out, r, blk) };
@@ -450,6 +532,7 @@ mod vnni {
             let per = rows.div_ceil(par.threads * 4).next_multiple_of(MR);
             (0..rows.div_ceil(per)).into_par_iter().for_each(|t| run(t * per..((t + 1) * per).min(rows), 0..blocks));
         }
+        LHS.with(|l| l.set(lhs.bytes));
     }
 
     /// The tiles of rows `r` and column blocks `blk` (two panels each, the last maybe one or a part).
@@ -480,7 +563,11 @@ mod vnni {
                 };
                 // SAFETY: VNNI is present (the operand was packed for it); the tile's rows and columns lie inside
                 // the result, at row `r0` and column `p·NR` of a row-major `· × n` matrix (the caller's promise).
-                unsafe { tile.run(out.0.add(r0 * b.n + p * NR), b.n) };
+                match out.transposed {
+                    // SAFETY: as above, for a column-major `b.n × rows` matrix.
+                    Some(ld) => unsafe { tile.run(out.ptr.add(p * NR * ld + r0), ld, true) },
+                    None => unsafe { tile.run(out.ptr.add(r0 * b.n + p * NR), b.n, false) },
+                }
                 r0 += m;
             }
         }
@@ -501,11 +588,13 @@ mod vnni {
     }
 
     impl Tile<'_> {
-        /// Multiplies and stores the corrected results at `c` (row pitch `ldc`).
+        /// Multiplies and stores the corrected results at `c`: row `i`, column `j` at `i·ldc + j`, or at
+        /// `j·ldc + i` when `transposed`.
         ///
         /// # Safety
-        /// The CPU has AVX-512F and VNNI; `c` is valid for `terms.len()` rows of `cols` values at pitch `ldc`.
-        unsafe fn run(&self, c: *mut i32, ldc: usize) {
+        /// The CPU has AVX-512F and VNNI; `c` is valid for `terms.len()` rows of `cols` values at pitch `ldc` (or
+        /// `cols` columns of `terms.len()` values at pitch `ldc` when `transposed`).
+        unsafe fn run(&self, c: *mut i32, ldc: usize, transposed: bool) {
             let rows = self.terms.len();
             assert!(
                 rows <= MR
@@ -517,7 +606,7 @@ mod vnni {
                 ($($r:literal)*) => {
                     match rows {
                         // SAFETY: as this function's; the lengths were checked above.
-                        $($r => unsafe { self.rows::<$r>(c, ldc) },)*
+                        $($r => unsafe { self.rows::<$r>(c, ldc, transposed) },)*
                         _ => {}
                     }
                 };
@@ -529,8 +618,8 @@ mod vnni {
         ///
         /// # Safety
         /// As [`Tile::run`]'s, with `R` rows.
-        #[target_feature(enable = "avx512f,avx512vnni")]
-        unsafe fn rows<const R: usize>(&self, c: *mut i32, ldc: usize) {
+        #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2")]
+        unsafe fn rows<const R: usize>(&self, c: *mut i32, ldc: usize, transposed: bool) {
             use std::arch::x86_64::*;
             let mut v0 = [_mm512_setzero_si512(); R];
             let mut v1 = [_mm512_setzero_si512(); R];
@@ -569,24 +658,189 @@ mod vnni {
                         _mm512_loadu_si512(self.col_sums.as_ptr().add(h * NR).cast()),
                     )
                 };
+                let mut done = [_mm512_setzero_si512(); MR];
                 for i in 0..R {
                     let (za, t) = self.terms[i];
                     let acc = if h == 0 { v0[i] } else { v1[i] };
                     let acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(t)));
-                    let acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(cs, _mm512_set1_epi32(za)));
-                    // SAFETY: row i's `valid` columns from h·NR lie inside the result (the caller's promise).
-                    unsafe { _mm512_mask_storeu_epi32(c.add(i * ldc + h * NR).cast(), mask, acc) };
+                    done[i] = _mm512_sub_epi32(acc, _mm512_mullo_epi32(cs, _mm512_set1_epi32(za)));
+                    if !transposed {
+                        // SAFETY: row i's `valid` columns from h·NR lie inside the result (the caller's promise).
+                        unsafe { _mm512_mask_storeu_epi32(c.add(i * ldc + h * NR).cast(), mask, done[i]) };
+                    }
+                }
+                if transposed {
+                    // Each column's R values are adjacent: two 8×8 transposes (the rows past R are zeros and
+                    // not stored), then one masked 8-lane store per valid column.
+                    let row_mask: __mmask8 = if R == 8 { !0 } else { (1u8 << R) - 1 };
+                    for half in 0..2 {
+                        let cols = valid.saturating_sub(8 * half).min(8);
+                        if cols == 0 {
+                            break;
+                        }
+                        let block: [__m256i; 8] = std::array::from_fn(|i| {
+                            if half == 0 {
+                                _mm512_castsi512_si256(done[i])
+                            } else {
+                                _mm512_extracti64x4_epi64::<1>(done[i])
+                            }
+                        });
+                        let columns = transpose8(block);
+                        for (j, col) in columns.iter().enumerate().take(cols) {
+                            let at = (h * NR + 8 * half + j) * ldc;
+                            // SAFETY: column h·NR + 8·half + j < cols is valid, its R rows from `c` lie inside
+                            // the result (the caller's promise).
+                            unsafe { _mm256_mask_storeu_epi32(c.add(at).cast(), row_mask, *col) };
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// The transpose of an 8×8 block of i32 (rows in, columns out).
+    #[target_feature(enable = "avx2")]
+    fn transpose8(r: [std::arch::x86_64::__m256i; 8]) -> [std::arch::x86_64::__m256i; 8] {
+        use std::arch::x86_64::*;
+        let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+        let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+        let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+        let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+        let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+        let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+        let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+        let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+        let u0 = _mm256_unpacklo_epi64(t0, t2);
+        let u1 = _mm256_unpackhi_epi64(t0, t2);
+        let u2 = _mm256_unpacklo_epi64(t1, t3);
+        let u3 = _mm256_unpackhi_epi64(t1, t3);
+        let u4 = _mm256_unpacklo_epi64(t4, t6);
+        let u5 = _mm256_unpackhi_epi64(t4, t6);
+        let u6 = _mm256_unpacklo_epi64(t5, t7);
+        let u7 = _mm256_unpackhi_epi64(t5, t7);
+        [
+            _mm256_permute2x128_si256::<0x20>(u0, u4),
+            _mm256_permute2x128_si256::<0x20>(u1, u5),
+            _mm256_permute2x128_si256::<0x20>(u2, u6),
+            _mm256_permute2x128_si256::<0x20>(u3, u7),
+            _mm256_permute2x128_si256::<0x31>(u0, u4),
+            _mm256_permute2x128_si256::<0x31>(u1, u5),
+            _mm256_permute2x128_si256::<0x31>(u2, u6),
+            _mm256_permute2x128_si256::<0x31>(u3, u7),
+        ]
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 mod vnni {
+    use super::Par;
+
     pub(super) fn available() -> bool {
         false
     }
+
+    /// Never built: there is no VNNI kernel off x86-64.
+    pub(in super::super) enum PackedQuads {}
+
+    pub(in super::super) fn gemm_rows_of(
+        _: usize,
+        _: impl Fn(usize, &mut [u8]) + Sync,
+        _: impl Fn(usize) -> i32 + Sync,
+        b: &PackedQuads,
+        _: &mut [i32],
+        _: bool,
+        _: Par,
+    ) {
+        match *b {}
+    }
+}
+
+/// The most spatial dims a conv packed for VNNI may have (more keep the pair kernel; ONNX models use 1 to 3).
+pub(super) const MAX_PACKED_RANK: usize = 8;
+
+/// Output channels per group below which a conv keeps the pair kernel: the VNNI product's columns are output
+/// channels in panels of 16, so fewer would leave most of each panel empty.
+const VNNI_CONV_MIN_CHANNELS: usize = 8;
+
+/// The weights of an integer conv (`[M, C/groups, k…]`) less nothing — raw 8-bit values with their zero points —
+/// packed once for the AVX-512 VNNI conv ([`super::conv_integer_packed`]): per group the `[taps·cg, mg]` right
+/// operand, tap-major with the input channel innermost (the order in which an image laid out channels-last
+/// gives a patch's bytes), output channels as its columns.
+pub struct PackedConvInt8 {
+    shape: Vec<usize>,
+    groups: Vec<vnni::PackedQuads>,
+}
+
+impl PackedConvInt8 {
+    /// Packs `w` (`shape` `[M, C/groups, k…]`) with its zero point `w_zero` (one value or one per output
+    /// channel) for a conv of `groups` groups; `None` where the CPU has no VNNI, a group has fewer than
+    /// [`VNNI_CONV_MIN_CHANNELS`] output channels or the window more than [`MAX_PACKED_RANK`] dims (the pair
+    /// kernel serves those).
+    pub fn pack(
+        w: Int8<'_>,
+        shape: &[usize],
+        w_zero: Int8<'_>,
+        groups: usize,
+    ) -> Result<Option<PackedConvInt8>, LibraryError> {
+        const OP: &str = "conv_integer";
+        check_len(OP, "w", w.bytes.len(), shape)?;
+        let (Some(&m), Some(&cg)) = (shape.first(), shape.get(1)) else {
+            return Err(LibraryError::shape(OP, format!("weights of shape {shape:?}")));
+        };
+        if groups == 0 || !m.is_multiple_of(groups) || (w_zero.bytes.len() != 1 && w_zero.bytes.len() != m) {
+            return Err(LibraryError::shape(
+                OP,
+                format!("{m} output channels in {groups} groups with {} zero points", w_zero.bytes.len()),
+            ));
+        }
+        let (mg, taps) = (m / groups, shape[2..].iter().product::<usize>());
+        if !vnni::available() || mg < VNNI_CONV_MIN_CHANNELS || shape.len() - 2 > MAX_PACKED_RANK {
+            return Ok(None);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let k = taps * cg;
+            let packed = (0..groups)
+                .map(|grp| {
+                    let channel = |j: usize| grp * mg + j;
+                    vnni::PackedQuads::from_fn(
+                        k,
+                        mg,
+                        w.signed,
+                        |kk, j| w.get((channel(j) * cg + kk % cg) * taps + kk / cg),
+                        |j| zero_at(w_zero, channel(j)),
+                    )
+                })
+                .collect();
+            return Ok(Some(PackedConvInt8 { shape: shape.to_vec(), groups: packed }));
+        }
+        #[allow(unreachable_code)]
+        Ok(None)
+    }
+
+    /// The weights' shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Group `grp`'s operand.
+    pub(super) fn group(&self, grp: usize) -> Option<&vnni::PackedQuads> {
+        self.groups.get(grp)
+    }
+}
+
+/// `c = (a − za) · (b − zb)` on the VNNI kernel for `b` one group of a [`PackedConvInt8`] and `c` column-major
+/// (`[n, rows]`: output channels by positions), the left rows laid out by `fill` in u8 terms (see
+/// `vnni::Lhs::build`) and `za` their zero point in the same terms.
+pub(super) fn conv_gemm(
+    rows: usize,
+    fill: impl Fn(usize, &mut [u8]) + Sync,
+    za: i32,
+    b: &vnni::PackedQuads,
+    c: &mut [i32],
+    par: Par,
+) {
+    vnni::gemm_rows_of(rows, fill, |_| za, b, c, true, par);
 }
 
 /// ONNX MatMulInteger: `out = (a − a_zero) · (b − b_zero)` in i32 with numpy matmul shapes (batch dims broadcast),
