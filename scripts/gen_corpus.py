@@ -19,6 +19,10 @@ on, each with input sets and ONNX Runtime's outputs for them.
   DequantizeLinear around every op, calibrated on inputs the generator draws) of mlp and resnet18 — with the
   reference model's input set. Their outputs are compared within 1% of the output's largest magnitude
   (`tolerance.json`): rounding a value on a quantization boundary the other way moves it by a whole step.
+- int8_qoperator_*, int8_contrib_ops: ONNX Runtime's contrib (com.microsoft) quantization ops — mlp and resnet18
+  quantized by `quantize_static` in the QOperator format (QLinearConv, QLinearAdd, QLinearGlobalAveragePool,
+  QGemm), and a small model built with onnx.helper around every contrib op kiln imports, on a symbolic batch
+  (two shapes) — compared as the other int8 variants.
 - fp16_*: half-precision variants by onnxconverter-common's `convert_float_to_float16` of the shared mlp,
   resnet18 and bert_small (inputs and outputs kept f32), and of mlp with f16 inputs and
   outputs (`fp16_io_mlp`), compared within 1% of the output's largest magnitude: every intermediate rounds to
@@ -45,7 +49,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 12"
+VERSION = "corpus 13"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -241,10 +245,28 @@ def unsigned_weight_copy(model):
     return model
 
 
+def calibration(rng, feeds, count):
+    """A calibration reader for `quantize_static`: `count` input sets drawn like `feeds` (same shapes, means and
+    spreads)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.sets = iter(
+                [{k: (rng.standard_normal(v.shape) * v.std() + v.mean()).astype(v.dtype) for k, v in feeds.items()}
+                 for _ in range(count)]
+            )
+
+        def get_next(self):
+            return next(self.sets, None)
+
+    return Calibration()
+
+
 def quantized_models(out, shared, rng, scratch):
     """int8 variants written by ONNX Runtime's quantizer (dynamic, and static QDQ with a drawn calibration set), and
     fp16 variants written by onnxconverter-common."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     def write(name, path, feeds):
         reference = os.path.join(scratch, f"{name}_unsigned_weights.onnx")
@@ -285,16 +307,6 @@ def quantized_models(out, shared, rng, scratch):
         quantize_dynamic(src, path, weight_type=QuantType.QInt8)
         write(f"int8_dynamic_{name}", path, feeds)
 
-    class Calibration(CalibrationDataReader):
-        def __init__(self, feeds, count):
-            self.sets = iter(
-                [{k: (rng.standard_normal(v.shape) * v.std() + v.mean()).astype(v.dtype) for k, v in feeds.items()}
-                 for _ in range(count)]
-            )
-
-        def get_next(self):
-            return next(self.sets, None)
-
     from onnxconverter_common import float16
 
     for name, src, feeds in sources:
@@ -315,7 +327,7 @@ def quantized_models(out, shared, rng, scratch):
         if name not in ("mlp", "resnet18"):
             continue
         path = os.path.join(scratch, f"int8_qdq_{name}.onnx")
-        quantize_static(src, path, Calibration(feeds, 4), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+        quantize_static(src, path, calibration(rng, feeds, 4), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
                         weight_type=QuantType.QInt8)
         write(f"int8_qdq_{name}", path, feeds)
 
@@ -695,6 +707,128 @@ def recurrent_models(out, rng, scratch):
     write_case(out, "rnn_gru_vad", path, sets)
 
 
+def identities_to_initializers(model):
+    """An `Identity` of an initializer (PyTorch's exporter shares one bias among convs this way) becomes an
+    initializer of its own: ONNX Runtime's QOperator quantizer needs each conv's bias as an initializer."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in [n for n in model.graph.node if n.op_type == "Identity" and n.input[0] in inits]:
+        value = onnx.numpy_helper.to_array(inits[node.input[0]])
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
+        model.graph.node.remove(node)
+    return model
+
+
+def contrib_quantized_models(out, shared, rng, scratch):
+    """ONNX Runtime's contrib (com.microsoft) quantization ops: the shared resnet18 and mlp quantized by
+    `quantize_static` in the QOperator format (QLinearConv, QLinearAdd, QLinearGlobalAveragePool, QGemm, MaxPool on
+    u8), and a small model built with onnx.helper that uses every contrib op kiln imports (QLinearAdd/Mul with
+    broadcasting, QLinearSigmoid, QLinearLeakyRelu, QLinearAveragePool, QLinearGlobalAveragePool in both layouts,
+    QLinearConcat, QGemm quantized and float, DynamicQuantizeMatMul, MatMulIntegerToFloat, the domain's
+    QuantizeLinear/DequantizeLinear) on a symbolic batch."""
+    from onnx import TensorProto, helper as h, numpy_helper as nh
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    for name in ["mlp", "resnet18"]:
+        src = os.path.join(shared, name, "model.onnx")
+        if not os.path.exists(src):
+            print(f"int8_qoperator_{name}: skipped ({src} is absent)")
+            continue
+        feeds = shared_inputs(shared, name)
+        fixed = os.path.join(scratch, f"{name}_own_biases.onnx")
+        onnx.save(identities_to_initializers(onnx.load(src)), fixed)
+        path = os.path.join(scratch, f"int8_qoperator_{name}.onnx")
+        quantize_static(fixed, path, calibration(rng, feeds, 4), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        write_case(out, f"int8_qoperator_{name}", path, [feeds])
+        with open(os.path.join(out, f"int8_qoperator_{name}", "tolerance.json"), "w") as f:
+            json.dump(QUANTIZED_TOLERANCE, f, indent=1)
+
+    def f32(name, value):
+        return nh.from_array(np.asarray(value, np.float32), name)
+
+    def q(name, values, dtype):
+        return nh.from_array(np.asarray(values, dtype), name)
+
+    ms = "com.microsoft"
+    inits = [
+        f32("xs", 0.05), q("xz", 128, np.uint8), f32("vs", 0.04), q("vz", 120, np.uint8),
+        q("w", rng.integers(-60, 60, (8, 8, 3, 3)), np.int8), f32("ws", 0.01), q("wz", 0, np.int8),
+        f32("cs", 0.1), q("cz", 100, np.uint8),
+        f32("as", 0.12), q("az", 90, np.uint8),
+        q("k", rng.integers(0, 255, (1, 8, 1, 1)), np.uint8), f32("ks", 0.02), q("kz", 0, np.uint8),
+        f32("ms", 0.5), q("mz", 80, np.uint8),
+        f32("ss", 1 / 256), q("sz", 0, np.uint8),
+        f32("ls", 0.1), q("lz", 60, np.uint8),
+        f32("ps", 0.08), q("pz", 50, np.uint8),
+        f32("gs", 0.005), q("gz", 10, np.uint8), f32("hs", 0.06), q("hz", 40, np.uint8),
+        f32("ts", 0.05), q("tz", 128, np.uint8),
+        q("g1", rng.integers(-100, 100, (16, 16)), np.int8), f32("g1s", rng.uniform(0.002, 0.01, 16)),
+        q("g1z", np.zeros(16), np.int8), q("g1c", rng.integers(-2000, 2000, 16), np.int32),
+        f32("y1s", 0.07), q("y1z", 128, np.uint8),
+        q("g2", rng.integers(-100, 100, (16, 10)), np.int8), f32("g2s", 0.004), q("g2z", 3, np.int8),
+        q("d1", rng.integers(-100, 100, (16, 12)), np.int8), f32("d1s", rng.uniform(0.002, 0.01, 12)),
+        q("d1z", np.zeros(12), np.int8), f32("d1b", rng.standard_normal(12) * 0.1),
+        q("d2", rng.integers(0, 255, (16, 5)), np.uint8), f32("d2s", 0.003), q("d2z", 127, np.uint8),
+        f32("d2b", rng.standard_normal(5) * 0.1),
+        q("shape", [0, -1], np.int64),
+    ]
+    # Each contrib op reads values that match ONNX Runtime's exactly (quantized inputs, a QLinearConv's result), so
+    # a value on a rounding boundary moves one output by one step at most, never through a chain that amplifies.
+    nodes = [
+        h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["qx"], domain=ms),
+        h.make_node("QuantizeLinear", ["v", "vs", "vz"], ["qv"]),
+        h.make_node("QLinearConv", ["qx", "xs", "xz", "w", "ws", "wz", "cs", "cz"], ["qc"], pads=[1, 1, 1, 1]),
+        h.make_node("QLinearAdd", ["qc", "cs", "cz", "qx", "xs", "xz", "as", "az"], ["add"], domain=ms),
+        h.make_node("QLinearMul", ["qc", "cs", "cz", "k", "ks", "kz", "ms", "mz"], ["mul"], domain=ms),
+        h.make_node("QLinearSigmoid", ["qx", "xs", "xz", "ss", "sz"], ["sig"], domain=ms),
+        h.make_node("QLinearLeakyRelu", ["qc", "cs", "cz", "ls", "lz"], ["lrelu"], domain=ms, alpha=0.2),
+        h.make_node("QLinearAveragePool", ["qc", "cs", "cz", "ps", "pz"], ["ap"], domain=ms, kernel_shape=[3, 3],
+                    strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0),
+        h.make_node("QLinearGlobalAveragePool", ["qc", "cs", "cz", "gs", "gz"], ["gap"], domain=ms,
+                    channels_last=0),
+        h.make_node("Transpose", ["qx"], ["qx_nhwc"], perm=[0, 2, 3, 1]),
+        h.make_node("QLinearGlobalAveragePool", ["qx_nhwc", "xs", "xz", "hs", "hz"], ["gap2"], domain=ms,
+                    channels_last=1),
+        h.make_node("Reshape", ["qx", "shape"], ["qx_flat"]),
+        h.make_node("QLinearConcat", ["ts", "tz", "qx_flat", "xs", "xz", "qv", "vs", "vz"], ["cat"], domain=ms, axis=1),
+        h.make_node("QGemm", ["qv", "vs", "vz", "g1", "g1s", "g1z", "g1c", "y1s", "y1z"], ["qg"], domain=ms,
+                    transB=1),
+        h.make_node("QGemm", ["qv", "vs", "vz", "g2", "g2s", "g2z"], ["head"], domain=ms, alpha=0.5),
+        h.make_node("DynamicQuantizeMatMul", ["v", "d1", "d1s", "d1z", "d1b"], ["dyn"], domain=ms),
+        h.make_node("MatMulIntegerToFloat", ["qv", "d2", "vs", "d2s", "vz", "d2z", "d2b"], ["mitf"], domain=ms),
+    ]
+    # The quantized results, dequantized by the domain's DequantizeLinear into f32 outputs.
+    scales = {"add": ("as", "az"), "mul": ("ms", "mz"), "sig": ("ss", "sz"), "lrelu": ("ls", "lz"),
+              "ap": ("ps", "pz"), "gap": ("gs", "gz"), "gap2": ("hs", "hz"), "cat": ("ts", "tz"), "qg": ("y1s", "y1z")}
+    for value, (scale, zero) in scales.items():
+        nodes.append(h.make_node("DequantizeLinear", [value, scale, zero], [f"{value}_f"], domain=ms))
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])
+    v = h.make_tensor_value_info("v", TensorProto.FLOAT, ["N", 16])
+    outputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["head", "dyn", "mitf"]]
+    outputs += [h.make_tensor_value_info(f"{n}_f", TensorProto.FLOAT, None) for n in scales]
+    model = h.make_model(
+        h.make_graph(nodes, "contrib_quant", [x, v], outputs, inits),
+        opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ms, 1)],
+    )
+    path = os.path.join(scratch, "contrib_quant.onnx")
+    onnx.save(model, path)
+    sets = [
+        {"x": rng.standard_normal((n, 8, 6, 6)).astype(np.float32), "v": rng.standard_normal((n, 16)).astype(np.float32)}
+        for n in (1, 3)
+    ]
+    write_case(out, "int8_contrib_ops", path, sets)
+    values = {t.name: float(nh.to_array(t)) for t in inits if t.name in {s for s, _ in scales.values()}}
+    tolerance = {
+        "rtol": 1e-5,
+        "atol": 1e-5,
+        "step": {f"{n}_f": values[s] for n, (s, _) in scales.items()},
+        "why": "a dequantized 8-bit output may differ by one quantization step (its scale): ONNX Runtime computes "
+        "some contrib ops in fixed point, so a value on a rounding boundary may round the other way",
+    }
+    with open(os.path.join(out, "int8_contrib_ops", "tolerance.json"), "w") as f:
+        json.dump(tolerance, f, indent=1)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -719,6 +853,7 @@ def main():
         symbolic_copies(a.out, a.shared, rng, scratch)
     else:
         print(f"sym_*: skipped ({a.shared} is absent)")
+    contrib_quantized_models(a.out, a.shared, rng, scratch)
     shutil.rmtree(scratch)
     with open(version_file, "w") as f:
         f.write(stamp + "\n")

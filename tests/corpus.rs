@@ -31,7 +31,8 @@ struct InputSet {
 }
 
 /// How closely a corpus model's outputs must match: `|got − want| ≤ atol + rtol·|want|` per element, where atol is
-/// the larger of `atol` and `atol_of_max` times the output's largest magnitude. The model's `tolerance.json` (the
+/// the larger of `atol` and `atol_of_max` times the output's largest magnitude, or an output's own entry in
+/// `step` (a dequantized 8-bit output: one quantization step, its scale). The model's `tolerance.json` (the
 /// generator writes one where the default does not apply, with why) or rtol 1e-3, atol 1e-4.
 #[derive(serde::Deserialize)]
 struct Tolerance {
@@ -41,6 +42,8 @@ struct Tolerance {
     atol: f64,
     #[serde(default)]
     atol_of_max: f64,
+    #[serde(default)]
+    step: std::collections::BTreeMap<String, f64>,
 }
 
 fn default_rtol() -> f64 {
@@ -54,7 +57,9 @@ fn default_atol() -> f64 {
 fn tolerance(case: &Path) -> Result<Tolerance, String> {
     match std::fs::read_to_string(case.join("tolerance.json")) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| format!("tolerance.json: {e}")),
-        Err(_) => Ok(Tolerance { rtol: default_rtol(), atol: default_atol(), atol_of_max: 0.0 }),
+        Err(_) => {
+            Ok(Tolerance { rtol: default_rtol(), atol: default_atol(), atol_of_max: 0.0, step: Default::default() })
+        }
     }
 }
 
@@ -70,7 +75,8 @@ fn compare(
         .filter_map(|(name, want)| {
             let Some(g) = got.get(name) else { return Some(format!("output `{name}` is missing")) };
             let max = want.to_f64_vec().iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
-            let atol = t.atol.max(t.atol_of_max * max);
+            // A quantization step, with room for the f32 rounding of the dequantized value.
+            let atol = t.step.get(name).map_or(t.atol.max(t.atol_of_max * max), |s| s * (1.0 + 1e-5));
             kiln::conformance::compare(g, want, t.rtol, atol).err().map(|e| format!("output `{name}`: {e}"))
         })
         .collect();

@@ -433,8 +433,11 @@ impl<'m> Ctx<'m> {
                 return Err(format!("node `{label}` ({op_type}) writes `{name}`, which is already defined"));
             }
         }
-        let handler =
-            if node.domain.is_empty() || node.domain == "ai.onnx" { ops::handler(&node.op_type) } else { None };
+        let handler = match node.domain.as_str() {
+            "" | "ai.onnx" => ops::handler(&node.op_type),
+            "com.microsoft" => ops::contrib::handler(&node.op_type),
+            _ => None,
+        };
         // A value an op needs at import time that a graph input feeds: say how to give it.
         // (Operands after the first: the data operand is an input by nature; axes, pads, scales, sizes… follow it.)
         let fed_by_input = node.input.iter().skip(1).any(|i| self.graph_inputs.contains(i.as_str()));
@@ -447,10 +450,13 @@ impl<'m> Ctx<'m> {
             Unsupported { node: label.clone(), op_type: op_type.clone(), message }
         };
         let Some(handler) = handler else {
-            let message = if node.domain.is_empty() || node.domain == "ai.onnx" {
-                "op is not supported".to_string()
-            } else {
-                format!("domain `{}` is not supported", node.domain)
+            let message = match node.domain.as_str() {
+                "" | "ai.onnx" => "op is not supported".to_string(),
+                "com.microsoft" => format!(
+                    "op is not supported (of ONNX Runtime's com.microsoft ops kiln imports {})",
+                    ops::contrib::op_types().collect::<Vec<_>>().join(", ")
+                ),
+                other => format!("domain `{other}` is not supported"),
             };
             self.problems.push(problem(message));
             self.poison(node);

@@ -104,6 +104,30 @@ fn unknown_domain_is_named() {
 }
 
 #[test]
+fn unsupported_contrib_ops_are_named_with_what_is_supported() {
+    // An ONNX Runtime contrib op kiln does not import: the message lists the com.microsoft ops it does.
+    let mut softmax = node("qsoftmax", "QLinearSoftmax", &["x", "s", "z", "s", "z"], &["y"]);
+    softmax.domain = "com.microsoft".into();
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::UINT8, &["2"])
+        .input("s", dtype::FLOAT, &[])
+        .input("z", dtype::UINT8, &[])
+        .node(softmax)
+        .output("y");
+    check("unsupported_contrib_op", &m.bytes());
+    // A supported one with a per-channel scale where ONNX Runtime's op takes one value per tensor.
+    let mut add = node("qadd", "QLinearAdd", &["x", "s", "z", "x", "s", "z", "s", "z"], &["y"]);
+    add.domain = "com.microsoft".into();
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::UINT8, &["2"])
+        .input("s", dtype::FLOAT, &["2"])
+        .input("z", dtype::UINT8, &[])
+        .node(add)
+        .output("y");
+    check("contrib_op_per_channel_scale", &m.bytes());
+}
+
+#[test]
 fn initializer_size_disagreeing_with_its_shape_is_named() {
     let m = |t| {
         ModelBuilder::new("g")

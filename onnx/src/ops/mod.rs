@@ -6,6 +6,7 @@
 
 mod attention;
 mod composite;
+pub(crate) mod contrib;
 mod control;
 mod elementwise;
 mod nn;

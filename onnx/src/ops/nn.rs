@@ -4,9 +4,9 @@ use kiln_ir::op::{
     BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, GridPadding, GridSample, Gru, LayerNorm, Lstm,
     NearestMode, Pool, PoolKind, Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, RoiAlign, Softmax, UnaryOp as U,
 };
-use kiln_ir::{Dim, Op, Shape, Tensor};
+use kiln_ir::{DType, Dim, Op, Shape, Tensor};
 
-use super::{bin, const_ints, dim_product, reshape, scalar_like, static_shape, transpose, un};
+use super::{bin, cast, const_ints, dim_product, reshape, scalar_like, static_shape, transpose, un};
 use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
@@ -173,9 +173,23 @@ pub(crate) fn conv_transpose(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<V
 
 pub(crate) fn pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
     let x = n.input(0)?;
+    let kind = if n.proto.op_type == "MaxPool" { PoolKind::Max } else { PoolKind::Avg };
+    let attrs = pool_attrs(n, x, kind)?;
+    if kind == PoolKind::Max && matches!(x.dtype(), DType::U8 | DType::I8 | DType::U16 | DType::I16) {
+        // A max pool of small integers (a QOperator model pools its u8 activations) is the f32 max pool of the
+        // same values, exactly: every value converts both ways unchanged, and the padding never wins either way.
+        let wide = cast(cx, x, DType::F32)?;
+        let y = cx.op(Op::Pool(attrs), &[&wide])?;
+        return Ok(vec![cast(cx, &y, x.dtype())?]);
+    }
+    Ok(vec![cx.op(Op::Pool(attrs), &[x])?])
+}
+
+/// A pooling node's attributes (kernel, strides, pads — `auto_pad` resolved against `x` — dilations, ceil
+/// mode, whether padding counts) as a `pool` of `kind`.
+pub(crate) fn pool_attrs(n: &OnnxNode<'_>, x: &Val, kind: PoolKind) -> Result<Pool, String> {
     let sp = spatial(x, &n.proto.op_type)?;
     let k = sp.len();
-    let kind = if n.proto.op_type == "MaxPool" { PoolKind::Max } else { PoolKind::Avg };
     let kernel = n.ints("kernel_shape").ok_or("`kernel_shape` is required")?;
     if kernel.len() != k {
         return Err(format!("kernel_shape {kernel:?} does not have {k} spatial dims"));
@@ -189,7 +203,7 @@ pub(crate) fn pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Strin
     if n.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
         return Err("the Indices output is not supported".into());
     }
-    let attrs = Pool {
+    Ok(Pool {
         kind,
         kernel,
         strides,
@@ -197,8 +211,7 @@ pub(crate) fn pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Strin
         dilations,
         ceil_mode: n.int("ceil_mode", 0) != 0,
         count_include_pad: n.int("count_include_pad", 0) != 0,
-    };
-    Ok(vec![cx.op(Op::Pool(attrs), &[x])?])
+    })
 }
 
 pub(crate) fn global_pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {

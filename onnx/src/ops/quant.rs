@@ -16,7 +16,7 @@ use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
 /// The saturation range of a quantized type.
-fn range(d: DType) -> Result<(f64, f64), String> {
+pub(super) fn range(d: DType) -> Result<(f64, f64), String> {
     match d {
         DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
             let (lo, hi) = d.int_range().expect("an integer type");
@@ -34,7 +34,7 @@ fn range(d: DType) -> Result<(f64, f64), String> {
 }
 
 /// A known scale must be finite and non-zero (a zero scale divides by zero; NaN poisons every result).
-fn check_scale(s: &Val, what: &str) -> Result<(), String> {
+pub(super) fn check_scale(s: &Val, what: &str) -> Result<(), String> {
     if !s.dtype().is_float() {
         return Err(format!("{what} must be a float tensor, got {}", s.dtype()));
     }
@@ -101,7 +101,7 @@ fn saturate_round(cx: &mut Ctx<'_>, v: &Val, zero: Option<&Val>, to: DType) -> R
 }
 
 /// `saturate(round(x / scale) + zero)` as `to`, dividing in `compute`.
-fn quantize(
+pub(super) fn quantize(
     cx: &mut Ctx<'_>,
     x: &Val,
     scale: &Val,
@@ -126,7 +126,13 @@ fn quantize(
 }
 
 /// `(q - zero) * scale` as `out`: the subtraction in i32 (exact), the product in f32.
-fn dequantize(cx: &mut Ctx<'_>, q: &Val, scale: &Val, zero: Option<&Val>, out: DType) -> Result<Val, String> {
+pub(super) fn dequantize(
+    cx: &mut Ctx<'_>,
+    q: &Val,
+    scale: &Val,
+    zero: Option<&Val>,
+    out: DType,
+) -> Result<Val, String> {
     // float8/float4 values subtract in f32 (exact: both are exact f32 values far from f32's precision).
     let diff = if q.dtype().is_narrow_float() { DType::F32 } else { DType::I32 };
     // An 8-bit weight stays 8-bit: folded here it would become f32 weights, and the `integer-products` pass
@@ -225,7 +231,7 @@ pub(crate) fn dynamic_quantize_linear(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Res
 }
 
 /// An optional zero-point operand, or a scalar 0 of `like`'s dtype.
-fn zero_or_default(cx: &mut Ctx<'_>, z: Option<&Val>, like: &Val) -> Result<Val, String> {
+pub(super) fn zero_or_default(cx: &mut Ctx<'_>, z: Option<&Val>, like: &Val) -> Result<Val, String> {
     match z {
         Some(z) => Ok(z.clone()),
         None => cx.constant(Tensor::new(vec![], Data::from_i64_iter(like.dtype(), std::iter::once(0))).expect("one")),
@@ -262,7 +268,7 @@ pub(crate) fn conv_integer(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val
 
 /// `saturate(round(acc · multiplier) + zero)`, the requantization of an i32 accumulator, in f32 as ONNX Runtime
 /// and the ONNX reference compute it.
-fn requantize(cx: &mut Ctx<'_>, acc: &Val, multiplier: &Val, zero: &Val) -> Result<Val, String> {
+pub(super) fn requantize(cx: &mut Ctx<'_>, acc: &Val, multiplier: &Val, zero: &Val) -> Result<Val, String> {
     let (acc, m) = (cast(cx, acc, DType::F32)?, cast(cx, multiplier, DType::F32)?);
     let v = bin(cx, B::Mul, &acc, &m)?;
     saturate_round(cx, &v, Some(zero), zero.dtype())
@@ -270,7 +276,7 @@ fn requantize(cx: &mut Ctx<'_>, acc: &Val, multiplier: &Val, zero: &Val) -> Resu
 
 /// `a_scale · b_scale / y_scale` (each already shaped to broadcast), in the scales' own type as the ONNX
 /// reference computes it.
-fn multiplier(cx: &mut Ctx<'_>, a: &Val, b: &Val, y: &Val) -> Result<Val, String> {
+pub(super) fn multiplier(cx: &mut Ctx<'_>, a: &Val, b: &Val, y: &Val) -> Result<Val, String> {
     let ab = bin(cx, B::Mul, a, b)?;
     bin(cx, B::Div, &ab, y)
 }

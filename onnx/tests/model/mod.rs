@@ -16,6 +16,7 @@ use onnx_protobuf::{
 /// ONNX `TensorProto.DataType` codes used by the tests.
 pub mod dtype {
     pub const FLOAT: i32 = 1;
+    pub const UINT8: i32 = 2;
     pub const COMPLEX64: i32 = 14;
     pub const INT64: i32 = 7;
     pub const STRING: i32 = 8;
