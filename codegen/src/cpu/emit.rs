@@ -265,6 +265,21 @@ impl<'k, 'f> Emitter<'k, 'f> {
             let vend = self.b.ins().iadd(lo, full);
             if kind == LoopKind::Reduction {
                 self.open_vector_accs(body);
+            } else {
+                // Two groups per trip while eight lanes remain: twice the independent work in flight for the
+                // out-of-order core, one loop overhead and one set of splat constants for both; the groups run
+                // in iteration order, so the stores and loads keep the scalar loop's order.
+                let vend2 = self.b.ins().band_imm_s(n, -8);
+                let vend2 = self.b.ins().iadd(lo, vend2);
+                self.counted_loop(v, lo, vend2, 8, |e, i| {
+                    e.vector_body(var, i, body)?;
+                    // The second group's index (the loop variable the body's indices read); the trip's step is
+                    // taken from `i`, so redefining it here does not move the loop.
+                    let next = e.b.ins().iadd_imm_s(i, 4);
+                    e.b.def_var(v, next);
+                    e.vector_body(var, next, body)
+                })?;
+                lo = vend2;
             }
             self.counted_loop(v, lo, vend, 4, |e, i| e.vector_body(var, i, body))?;
             self.close_vector_accs()?;

@@ -12,8 +12,9 @@
 //! QuantizeLinear/DequantizeLinear chain runs four lanes at a time. Half-precision values live in f32
 //! lanes, exactly; every operation on them rounds its lanes to the type (ties to even, inline integer
 //! arithmetic — the lane-wise twin of the scalar conversions, bit for bit), loads widen four 16-bit values in
-//! one `uload16x4`, and stores narrow four into one 64-bit store. Four consecutive iterations run as four lanes; the
-//! iterations left over run through the scalar loop.
+//! one `uload16x4`, and stores narrow four into one 64-bit store. Four consecutive iterations run as four lanes, two such groups per
+//! trip of a vectorizable loop (twice the independent work in flight, one loop overhead); a last group of four,
+//! then the iterations left over run through the scalar loop.
 //!
 //! A reduction loop qualifies the same way when every statement is an f32 `Let` or an `Update` of an f32
 //! `Sum`, `Prod`, `Max` or `Min` accumulator, and no value reads an accumulator the loop folds into (that value

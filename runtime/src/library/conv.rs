@@ -937,7 +937,7 @@ pub fn conv_integer_packed(
     let count = taps.len() / rank.max(1);
     let last = rank - 1;
     let kw = g.kernel[last];
-    let (in_strides, out_strides) = (strides_of(&g.input), strides_of(&g.output));
+    let in_strides = strides_of(&g.input);
     // One copy per outer tap when a patch's taps along the last dim are adjacent pixels of all channels.
     let runs = g.groups == 1 && g.dilations[last] == 1;
     let parallel = par.parallel() && p.saturating_mul(g.m).saturating_mul(cg * count) >= PARALLEL_WORK;
@@ -961,8 +961,9 @@ pub fn conv_integer_packed(
             let fill = |r: usize, row: &mut [u8]| {
                 // The output position's index per dim (spatial ranks up to MAX_PACKED_RANK: see the packing).
                 let mut o = [0usize; quant::MAX_PACKED_RANK];
-                for (d, od) in o.iter_mut().enumerate().take(rank) {
-                    *od = (r / out_strides[d]) % g.output[d];
+                let mut rest = r;
+                for d in (0..rank).rev() {
+                    (o[d], rest) = (rest % g.output[d], rest / g.output[d]);
                 }
                 for ot in 0..count / kw.max(1) {
                     let k = &taps[ot * kw * rank..][..rank];
