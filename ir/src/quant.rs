@@ -30,6 +30,16 @@ fn max_nan(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
 }
 
+/// The smallest and largest element of a tensor before any element: the identities of [`merge_range`].
+pub const EMPTY_RANGE: (f32, f32) = (f32::INFINITY, f32::NEG_INFINITY);
+
+/// Two partial `(smallest, largest)` ranges as one, NaN in both when either holds a NaN (the IR's `min` and
+/// `max` propagate it): folded over the elements (each `(v, v)`) from [`EMPTY_RANGE`], in any grouping, it gives
+/// the range [`dynamic_u8_params`] takes.
+pub fn merge_range(a: (f32, f32), b: (f32, f32)) -> (f32, f32) {
+    if a.0.is_nan() || b.0.is_nan() { (f32::NAN, f32::NAN) } else { (a.0.min(b.0), a.1.max(b.1)) }
+}
+
 /// The largest u8 level, as f32.
 const LEVELS: f32 = 255.0;
 

@@ -24,14 +24,13 @@
 
 use std::str::FromStr;
 
-use kiln_ir::infer::infer;
-use kiln_ir::op::{BinaryOp, GeluApprox, Reduce, ReduceKind, Reshape, UnaryOp};
-use kiln_ir::tensor::Data;
+use kiln_ir::op::{BinaryOp, GeluApprox, ReduceKind, Reshape, UnaryOp};
 use kiln_ir::types::normalize_axis;
-use kiln_ir::{DType, Graph, Node, NodeId, Op, Shape, Tensor, Value};
+use kiln_ir::{Graph, NodeId, Op, Shape, Value};
 
 use crate::declare_pass;
 use crate::pass::{FromOptions, OptionDoc, OptionError, Pass, PassContext, PassError, PassOptions};
+use crate::rewrite::Rewriter;
 
 /// The ops `decompose` can expand, by mnemonic, in the order docs list them.
 pub const COMPOSITE_OPS: &[&str] = &["softmax", "log_softmax", "layer_norm", "batch_norm", "gelu"];
@@ -107,62 +106,16 @@ impl Pass for Decompose {
             .collect();
         let mut changed = false;
         for id in targets {
-            let mut e = Emitter { g: &mut *g, added: Vec::new() };
+            let mut e = Rewriter::of(&mut *g, id);
             let result = expand(&mut e, id);
-            let added = e.added;
-            match result {
-                Some(v) => {
-                    g.replace_uses(Value::new(id, 0), v);
-                    g.remove_node(id);
-                    changed = true;
-                }
-                None => {
-                    // A half-built expansion is undone; nothing in it is used yet.
-                    for n in added.into_iter().rev() {
-                        g.remove_node(n);
-                    }
-                }
-            }
+            changed |= e.finish(id, result);
         }
         Ok(changed)
     }
 }
 
-/// Adds typed nodes, remembering them so a failed expansion can be undone.
-struct Emitter<'a> {
-    g: &'a mut Graph,
-    added: Vec<NodeId>,
-}
-
-impl Emitter<'_> {
-    fn op(&mut self, op: Op, inputs: &[Value]) -> Option<Value> {
-        let types = inputs.iter().map(|&v| self.g.value_type(v).cloned()).collect::<Option<Vec<_>>>()?;
-        let outputs = infer(&op, &types).ok()?;
-        let id = self.g.add_node(Node { op, inputs: inputs.to_vec(), outputs, name: None });
-        self.added.push(id);
-        Some(Value::new(id, 0))
-    }
-
-    fn scalar(&mut self, dtype: DType, v: f64) -> Option<Value> {
-        let t = Tensor::new(vec![], Data::from_f64_iter(dtype, std::iter::once(v))).ok()?;
-        self.op(Op::Constant(kiln_ir::op::Constant { value: t }), &[])
-    }
-
-    fn unary(&mut self, kind: UnaryOp, x: Value) -> Option<Value> {
-        self.op(Op::Unary(kind), &[x])
-    }
-
-    fn binary(&mut self, kind: BinaryOp, a: Value, b: Value) -> Option<Value> {
-        self.op(Op::Binary(kind), &[a, b])
-    }
-
-    fn reduce(&mut self, kind: ReduceKind, x: Value, axes: Vec<i64>) -> Option<Value> {
-        self.op(Op::Reduce(Reduce { kind, axes, keep_dims: true }), &[x])
-    }
-}
-
 /// The expansion's result, or `None` when the op is left alone.
-fn expand(e: &mut Emitter<'_>, id: NodeId) -> Option<Value> {
+fn expand(e: &mut Rewriter<'_>, id: NodeId) -> Option<Value> {
     let node = e.g.node(id).clone();
     let ty = node.outputs.first()?.clone();
     let dtype = ty.dtype;

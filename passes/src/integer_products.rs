@@ -27,12 +27,12 @@
 //! by the f32 rounding of the original accumulation (within a few ulps times `K`, relative to the terms). The
 //! dequantize nodes are left to `dce` when nothing else uses them.
 
-use kiln_ir::op::{BinaryOp, Cast, Constant, Conv, Reshape, Transpose};
-use kiln_ir::tensor::Data;
-use kiln_ir::{DType, Dim, Graph, Node, NodeId, Op, Shape, Tensor, Value};
+use kiln_ir::op::{BinaryOp, Cast, Conv, Reshape, Transpose};
+use kiln_ir::{DType, Dim, Graph, NodeId, Op, Shape, Value};
 
 use crate::declare_pass;
 use crate::pass::{Pass, PassContext, PassError};
+use crate::rewrite::Rewriter;
 
 declare_pass! {
     /// Rewrites a matmul or conv of two dequantized 8-bit operands (static QDQ) into an integer product scaled
@@ -233,29 +233,8 @@ fn plan(g: &Graph, id: NodeId) -> Option<Plan> {
     })
 }
 
-/// Adds typed nodes named after the matmul, remembering them so a failed rewrite can be undone.
-struct Emitter<'a> {
-    g: &'a mut Graph,
-    name: Option<String>,
-    added: Vec<NodeId>,
-}
-
-impl Emitter<'_> {
-    fn op(&mut self, op: Op, inputs: &[Value]) -> Option<Value> {
-        let types = inputs.iter().map(|&v| self.g.value_type(v).cloned()).collect::<Option<Vec<_>>>()?;
-        let outputs = kiln_ir::infer::infer(&op, &types).ok()?;
-        let id = self.g.add_node(Node { op, inputs: inputs.to_vec(), outputs, name: self.name.clone() });
-        self.added.push(id);
-        Some(Value::new(id, 0))
-    }
-
-    /// A `constant` of `dtype` holding `values`, shaped `[]` for one value and `[n]` otherwise.
-    fn ints(&mut self, dtype: DType, values: &[i64]) -> Option<Value> {
-        let shape = if values.len() == 1 { vec![] } else { vec![values.len()] };
-        let t = Tensor::new(shape, Data::from_i64_iter(dtype, values.iter().copied())).ok()?;
-        self.op(Op::Constant(Constant { value: t }), &[])
-    }
-
+/// The rewrite's own node builders on top of the shared [`Rewriter`].
+impl Rewriter<'_> {
     /// `v` as a scalar or, holding `columns` values, shaped `[columns]` followed by `ones` 1s (a matmul's
     /// per-column vector, or a conv's per-channel `[M, 1, …]` that broadcasts over the spatial dims).
     fn column_vector(&mut self, v: Value, columns: u64, ones: usize) -> Option<Value> {
@@ -302,22 +281,7 @@ impl Emitter<'_> {
 }
 
 fn apply(g: &mut Graph, id: NodeId, p: Plan) -> bool {
-    let (name, ty) = (g.node(id).name.clone(), g.node(id).outputs[0].clone());
-    let mut e = Emitter { g, name, added: Vec::new() };
-    let y = e.rewrite(&p).filter(|&y| e.g.value_type(y) == Some(&ty));
-    let added = e.added;
-    match y {
-        Some(y) => {
-            g.replace_uses(Value::new(id, 0), y);
-            g.remove_node(id);
-            true
-        }
-        None => {
-            // A half-built rewrite is undone; nothing in it is used yet.
-            for n in added.into_iter().rev() {
-                g.remove_node(n);
-            }
-            false
-        }
-    }
+    let mut e = Rewriter::of(g, id);
+    let y = e.rewrite(&p);
+    e.finish(id, y)
 }

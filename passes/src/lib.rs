@@ -11,6 +11,7 @@ pub mod instrument;
 pub mod manager;
 pub mod pass;
 pub mod pipeline;
+mod rewrite;
 
 pub mod canonicalize;
 pub mod cse;

@@ -61,9 +61,7 @@ pub(super) fn conv_integer(c: &Conv, inputs: &[&Tensor]) -> Result<Tensor, Strin
 /// `dynamic_quantize`: `y`, its scale and its zero point, by [`crate::quant`]'s arithmetic.
 pub(super) fn dynamic_quantize(x: &Tensor) -> Result<Vec<Tensor>, String> {
     let Data::F32(xs) = x.data() else { return Err(format!("quantizes f32 tensors, got {}", x.dtype())) };
-    let (lo, hi) = xs.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
-        if v.is_nan() || lo.is_nan() { (f32::NAN, f32::NAN) } else { (lo.min(v), hi.max(v)) }
-    });
+    let (lo, hi) = xs.iter().fold(crate::quant::EMPTY_RANGE, |r, &v| crate::quant::merge_range(r, (v, v)));
     let (scale, zero) = crate::quant::dynamic_u8_params(lo, hi);
     let y = xs.iter().map(|&v| crate::quant::quantize_u8(v, scale, zero)).collect();
     let scalar = |d| Tensor::new(vec![], d).map_err(|e| e.to_string());

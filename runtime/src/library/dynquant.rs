@@ -8,7 +8,7 @@
 //! which the interpreter uses too, so the results are the interpreter's bit for bit (tested on every special
 //! value).
 
-use kiln_ir::quant::dynamic_u8_params;
+use kiln_ir::quant::{EMPTY_RANGE, dynamic_u8_params, merge_range};
 use rayon::prelude::*;
 
 use super::{LibraryError, Par};
@@ -29,11 +29,7 @@ pub fn dynamic_quantize_u8(x: &[f32], y: &mut [u8], par: Par) -> Result<(f32, u8
     }
     let parallel = par.parallel() && x.len() >= PARALLEL_ELEMENTS;
     let chunk = if parallel { x.len().div_ceil(par.threads * 4).next_multiple_of(L) } else { x.len().max(1) };
-    let (lo, hi) = if parallel {
-        x.par_chunks(chunk).map(range).reduce(|| (f32::INFINITY, f32::NEG_INFINITY), merge)
-    } else {
-        range(x)
-    };
+    let (lo, hi) = if parallel { x.par_chunks(chunk).map(range).reduce(|| EMPTY_RANGE, merge_range) } else { range(x) };
     let (scale, zero) = dynamic_u8_params(lo, hi);
     if parallel {
         x.par_chunks(chunk).zip(y.par_chunks_mut(chunk)).for_each(|(xs, ys)| quantize(xs, ys, scale, zero));
@@ -41,11 +37,6 @@ pub fn dynamic_quantize_u8(x: &[f32], y: &mut [u8], par: Par) -> Result<(f32, u8
         quantize(x, y, scale, zero);
     }
     Ok((scale, zero))
-}
-
-/// Two partial ranges as one (NaN when either is: the IR's `min` and `max` propagate it).
-fn merge(a: (f32, f32), b: (f32, f32)) -> (f32, f32) {
-    if a.0.is_nan() || b.0.is_nan() { (f32::NAN, f32::NAN) } else { (a.0.min(b.0), a.1.max(b.1)) }
 }
 
 widest_vectors! {
@@ -76,12 +67,12 @@ fn range_lanes(x: &[f32]) -> (f32, f32) {
             *n |= u32::from(v.is_nan());
         }
     }
-    let mut r = (f32::INFINITY, f32::NEG_INFINITY);
+    let mut r = EMPTY_RANGE;
     for i in 0..R {
         r = (r.0.min(lo[i]), r.1.max(hi[i]));
     }
     for &v in tail {
-        r = merge(r, (v, v));
+        r = merge_range(r, (v, v));
     }
     if nan.iter().any(|&n| n != 0) { (f32::NAN, f32::NAN) } else { r }
 }
@@ -107,7 +98,7 @@ mod tests {
 
     /// The interpreter's arithmetic, element by element.
     fn reference(x: &[f32]) -> (Vec<u8>, f32, u8) {
-        let (lo, hi) = x.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |r, &v| merge(r, (v, v)));
+        let (lo, hi) = x.iter().fold(EMPTY_RANGE, |r, &v| merge_range(r, (v, v)));
         let (s, z) = dynamic_u8_params(lo, hi);
         (x.iter().map(|&v| quantize_u8(v, s, z)).collect(), s, z)
     }
