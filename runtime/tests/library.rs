@@ -686,6 +686,8 @@ fn conv_integer_is_exact() {
         (vec![1, 32, 20, 20], vec![40, 32, 3, 3], conv(&[1, 1], &[1, 1, 1, 1], &[1, 1], 1)),
         // Channels and positions not multiples of the 16×16 blocks the input is laid out channels-last in.
         (vec![2, 20, 9, 11], vec![16, 20, 3, 3], conv(&[1, 1], &[0, 1, 2, 1], &[1, 1], 1)),
+        // One group with a dilation across rows and a stride along them (the 2-D fast path's row copies).
+        (vec![1, 8, 9, 8], vec![16, 8, 3, 2], conv(&[1, 2], &[2, 0, 1, 1], &[2, 1], 1)),
     ];
     let mut packed_cases = 0;
     for (i, (xs, ws, attrs)) in cases.iter().enumerate() {

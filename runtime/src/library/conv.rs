@@ -999,7 +999,30 @@ pub fn conv_integer_packed(
                 }
             };
             let out = &mut y[(n * g.m + grp * mg) * p..][..mg * p];
-            quant::conv_gemm(p, fill, za, b, out, par);
+            if rank == 2 && runs {
+                // The common 2-D one-group conv: per row of the window, one copy of the valid taps' pixels.
+                let (ow_n, kh_n) = (g.output[1], g.kernel[0]);
+                let run = kw * c;
+                let plain = |r: usize, row: &mut [u8]| {
+                    let (oh, ow) = (r / ow_n, r % ow_n);
+                    let (lo, hi) = g.valid_taps(1, ow);
+                    for (kh, seg) in row.chunks_exact_mut(run).take(kh_n).enumerate() {
+                        match g.position(0, oh, kh).filter(|_| lo < hi) {
+                            Some(ih) => {
+                                let iw = ow * g.strides[1] + lo - g.pad_begin[1];
+                                seg[..lo * c].fill(za as u8);
+                                seg[lo * c..hi * c]
+                                    .copy_from_slice(&hwc[(ih * g.input[1] + iw) * c..][..(hi - lo) * c]);
+                                seg[hi * c..].fill(za as u8);
+                            }
+                            None => seg.fill(za as u8),
+                        }
+                    }
+                };
+                quant::conv_gemm(p, plain, za, b, out, par);
+            } else {
+                quant::conv_gemm(p, fill, za, b, out, par);
+            }
         }
     }
     NHWC.with(|s| s.set(hwc));

@@ -774,8 +774,8 @@ pub struct PackedConvInt8 {
 impl PackedConvInt8 {
     /// Packs `w` (`shape` `[M, C/groups, k…]`) with its zero point `w_zero` (one value or one per output
     /// channel) for a conv of `groups` groups; `None` where the CPU has no VNNI, a group has fewer than
-    /// [`VNNI_CONV_MIN_CHANNELS`] output channels or the window more than [`MAX_PACKED_RANK`] dims (the pair
-    /// kernel serves those).
+    /// [`VNNI_CONV_MIN_CHANNELS`] output channels or the window no dims or more than [`MAX_PACKED_RANK`] (the
+    /// pair kernel serves those).
     pub fn pack(
         w: Int8<'_>,
         shape: &[usize],
@@ -794,7 +794,8 @@ impl PackedConvInt8 {
             ));
         }
         let (mg, taps) = (m / groups, shape[2..].iter().product::<usize>());
-        if !vnni::available() || mg < VNNI_CONV_MIN_CHANNELS || shape.len() - 2 > MAX_PACKED_RANK {
+        let spatial = shape.len() - 2;
+        if !vnni::available() || mg < VNNI_CONV_MIN_CHANNELS || spatial == 0 || spatial > MAX_PACKED_RANK {
             return Ok(None);
         }
         #[cfg(target_arch = "x86_64")]
