@@ -148,9 +148,12 @@ pub fn check(path: &Path, options: &ImportOptions) -> Result<Vec<Unsupported>, I
     }
 }
 
-/// The ONNX op types kiln imports, sorted.
-pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = ops::TABLE.iter().map(|(n, _)| *n).collect();
+/// The ONNX op types kiln imports, sorted: the default domain's by name, the others as `domain.OpType` (ONNX
+/// Runtime's contrib ops: `com.microsoft.QGemm`), the form [`op_types`] and `kiln inspect` use.
+pub fn supported_ops() -> Vec<String> {
+    let default = ops::TABLE.iter().map(|(n, _)| (*n).to_string());
+    let contrib = ops::contrib::op_types().map(|n| format!("com.microsoft.{n}"));
+    let mut v: Vec<String> = default.chain(contrib).collect();
     v.sort_unstable();
     v
 }

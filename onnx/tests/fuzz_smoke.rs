@@ -281,7 +281,8 @@ fn mutate_model(rng: &mut Rng, m: &mut ModelProto, ops: &[&str]) {
 fn onnx_import_survives_structure_mutations() {
     let seeds: Vec<ModelProto> =
         onnx_seeds().into_iter().map(|(_, b)| ModelProto::parse_from_bytes(&b).unwrap()).collect();
-    let ops = kiln_onnx::supported_ops();
+    let names = kiln_onnx::supported_ops();
+    let ops: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut rng = rng(0x5eed_0002);
     for i in 0..iterations(10_000) {
         let mut m = rng.pick(&seeds).clone();

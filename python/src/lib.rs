@@ -725,9 +725,9 @@ fn check(
     Ok(found.into_iter().map(|u| (u.op_type, u.node, u.message)).collect())
 }
 
-/// The ONNX ops kiln imports.
+/// The ONNX ops kiln imports (other domains' as `domain.OpType`, e.g. `com.microsoft.QGemm`).
 #[pyfunction]
-fn supported_ops() -> Vec<&'static str> {
+fn supported_ops() -> Vec<String> {
     kiln_onnx::supported_ops()
 }
 
