@@ -184,15 +184,9 @@ fn qlinear_conv(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> 
 /// `a_scale·b_scale`), then `acc · alpha·a_scale·b_scale` — requantized with `y_scale`/`y_zero_point` when
 /// `y_scale` is given, f32 otherwise. `b`'s scale and zero point may be one per column.
 fn qgemm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    let (a, sa, b, sb) = (n.input(0)?, n.input(1)?, n.input(3)?, n.input(4)?);
-    quantized_type(a)?;
-    quantized_type(b)?;
-    per_tensor(sa, "a_scale")?;
-    check_scale(sb, "b_scale")?;
-    let za = zero_or_default(cx, n.opt_input(2), a)?;
-    let zb = zero_or_default(cx, n.opt_input(5), b)?;
-    let a = if n.int("transA", 0) != 0 { transpose(cx, a, vec![1, 0])? } else { a.clone() };
-    let b = if n.int("transB", 0) != 0 { transpose(cx, b, vec![1, 0])? } else { b.clone() };
+    let Product { a, b, za, zb, sa, sb } = product(cx, n, [0, 3, 1, 4, 2, 5])?;
+    let a = if n.int("transA", 0) != 0 { transpose(cx, &a, vec![1, 0])? } else { a };
+    let b = if n.int("transB", 0) != 0 { transpose(cx, &b, vec![1, 0])? } else { b };
     let mut acc = cx.op(Op::MatMulInteger, &[&a, &b, &za, &zb])?;
     if let Some(c) = n.opt_input(6) {
         if c.dtype() != DType::I32 {
@@ -201,7 +195,7 @@ fn qgemm(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
         acc = bin(cx, B::Add, &acc, c)?;
     }
     let alpha = cx.scalar(DType::F32, f64::from(n.float("alpha", 1.0)))?;
-    let scale = bin(cx, B::Mul, sa, sb)?;
+    let scale = bin(cx, B::Mul, &sa, &sb)?;
     let scale = bin(cx, B::Mul, &scale, &alpha)?;
     match n.opt_input(7) {
         Some(ys) => {
@@ -253,14 +247,31 @@ fn dynamic_quantize_matmul(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val
 /// MatMulIntegerToFloat: inputs `A, B, a_scale, b_scale, a_zero_point?, b_zero_point?, bias?`;
 /// `f32((A − za)·(B − zb)) · (a_scale·b_scale) + bias`.
 fn matmul_integer_to_float(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, String> {
-    let (a, b, sa, sb) = (n.input(0)?, n.input(1)?, n.input(2)?, n.input(3)?);
+    let Product { a, b, za, zb, sa, sb } = product(cx, n, [0, 1, 2, 3, 4, 5])?;
+    let y = scaled_product(cx, &a, &b, &za, &zb, &sa, &sb)?;
+    with_bias(cx, y, n.opt_input(6))
+}
+
+/// The operands of an integer product and their quantization parameters.
+struct Product {
+    a: Val,
+    b: Val,
+    za: Val,
+    zb: Val,
+    sa: Val,
+    sb: Val,
+}
+
+/// The operands at input positions `[a, b, a_scale, b_scale, a_zero, b_zero]` (zero points optional: 0 of their
+/// operand's type), checked: 8-bit operands, finite non-zero scales, `A`'s per tensor (a per-column scale of A
+/// would scale the contraction's terms differently: not one factor of the sum), `B`'s per tensor or per column.
+fn product(cx: &mut Ctx<'_>, n: &OnnxNode<'_>, at: [usize; 6]) -> Result<Product, String> {
+    let (a, b, sa, sb) = (n.input(at[0])?, n.input(at[1])?, n.input(at[2])?, n.input(at[3])?);
     quantized_type(a)?;
     quantized_type(b)?;
-    // A per-column scale of A would scale terms of the contraction differently: not one factor of the sum.
     per_tensor(sa, "a_scale")?;
     check_scale(sb, "b_scale")?;
-    let za = zero_or_default(cx, n.opt_input(4), a)?;
-    let zb = zero_or_default(cx, n.opt_input(5), b)?;
-    let y = scaled_product(cx, a, b, &za, &zb, sa, sb)?;
-    with_bias(cx, y, n.opt_input(6))
+    let za = zero_or_default(cx, n.opt_input(at[4]), a)?;
+    let zb = zero_or_default(cx, n.opt_input(at[5]), b)?;
+    Ok(Product { a: a.clone(), b: b.clone(), za, zb, sa: sa.clone(), sb: sb.clone() })
 }

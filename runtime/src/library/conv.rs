@@ -825,6 +825,20 @@ pub fn conv_integer(
     Ok(())
 }
 
+/// One window row of a patch (`seg`: its taps of `cg` bytes each): taps `lo..hi` copied from `src` (their pixels,
+/// adjacent channels-last), the taps before and after them — and all of them without `src` — the zero point.
+#[inline]
+fn tap_run(seg: &mut [u8], lo: usize, hi: usize, cg: usize, src: Option<&[u8]>, zero: u8) {
+    match src {
+        Some(src) => {
+            seg[..lo * cg].fill(zero);
+            seg[lo * cg..hi * cg].copy_from_slice(&src[..(hi - lo) * cg]);
+            seg[hi * cg..].fill(zero);
+        }
+        None => seg.fill(zero),
+    }
+}
+
 /// Positions `first..first + out.len() / c` of a channel-major image (`c` planes of `plane` bytes) laid out
 /// channels-last into `out` (`out[i·c + ch] = image[ch·plane + first + i] ^ flip`): 16×16 byte blocks transposed
 /// in SSE2 registers, the ragged channels and positions byte by byte.
@@ -979,15 +993,7 @@ pub fn conv_integer_packed(
                     let at = |t: usize| g.position(last, o[last], t).map(|i| (off + i) * c + grp * cg);
                     if runs {
                         let (lo, hi) = g.valid_taps(last, o[last]);
-                        if lo > 0 {
-                            seg[..lo * cg].fill(za as u8);
-                        }
-                        if hi < kw {
-                            seg[hi.max(lo) * cg..].fill(za as u8);
-                        }
-                        if let (true, Some(src)) = (lo < hi, at(lo)) {
-                            seg[lo * cg..hi * cg].copy_from_slice(&hwc[src..][..(hi - lo) * cg]);
-                        }
+                        tap_run(seg, lo, hi, cg, at(lo).filter(|_| lo < hi).map(|src| &hwc[src..]), za as u8);
                     } else {
                         for (t, tap) in seg.chunks_mut(cg).enumerate() {
                             match at(t) {
@@ -1007,16 +1013,11 @@ pub fn conv_integer_packed(
                     let (oh, ow) = (r / ow_n, r % ow_n);
                     let (lo, hi) = g.valid_taps(1, ow);
                     for (kh, seg) in row.chunks_exact_mut(run).take(kh_n).enumerate() {
-                        match g.position(0, oh, kh).filter(|_| lo < hi) {
-                            Some(ih) => {
-                                let iw = ow * g.strides[1] + lo - g.pad_begin[1];
-                                seg[..lo * c].fill(za as u8);
-                                seg[lo * c..hi * c]
-                                    .copy_from_slice(&hwc[(ih * g.input[1] + iw) * c..][..(hi - lo) * c]);
-                                seg[hi * c..].fill(za as u8);
-                            }
-                            None => seg.fill(za as u8),
-                        }
+                        let src = g.position(0, oh, kh).filter(|_| lo < hi).map(|ih| {
+                            let iw = ow * g.strides[1] + lo - g.pad_begin[1];
+                            &hwc[(ih * g.input[1] + iw) * c..]
+                        });
+                        tap_run(seg, lo, hi, c, src, za as u8);
                     }
                 };
                 quant::conv_gemm(p, plain, za, b, out, par);
