@@ -423,6 +423,11 @@ pub struct CompileReport {
     pub load: std::time::Duration,
     /// The part of [`CompileReport::load`] spent reading the weights file.
     pub weights_load: std::time::Duration,
+    /// Wall time of binding the weights when the program was built: its prepare steps (weight transposes,
+    /// constant broadcasts: [`kiln_ir::memory::computed_at_load`]) and packing or transforming the weights its
+    /// library calls read. Work per weight byte, not per node: it grows with the model's size, like reading
+    /// its weights. Included in [`CompileReport::load`] for an artifact.
+    pub prepare: std::time::Duration,
     /// The nodes the backend registry placed on backends other than the compiled code, by backend.
     pub placement: Vec<kiln_plan::artifact::PlacementRecord>,
 }
@@ -459,8 +464,10 @@ impl Compiled {
         inputs: Vec<(String, kiln_ir::TensorType)>,
         backends: &BackendRegistry,
     ) -> Result<Compiled, Error> {
+        let t = std::time::Instant::now();
         let program = kiln_runtime::cpu::CpuProgram::with_backends(exe, code, resolve_threads(threads)?, backends)
             .map_err(run_error)?;
+        let report = CompileReport { prepare: t.elapsed(), ..report };
         let mut compiled = Compiled::from_program(program, report);
         compiled.inputs = inputs;
         Ok(compiled)

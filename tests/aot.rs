@@ -247,7 +247,7 @@ fn crafted_programs_are_refused_by_the_verifier_even_when_the_manifest_is_reseal
         r#"[{"Kernel":{"args":[1,3],"kernel":0}}]"#.to_string(),
         r#"[{"Kernel":{"args":[0,4],"kernel":1}},{"Library":{"epilogue":{"Kernel":{"args":[5,2,5],"kernel":2}},"inputs":[0,3],"op":"MatMul","output":5}},{"Kernel":{"args":[5,6],"kernel":3}}]"#.to_string(),
         r#"[["y",6],["z",4]]"#.to_string(),
-        r#"{"Arena":64}"#.to_string(),
+        r#"{"Arena":0}"#.to_string(),
         4,
     );
     assert_eq!(layout, want, "the compiler now builds another program for CRAFTED: update the edits of this test");
@@ -314,12 +314,12 @@ fn crafted_programs_are_refused_by_the_verifier_even_when_the_manifest_is_reseal
         ),
         (
             "two buffers at one arena offset, one not computed in place over the other",
-            |v| v["executable"]["buffers"][6]["home"] = serde_json::json!({ "Arena": 64 }),
+            |v| v["executable"]["buffers"][6]["home"] = serde_json::json!({ "Arena": 0 }),
             "which it does not compute in place",
         ),
         (
             "a result overwritten by a later step",
-            |v| v["executable"]["buffers"][4]["home"] = serde_json::json!({ "Arena": 64 }),
+            |v| v["executable"]["buffers"][4]["home"] = serde_json::json!({ "Arena": 0 }),
             "`z` (buffer 4) does not hold its value at the end",
         ),
         (

@@ -79,6 +79,8 @@ struct Builder<'g> {
     g: &'g Graph,
     placement: &'g Placement,
     order: Vec<NodeId>,
+    /// The nodes computed when the weights are bound ([`kiln_ir::memory::computed_at_load`]).
+    at_load: std::collections::BTreeSet<NodeId>,
     exe: Executable,
     buffer_of: HashMap<Value, BufferId>,
     kernel_index: HashMap<String, usize>,
@@ -96,10 +98,12 @@ impl<'g> Builder<'g> {
             Some(s) => s.to_vec(),
             None => g.topo_order().map_err(|c| err(format!("it has a cycle through {}", c.0)))?,
         };
+        let at_load = kiln_ir::memory::computed_at_load(g, &order);
         Ok(Builder {
             g,
             placement,
             order,
+            at_load,
             exe: Executable {
                 name: g.name().to_string(),
                 inputs: Vec::new(),
@@ -205,10 +209,6 @@ impl<'g> Builder<'g> {
         b
     }
 
-    fn is_weightlike(&self, b: BufferId) -> bool {
-        matches!(self.exe.buffers[b.0 as usize].home, Home::Weight(_) | Home::Constant(_) | Home::Prepared(_))
-    }
-
     fn node(&mut self, id: NodeId) -> Result<(), BuildError> {
         let g = self.g;
         let node = g.node(id);
@@ -238,8 +238,9 @@ impl<'g> Builder<'g> {
             _ => {}
         }
         let inputs: Vec<BufferId> = node.inputs.iter().map(|&v| self.buffer(v)).collect::<Result<_, _>>()?;
-        let static_results = node.outputs.iter().all(|t| t.shape.num_elements().is_some());
-        let prepared = !inputs.is_empty() && inputs.iter().all(|&b| self.is_weightlike(b)) && static_results;
+        // Weight transposes, constant broadcasts and the like run once when the weights are bound; the memory
+        // plan left their results out of the arena by the same rule.
+        let prepared = self.at_load.contains(&id);
         let outputs: Vec<BufferId> =
             (0..node.outputs.len()).map(|i| self.result_buffer(Value::new(id, i as u32), prepared)).collect();
         let step = self.step(id, &inputs, &outputs);

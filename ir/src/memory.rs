@@ -1,7 +1,7 @@
 //! Memory plans: where each intermediate value lives in one arena, and the liveness facts a plan rests on.
 //!
 //! An *intermediate* value is a result of any node but `input`, `param` and `constant` (those live in memory the
-//! caller or the weight store owns). Over an execution order (the graph's schedule, else its topological order)
+//! caller or the weight store owns) and the nodes [`computed_at_load`] (their results are prepared weights). Over an execution order (the graph's schedule, else its topological order)
 //! a value is live from the step that defines it to the step of its last use, both included; a graph output
 //! stays live to the end. A [`MemoryPlan`] gives every intermediate with a static shape a [`Buffer`] in one arena
 //! (offsets aligned to [`ALIGNMENT`]); values with symbolic dims are listed in [`MemoryPlan::dynamic`] and
@@ -10,7 +10,7 @@
 //! node and has the same element count and element size, because element `i` of the result depends only on
 //! element `i` of each operand. [`MemoryPlan::check`] verifies exactly these rules.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +106,7 @@ impl Lifetimes {
     /// Lifetimes over `order`, which must list every node of `g` once, operands first.
     pub fn of(g: &Graph, order: Vec<NodeId>) -> Lifetimes {
         let mut live = BTreeMap::new();
+        let at_load = computed_at_load(g, &order);
         for (p, &id) in order.iter().enumerate() {
             let node = g.node(id);
             for &v in &node.inputs {
@@ -114,7 +115,7 @@ impl Lifetimes {
                     i.last = i.last.max(p);
                 }
             }
-            if produces_intermediates(&node.op) {
+            if produces_intermediates(&node.op) && !at_load.contains(&id) {
                 for k in 0..node.outputs.len() {
                     live.insert(Value::new(id, k as u32), Interval { def: p, last: p });
                 }
@@ -157,6 +158,29 @@ impl Lifetimes {
 /// Whether a node's results are intermediates (not caller-, weight- or constant-owned memory).
 pub fn produces_intermediates(op: &Op) -> bool {
     !matches!(op, Op::Input(_) | Op::Parameter(_) | Op::Constant(_))
+}
+
+/// The nodes of `g` whose results are computed once, when the weights are bound, instead of in every run: nodes
+/// other than `input`, `param` and `constant` whose operands are all weights, constants or results of such nodes
+/// — nullary nodes included (a fusion broadcasting a constant, as ONNX `ConstantOfShape` weights too large to
+/// fold become; an `iota`) — and whose results all have static shapes. The IR has no random or stateful op, so
+/// such a node gives the same tensor in every run; its results are prepared weights, outside the arena. `order`
+/// lists every node of `g` once, operands first.
+pub fn computed_at_load(g: &Graph, order: &[NodeId]) -> BTreeSet<NodeId> {
+    let mut at_load = BTreeSet::new();
+    let known = |v: &Value, at_load: &BTreeSet<NodeId>| {
+        at_load.contains(&v.node) || matches!(g.node(v.node).op, Op::Parameter(_) | Op::Constant(_))
+    };
+    for &id in order {
+        let node = g.node(id);
+        if produces_intermediates(&node.op)
+            && node.outputs.iter().all(|t| t.shape.num_elements().is_some())
+            && node.inputs.iter().all(|v| known(v, &at_load))
+        {
+            at_load.insert(id);
+        }
+    }
+    at_load
 }
 
 /// Bytes of a tensor of type `t`, when its shape is static.

@@ -15,6 +15,12 @@
 //! — one with other uses whose producers in the group include a transcendental op (`recomputed_at_cost`) — but a
 //! group already reducing that same value, so the value is stored once and its reductions share a pass.
 //!
+//! Work that depends on no input ([`kiln_ir::memory::computed_at_load`]: weight transposes, constant broadcasts)
+//! runs once, as a prepare step, when its group holds only such nodes; so such a node never joins a group with
+//! run-time members, and a run-time node joins a group computed at load only to recompute it inline where that
+//! costs nothing: the group only moves data (broadcast, reshape, transpose) and none of its values is used
+//! elsewhere. A library chain does not cross between the two kinds either.
+//!
 //! Nothing expensive is duplicated: every grouped node moves into exactly one body, and a value used outside
 //! its group (or a graph output) becomes a result of the fusion node instead of being recomputed. Only `constant`
 //! and `iota` nodes of at most 64 elements are *cloned* into a body (they cost nothing to recompute); the
@@ -95,6 +101,21 @@ fn is_cheap_source(node: &Node) -> bool {
     elements.is_some_and(|n| n <= MAX_CLONED_ELEMENTS)
 }
 
+/// Whether a run-time node may join `members`, a group computed at load (see the module docs): only when the
+/// group moves data (broadcast, reshape, transpose: cheaper to recompute inline than to read back) and no value of
+/// it is used outside it but by `joining` — otherwise the merged kernel would compute the group in every run
+/// (and store the escaping values) where a prepare step computes it once.
+fn inline_at_load(g: &Graph, members: &[NodeId], joining: NodeId) -> bool {
+    members.iter().all(|&m| {
+        let node = g.node(m);
+        matches!(node.op, Op::Broadcast(_) | Op::Reshape(_) | Op::Transpose(_))
+            && (0..node.outputs.len()).all(|k| {
+                let v = Value::new(m, k as u32);
+                !is_output(g, v) && g.uses(v).iter().all(|(u, _)| *u == joining || members.contains(u))
+            })
+    })
+}
+
 /// Whether `v` is a graph output.
 fn is_output(g: &Graph, v: Value) -> bool {
     g.outputs().iter().any(|(_, o)| *o == v)
@@ -109,6 +130,8 @@ fn form_groups(
 ) -> Vec<(FusionKind, Vec<NodeId>)> {
     // Ops another backend runs stay single nodes: that backend runs them one node at a time.
     let kept = |id: NodeId| placed_elsewhere.contains(g.node(id).op.mnemonic());
+    // Nodes computed once at load stay in groups of their own kind (see the module docs).
+    let at_load = kiln_ir::memory::computed_at_load(g, order);
     let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut group_of: HashMap<NodeId, usize> = HashMap::new();
     let mut groups: Vec<(FusionKind, Vec<NodeId>)> = Vec::new();
@@ -127,7 +150,11 @@ fn form_groups(
             }
             let uses = g.uses(v);
             let [(user, _)] = uses.as_slice() else { break };
-            if group_of.contains_key(user) || !g.node(*user).op.is_elementwise() || kept(*user) {
+            if group_of.contains_key(user)
+                || !g.node(*user).op.is_elementwise()
+                || kept(*user)
+                || at_load.contains(&cur) != at_load.contains(user)
+            {
                 break;
             }
             members.push(*user);
@@ -156,6 +183,13 @@ fn form_groups(
             if gi < first_loop || loop_groups[gi - first_loop].len() >= max_ops {
                 continue;
             }
+            let members = &loop_groups[gi - first_loop];
+            let group_at_load = members.iter().all(|m| at_load.contains(m));
+            if at_load.contains(&id) && !group_at_load
+                || !at_load.contains(&id) && group_at_load && !inline_at_load(g, members, id)
+            {
+                continue;
+            }
             if recomputed_at_cost(g, &node.op, *v, &loop_groups[gi - first_loop]) {
                 refused = Some(*v);
                 continue;
@@ -175,6 +209,7 @@ fn form_groups(
                 .filter_map(|(user, _)| group_of.get(user).copied())
                 .find(|&gi| {
                     gi >= first_loop
+                        && loop_groups[gi - first_loop].iter().all(|m| at_load.contains(m)) == at_load.contains(&id)
                         && loop_groups[gi - first_loop].len() < max_ops
                         && convex_with(g, &pos, &group_of, &groups, &loop_groups, first_loop, gi, id)
                 });

@@ -7,7 +7,7 @@
 //!
 //! | rule | why it is exact |
 //! | --- | --- |
-//! | only results of nodes other than `input`, `param`, `constant` are planned | the caller, the weight store and the constant pool own those bytes |
+//! | only results of nodes other than `input`, `param`, `constant` and the nodes computed when the weights are bound ([`kiln_ir::memory::computed_at_load`]: weight transposes, constant broadcasts) are planned | the caller, the weight store and the constant pool own those bytes; prepared weights live as long as the weights |
 //! | an elementwise node (unary, binary, cast, select, gelu) writes its result over an operand that dies at that node, is not a graph output, and has the same element count and element size | element `i` of the result reads only element `i` of each operand, so no unread byte is overwritten |
 //! | otherwise two values share bytes only if their lifetimes (definition to last use, both included) are disjoint | a value is never overwritten while it may still be read, nor written while its inputs are read |
 //! | buffers are placed greedily by size, largest first, each in the smallest gap (best fit) left by the already placed buffers whose lifetimes overlap its own; offsets are multiples of 64 | placement only chooses among legal offsets; the order makes the result deterministic |

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kiln_ir::memory::{Lifetimes, produces_intermediates, static_bytes};
+use kiln_ir::memory::{Lifetimes, computed_at_load, produces_intermediates, static_bytes};
 use kiln_ir::{Graph, NodeId, Value};
 
 use crate::declare_pass;
@@ -42,7 +42,7 @@ impl Pass for Schedule {
         let topo = g
             .topo_order()
             .map_err(|c| PassError::at(Self::NAME, g.describe(c.0), "the graph has a cycle through this node"))?;
-        let greedy = greedy_order(g);
+        let greedy = greedy_order(g, &computed_at_load(g, &topo));
         let topo_peak = Lifetimes::of(g, topo.clone()).peak_bytes(g);
         let greedy_peak = Lifetimes::of(g, greedy.clone()).peak_bytes(g);
         let best = if greedy_peak < topo_peak { greedy } else { topo };
@@ -54,16 +54,17 @@ impl Pass for Schedule {
     }
 }
 
-/// Bytes of a value if it is a statically sized intermediate, else 0.
-fn bytes(g: &Graph, v: Value) -> i64 {
-    if !produces_intermediates(&g.node(v.node).op) {
+/// Bytes of a value if it is a statically sized intermediate (not a source's, nor one of the nodes `at_load`), else
+/// 0.
+fn bytes(g: &Graph, at_load: &BTreeSet<NodeId>, v: Value) -> i64 {
+    if !produces_intermediates(&g.node(v.node).op) || at_load.contains(&v.node) {
         return 0;
     }
     g.value_type(v).and_then(static_bytes).map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX))
 }
 
 /// The greedy list schedule described in the module docs.
-fn greedy_order(g: &Graph) -> Vec<NodeId> {
+fn greedy_order(g: &Graph, at_load: &BTreeSet<NodeId>) -> Vec<NodeId> {
     let outputs: BTreeSet<Value> = g.outputs().iter().map(|(_, v)| *v).collect();
     // Distinct user nodes left to run, per value.
     let mut users_left: BTreeMap<Value, usize> = BTreeMap::new();
@@ -86,9 +87,9 @@ fn greedy_order(g: &Graph) -> Vec<NodeId> {
         let freed: i64 = operands
             .iter()
             .filter(|v| users_left.get(v) == Some(&1) && !outputs.contains(v))
-            .map(|&v| bytes(g, v))
+            .map(|&v| bytes(g, at_load, v))
             .sum();
-        let allocated: i64 = (0..node.outputs.len()).map(|k| bytes(g, Value::new(id, k as u32))).sum();
+        let allocated: i64 = (0..node.outputs.len()).map(|k| bytes(g, at_load, Value::new(id, k as u32))).sum();
         freed.saturating_sub(allocated)
     };
     while !ready.is_empty() {

@@ -277,6 +277,25 @@ pub struct Fallback {
     pub region: Option<String>,
 }
 
+impl Step {
+    /// Every buffer the step reads or writes (an epilogue's included), in no particular order.
+    pub fn buffers(&self) -> Vec<BufferId> {
+        match self {
+            Step::Kernel { args, .. } => args.clone(),
+            Step::Library { inputs, output, epilogue, .. } => {
+                let mut v: Vec<BufferId> = inputs.iter().chain([output]).copied().collect();
+                v.extend(epilogue.as_deref().map(Step::buffers).unwrap_or_default());
+                v
+            }
+            Step::Interp { inputs, outputs, .. }
+            | Step::Routine { inputs, outputs, .. }
+            | Step::Region { inputs, outputs, .. }
+            | Step::Backend { inputs, outputs, .. } => inputs.iter().chain(outputs).copied().collect(),
+            Step::Copy { src, dst } => vec![*src, *dst],
+        }
+    }
+}
+
 /// The nodes of `fallbacks` grouped by op kind, in op order: `(op, how many, why the first was not compiled)`.
 pub fn fallback_kinds(fallbacks: &[Fallback]) -> Vec<(&str, usize, &str)> {
     let mut kinds: std::collections::BTreeMap<&str, (usize, &str)> = std::collections::BTreeMap::new();

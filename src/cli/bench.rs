@@ -73,6 +73,7 @@ struct Report<'a> {
     compile_ms: f64,
     load_ms: f64,
     weights_load_ms: f64,
+    prepare_ms: f64,
     passes_ms: f64,
     lowering_ms: f64,
     codegen_ms: f64,
@@ -232,12 +233,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "compiled {} for {} in {compile_ms:.1} ms (passes {:.1} ms, lowering {:.1} ms, codegen {:.1} ms): {steps}",
+            "compiled {} for {} in {compile_ms:.1} ms (passes {:.1} ms, lowering {:.1} ms, codegen {:.1} ms, \
+             weights prepared {:.1} ms): {steps}",
             a.model.model.display(),
             a.backend.name(),
             ms(r.passes),
             ms(r.lowering),
             ms(r.codegen),
+            ms(r.prepare),
         );
     }
     for f in &r.fallbacks {
@@ -304,6 +307,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             compile_ms,
             load_ms: ms(r.load),
             weights_load_ms: ms(r.weights_load),
+            prepare_ms: ms(r.prepare),
             passes_ms: ms(r.passes),
             lowering_ms: ms(r.lowering),
             codegen_ms: ms(r.codegen),

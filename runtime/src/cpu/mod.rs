@@ -481,13 +481,18 @@ impl CpuProgram {
     /// Runs the prepare steps on `set`'s weights, filling its prepared weights.
     fn prepare(&self, set: &mut WeightSet) -> Result<(), RunError> {
         let symbols = HashMap::new();
+        // The steps write straight into the tensors the weight set keeps (zeroed memory the system hands out
+        // lazily: no copy, no page touched twice).
         let mut storage = Vec::with_capacity(self.exe.prepared.len());
         for &b in &self.exe.prepared {
             let dims = self.exe.dims(b, &symbols).map_err(RunError::Backend)?;
-            storage.push(AlignedBuf::zeroed(self.bytes(b, &dims))?);
+            let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
+            storage.push(Tensor::try_zeros(dtype, dims).map_err(RunError::Weights)?);
         }
         if !self.exe.prepare.is_empty() {
-            let ptrs = self.pointers(set, &[], &symbols, None, &storage, &mut Vec::new(), &mut Vec::new(), None)?;
+            // SAFETY: the steps write their declared results: 0 or 1 in every byte of a bool result.
+            let targets: Vec<*mut u8> = storage.iter_mut().map(|t| unsafe { t.as_bytes_mut() }.as_mut_ptr()).collect();
+            let ptrs = self.pointers(set, &[], &symbols, None, &targets, &mut Vec::new(), &mut Vec::new(), None)?;
             let sym_values = self.symbol_values(&symbols);
             for step in &self.exe.prepare {
                 if !self.step(set, step, Ptrs(&ptrs), &symbols, &sym_values)?.is_empty() {
@@ -495,15 +500,7 @@ impl CpuProgram {
                 }
             }
         }
-        for (&b, buf) in self.exe.prepared.iter().zip(&storage) {
-            let dims = self.exe.dims(b, &symbols).map_err(RunError::Backend)?;
-            let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
-            // SAFETY: the buffer holds exactly `bytes(b)` initialized (zeroed, then written) bytes.
-            let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr(), buf.len) };
-            let t = Tensor::from_bytes(dtype, dims, bytes)
-                .ok_or_else(|| RunError::Backend("a prepared weight has the wrong size".into()))?;
-            set.prepared.push(Arc::new(t));
-        }
+        set.prepared = storage.into_iter().map(Arc::new).collect();
         Ok(())
     }
 
@@ -657,7 +654,37 @@ impl CpuProgram {
         self.pack_weights(&mut set, prepacked)?;
         self.transform_conv_weights(&mut set)?;
         self.pack_integer_weights(&mut set)?;
+        self.release_packed_prepared(&mut set);
         Ok(set)
+    }
+
+    /// Drops the prepared weights that no step reads but through their packed form — a weight transpose that
+    /// only feeds matmuls whose left operand has static rows the packed path takes (`library::prefer_packed`):
+    /// keeping it would hold a third copy of a weight (the weight, its transpose, the packed transpose) for
+    /// nothing. A matmul that finds its operand released (which the checks here rule out) is an error, never a
+    /// read of the dropped memory.
+    fn release_packed_prepared(&self, set: &mut WeightSet) {
+        for (k, &b) in self.exe.prepared.iter().enumerate() {
+            let Some(p) = set.packed.get(&b) else { continue };
+            let packed_read = |s: &Step| match s {
+                Step::Library { op: LibraryOp::MatMul, inputs, output, epilogue } if inputs.get(1) == Some(&b) => {
+                    let a = &self.exe.buffers[inputs[0].0 as usize].ty.shape.0;
+                    let rows: Option<u64> = a[..a.len().saturating_sub(1)].iter().map(|d| d.as_static()).product();
+                    a.len() >= 2
+                        && inputs[0] != b
+                        && *output != b
+                        && epilogue.as_deref().is_none_or(|e| !e.buffers().contains(&b))
+                        && rows.is_some_and(|r| library::prefer_packed(r as usize, p.k(), p.n()))
+                }
+                s => !s.buffers().contains(&b),
+            };
+            let output = self.exe.outputs.iter().any(|(_, o)| *o == b);
+            if !output && self.exe.steps.iter().all(packed_read) {
+                let dtype = self.exe.buffers[b.0 as usize].ty.dtype;
+                set.prepared[k] = Arc::new(Tensor::zeros(dtype, vec![0]));
+                set.released.insert(b);
+            }
+        }
     }
 
     /// Makes `set` the one new runs read. Runs in flight keep the set they started with.
@@ -836,7 +863,7 @@ impl CpuProgram {
         given: &[TensorView<'_>],
         symbols: &HashMap<String, u64>,
         arena: Option<&AlignedBuf>,
-        prepared: &[AlignedBuf],
+        prepared: &[*mut u8],
         spare: &mut Vec<AlignedBuf>,
         dynamic: &mut Vec<AlignedBuf>,
         mut results: Option<&mut HashMap<BufferId, Tensor>>,
@@ -855,7 +882,7 @@ impl CpuProgram {
                 Home::Constant(t) => t.as_bytes().as_ptr().cast_mut(),
                 Home::Prepared(k) => match (set.prepared.get(*k), prepared.get(*k)) {
                     (Some(t), _) => t.as_bytes().as_ptr().cast_mut(),
-                    (None, Some(buf)) => buf.as_ptr(),
+                    (None, Some(&p)) => p,
                     (None, None) => std::ptr::null_mut(),
                 },
                 Home::Arena(offset) => match arena {
@@ -1311,6 +1338,13 @@ impl CpuProgram {
                     Some(p) if ad.len() >= 2 && library::prefer_packed(rows, p.k(), p.n()) => {
                         library::matmul_packed_f32(f32s(inputs[0], &ad), rows, p, out, None, par)
                     }
+                    _ if set.released.contains(&inputs[1]) => Err(library::LibraryError::Shape {
+                        op: "matmul",
+                        message: format!(
+                            "the right operand was released once packed, but the packed path does not take {rows} \
+                             rows (a kiln bug)"
+                        ),
+                    }),
                     _ => library::matmul_f32(f32s(inputs[0], &ad), &ad, f32s(inputs[1], &bd), &bd, out, None, par),
                 }
             }

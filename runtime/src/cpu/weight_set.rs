@@ -29,6 +29,9 @@ pub(crate) struct WeightSet {
     pub(crate) prepared: Vec<Arc<Tensor>>,
     /// Matmul right operands packed for `library::matmul_packed_f32`, by buffer.
     pub(crate) packed: HashMap<BufferId, Arc<PackedB>>,
+    /// Prepared buffers dropped once packed (`CpuProgram::release_packed_prepared`): only their packed form
+    /// exists.
+    pub(crate) released: BTreeSet<BufferId>,
     /// 3×3 conv weights in the Winograd domain for `library::conv_winograd_f32`, by buffer.
     pub(crate) winograd: HashMap<BufferId, Arc<crate::library::WinogradWeights>>,
     /// 2-D right operands of integer matmuls less their zero points, packed for
