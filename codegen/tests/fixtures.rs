@@ -51,6 +51,7 @@ fn lowerable_fixtures_match_the_interpreter() {
     assert_eq!(
         refused,
         [
+            "batch_norm_channelwise",
             "control_flow",
             "conv3x3_layers",
             "conv_pool",
@@ -87,7 +88,7 @@ fn ops_the_op_table_calls_fusible_lower_alone() {
         let g = kiln_ir::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for id in g.node_ids() {
             let op = &g.node(id).op;
-            if !matches!(op.fusibility(), Fusibility::Elementwise | Fusibility::Loop) {
+            if !matches!(op.fusibility(), Fusibility::Elementwise | Fusibility::Channelwise | Fusibility::Loop) {
                 continue;
             }
             let options = kiln_codegen::kernel::LowerOptions { spaces: kiln_codegen::kernel::SpacePolicy::Separate };

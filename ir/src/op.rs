@@ -891,6 +891,11 @@ pub enum Fusibility {
     /// Element `i` of each result depends only on element `i` of each (broadcast) operand: a library epilogue
     /// may hold it, a transpose may move across it, and its result may overwrite a same-sized operand.
     Elementwise,
+    /// Element `i` of the result depends only on element `i` of the first operand and on the channel (dim 1) of
+    /// `i` in the others (`batch_norm`): a library epilogue may hold it when the first operand is the chain's
+    /// value, and a loop group may; a transpose may not move across it (it would move the channel), nor may the
+    /// result overwrite an operand.
+    Channelwise,
     /// Not elementwise, but the loop-kernel lowering computes it from its operands by index arithmetic, so a
     /// loop group may hold it next to other members (movement ops, reductions and the normalizations).
     Loop,
@@ -913,6 +918,7 @@ impl Op {
             | Op::Softmax(_)
             | Op::LogSoftmax(_)
             | Op::LayerNorm(_) => Loop,
+            Op::BatchNorm(_) => Channelwise,
             Op::MatMul | Op::Conv(_) => LibraryRoot,
             Op::Input(_)
             | Op::Parameter(_)
@@ -938,7 +944,6 @@ impl Op {
             | Op::Scatter(_)
             | Op::Iota(_)
             | Op::ShapeOf
-            | Op::BatchNorm(_)
             | Op::Resize(_)
             | Op::Lstm(_)
             | Op::Gru(_)

@@ -1,4 +1,5 @@
-//! `fold-batchnorm`: folds inference `batch_norm` into the weights of the `conv` or `matmul` that feeds it.
+//! `fold-batchnorm`: folds inference `batch_norm` into the weights of the `conv` or `matmul` that feeds it, or,
+//! without one, into the per-channel affine map it is.
 //!
 //! Inference batch norm is an affine map per channel `c` (dim 1):
 //! `y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c] = x * s[c] + t[c]` with
@@ -10,11 +11,12 @@
 //! | `batch_norm(conv(x, w[, b]))` → `conv(x, w', b')` with `w'[m, …] = w[m, …] * s[m]`, `b' = b * s + t` (`b = 0` when absent) | conv output channel `m` is linear in `w[m, …]` and adds `b[m]` last; channel dim 1 of the conv output is `m` |
 //! | `batch_norm(matmul(x, w[K, M]))` → `add(matmul(x, w'), t)` with `w'[k, m] = w[k, m] * s[m]`, when the result has rank 2 | column `m` of a rank-2 product is linear in column `m` of `w`, and dim 1 of `[N, M]` is that column |
 //! | `batch_norm(add(matmul(x, w[K, M]), b[M]))` → `add(matmul(x, w'), b')` with `b' = b * s + t`, rank-2 result | as above, plus the bias as in the conv rule |
+//! | any other `batch_norm(x)` with `x` of rank ≥ 2 → `x * s' + t'` with `s'`, `t'` shaped `[C, 1, …]` | the map itself, per channel of dim 1; two elementwise ops fuse with their neighbours (a conv's epilogue, a ReLU) where the normalization computed a square root and a division per element |
 //!
 //! Conditions: every batch-norm operand and the producer's weights (and bias) are `constant`s or `param`s with
 //! data in the graph's weight store; every `var + eps` is positive (otherwise the batch norm is NaN-producing or
-//! infinite and is left alone); the producer's result (and, for the gemm pattern, the matmul's) has the batch
-//! norm as its only user and is not a graph output; float dtypes only. The folded values are computed in f64
+//! infinite and is left alone); to fold into a producer, the producer's result (and, for the gemm pattern, the
+//! matmul's) has the batch norm as its only user and is not a graph output; float dtypes only. The folded values are computed in f64
 //! from the stored values and rounded once to the weights' dtype, so the result differs from the unfolded graph
 //! only by the rounding of a reassociated product: within 1e-5 relative for f32 on well-conditioned outputs (a
 //! cancelling sum loses relative accuracy the same way in both forms). New weights get derived names
@@ -34,7 +36,7 @@ use crate::declare_pass;
 use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
-    /// Folds inference `batch_norm` into the weights and bias of a preceding `conv` or rank-2 `matmul`.
+    /// Folds inference `batch_norm` into the weights and bias of a preceding `conv` or rank-2 `matmul`, else into a per-channel `x * s + t`.
     #[derive(Clone, Debug, Default)]
     pub struct FoldBatchnorm = "fold-batchnorm";
 }
@@ -66,14 +68,17 @@ enum Producer {
     Conv(NodeId),
     /// `matmul(x, w)`, optionally followed by `add(_, b)`: the matmul, and the add if any.
     MatMul { matmul: NodeId, add: Option<NodeId> },
+    /// Any other `x`: the batch norm becomes `x * s + t` with `s`, `t` as `[C, 1, …]` (an elementwise pair that
+    /// fuses with its neighbours, instead of a normalization computing `sqrt` and a division per element).
+    Affine,
 }
 
 /// A fold worked out before the graph is touched.
 struct Plan {
     producer: Producer,
-    /// Folded weights, and the name of the weight they derive from.
+    /// Folded weights, and the name of the weight they derive from (for [`Producer::Affine`]: `s`).
     weights: (Tensor, String),
-    /// Folded bias `b * s + t`, and the name of the value it derives from.
+    /// Folded bias `b * s + t`, and the name of the value it derives from (for [`Producer::Affine`]: `t`).
     bias: (Tensor, String),
 }
 
@@ -85,6 +90,7 @@ fn plan(g: &Graph, bn: NodeId) -> Option<Plan> {
     if !dtype.is_float() {
         return None;
     }
+    let (scale_name, bias_name) = (known(g, *scale)?.1, known(g, *bias)?.1);
     let (scale, bias, mean, var) =
         (known(g, *scale)?.0.to_f64_vec(), known(g, *bias)?.0.to_f64_vec(), known(g, *mean)?.0.to_f64_vec(), {
             known(g, *var)?.0.to_f64_vec()
@@ -101,7 +107,33 @@ fn plan(g: &Graph, bn: NodeId) -> Option<Plan> {
     let sole_user = |v: Value, user: NodeId| {
         g.users(v.node) == [user] && g.uses(v).len() == 1 && !g.outputs().iter().any(|(_, o)| o.node == v.node)
     };
-    if !sole_user(*x, bn) || x.index != 0 {
+    into_producer(g, bn, &s, &t, sole_user).or_else(|| {
+        // No producer to fold into: `x * s + t`, per channel (dim 1) of `x`.
+        let rank = g.value_type(*x)?.shape.rank();
+        if rank < 2 || g.value_type(*x)?.shape.dims()[1].as_static() != Some(channels as u64) {
+            return None;
+        }
+        let mut shape = vec![channels];
+        shape.resize(rank - 1, 1);
+        let column = |v: &[f64]| Tensor::new(shape.clone(), Data::from_f64_iter(dtype, v.iter().copied())).ok();
+        Some(Plan { producer: Producer::Affine, weights: (column(&s)?, scale_name), bias: (column(&t)?, bias_name) })
+    })
+}
+
+/// The fold of batch norm `bn` (per-channel `s`, `t`) into the conv or matmul producing its operand, if it has
+/// one of those shapes.
+fn into_producer(
+    g: &Graph,
+    bn: NodeId,
+    s: &[f64],
+    t: &[f64],
+    sole_user: impl Fn(Value, NodeId) -> bool,
+) -> Option<Plan> {
+    let node = g.node(bn);
+    let x = node.inputs[0];
+    let dtype = node.outputs.first()?.dtype;
+    let channels = s.len();
+    if !sole_user(x, bn) || x.index != 0 {
         return None;
     }
     let producer = g.get(x.node)?;
@@ -123,7 +155,7 @@ fn plan(g: &Graph, bn: NodeId) -> Option<Plan> {
             if b.len() != channels {
                 return None;
             }
-            let folded_b = affine(dtype, &b, &s, &t)?;
+            let folded_b = affine(dtype, &b, s, t)?;
             Some(Plan { producer: Producer::Conv(x.node), weights: (folded_w, w_name), bias: (folded_b, b_name) })
         }
         Op::MatMul | Op::Binary(BinaryOp::Add) => {
@@ -152,7 +184,7 @@ fn plan(g: &Graph, bn: NodeId) -> Option<Plan> {
             }
             let folded_w = scaled(&w, |i| s[i % channels])?;
             let (b, b_name) = b.unwrap_or_else(|| (vec![0.0; channels], format!("{w_name}.bias")));
-            let folded_b = affine(dtype, &b, &s, &t)?;
+            let folded_b = affine(dtype, &b, s, t)?;
             Some(Plan {
                 producer: Producer::MatMul { matmul, add },
                 weights: (folded_w, w_name),
@@ -199,6 +231,14 @@ fn apply(g: &mut Graph, bn: NodeId, plan: Plan) {
     let w = new_weight(g, &weights.1, weights.0);
     let b = new_weight(g, &bias.1, bias.0);
     let result = match producer {
+        Producer::Affine => {
+            let ty = g.node(bn).outputs[0].clone();
+            let name = g.node(bn).name.clone();
+            let x = g.node(bn).inputs[0];
+            let node = |op, inputs, ty| Node { op, inputs, outputs: vec![ty], name: name.clone() };
+            let scaled = g.add_node(node(Op::Binary(BinaryOp::Mul), vec![x, w], ty.clone()));
+            Value::new(g.add_node(node(Op::Binary(BinaryOp::Add), vec![Value::new(scaled, 0), b], ty)), 0)
+        }
         Producer::Conv(conv) => {
             g.set_input(conv, 1, w);
             if g.node(conv).inputs.len() == 3 {

@@ -2,8 +2,8 @@
 //!
 //! | Group | Members | Why it is exact |
 //! |---|---|---|
-//! | `library` | a [`Fusibility::LibraryRoot`] (`matmul`, `conv`) and a chain of [`Fusibility::Elementwise`] consumers (`unary`, `binary`, `cast`, `select`, `gelu`), each the *only* user of the previous value (which is not a graph output) | the body computes the same ops on the same operands; only the chain's last value escapes |
-//! | `loop` | connected elementwise and [`Fusibility::Loop`] ops (`broadcast`, `reshape`, `transpose`, `reduce`, `softmax`, `log_softmax`, `layer_norm`) | the body computes the same ops; every value used outside the group is a result |
+//! | `library` | a [`Fusibility::LibraryRoot`] (`matmul`, `conv`) and a chain of [`Fusibility::Elementwise`] consumers (`unary`, `binary`, `cast`, `select`, `gelu`) and [`Fusibility::Channelwise`] ones of the chain's value (`batch_norm`), each the *only* user of the previous value (which is not a graph output) | the body computes the same ops on the same operands; only the chain's last value escapes |
+//! | `loop` | connected elementwise, channelwise and [`Fusibility::Loop`] ops (`broadcast`, `reshape`, `transpose`, `reduce`, `softmax`, `log_softmax`, `layer_norm`) | the body computes the same ops; every value used outside the group is a result |
 //!
 //! Which op is which is the op table's answer ([`kiln_ir::Op::fusibility`]), not a list kept here.
 //!
@@ -88,7 +88,7 @@ impl Pass for Fuse {
 
 /// Ops a loop group may hold.
 fn is_loop_op(op: &Op) -> bool {
-    matches!(op.fusibility(), Fusibility::Elementwise | Fusibility::Loop)
+    matches!(op.fusibility(), Fusibility::Elementwise | Fusibility::Channelwise | Fusibility::Loop)
 }
 
 /// A constant or iota small enough to clone into a body.
@@ -150,8 +150,14 @@ fn form_groups(
             }
             let uses = g.uses(v);
             let [(user, _)] = uses.as_slice() else { break };
+            let epilogue = match g.node(*user).op.fusibility() {
+                Fusibility::Elementwise => true,
+                // A batch norm of the chain's value (not one scaling by it).
+                Fusibility::Channelwise => g.node(*user).inputs.first() == Some(&v),
+                _ => false,
+            };
             if group_of.contains_key(user)
-                || !g.node(*user).op.is_elementwise()
+                || !epilogue
                 || kept(*user)
                 || at_load.contains(&cur) != at_load.contains(user)
             {
