@@ -49,7 +49,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 13"
+VERSION = "corpus 14"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -611,6 +611,67 @@ def stress_models(out, rng, scratch):
     write_case(out, "stress_control_flow", path, sets)
 
 
+def sequence_model(out, rng, scratch):
+    """Sequences and optionals as exporters write them (a list split off a tensor, edited, mapped and stacked;
+    an optional around a tensor): every sequence op kiln resolves at import, over a symbolic batch."""
+    from onnx import TensorProto, helper as h, numpy_helper as nh
+
+    B = "B"
+    w = nh.from_array(rng.standard_normal((8, 4)).astype(np.float32) * 0.5, "w")
+    body = h.make_graph(
+        [h.make_node("MatMul", ["e", "w_in"], ["z"]), h.make_node("Tanh", ["z"], ["t"])],
+        "project",
+        [h.make_tensor_value_info("e", TensorProto.FLOAT, [B, 8]), h.make_tensor_value_info("w_in", TensorProto.FLOAT, [8, 4])],
+        [h.make_tensor_value_info("t", TensorProto.FLOAT, [B, 4])],
+    )
+    i64 = lambda name, v: nh.from_array(np.array(v, np.int64), name)
+    nodes = [
+        h.make_node("SplitToSequence", ["x"], ["rows"], axis=1, keepdims=0),
+        h.make_node("SequenceLength", ["rows"], ["n"]),
+        h.make_node("SequenceAt", ["rows", "minus_one"], ["last"]),
+        h.make_node("SequenceAt", ["rows", "two"], ["third"]),
+        h.make_node("SequenceErase", ["rows", "zero"], ["rows2"]),
+        h.make_node("Relu", ["last"], ["last_relu"]),
+        h.make_node("SequenceInsert", ["rows2", "last_relu"], ["rows3"]),
+        h.make_node("SequenceInsert", ["rows3", "third", "one"], ["rows4"]),
+        h.make_node("SequenceMap", ["rows4", "w"], ["projected"], body=body),
+        h.make_node("ConcatFromSequence", ["projected"], ["stacked"], axis=1, new_axis=1),
+        h.make_node("SplitToSequence", ["x", "sizes"], ["parts"], axis=1),
+        h.make_node("ConcatFromSequence", ["parts"], ["rejoined"], axis=-2),
+        h.make_node("SplitToSequence", ["x", "four"], ["halves"], axis=2),
+        h.make_node("SequenceAt", ["halves", "one"], ["second_half"]),
+        h.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
+        h.make_node("SequenceInsert", ["empty", "third"], ["one_item"]),
+        h.make_node("SequenceInsert", ["one_item", "last", "zero"], ["two_items"]),
+        h.make_node("ConcatFromSequence", ["two_items"], ["batch_stack"], axis=0),
+        h.make_node("Optional", ["third"], ["maybe"]),
+        h.make_node("OptionalHasElement", ["maybe"], ["has"]),
+        h.make_node("OptionalGetElement", ["maybe"], ["got"]),
+        h.make_node("Optional", [], ["nothing"], type=h.make_tensor_type_proto(TensorProto.FLOAT, [B, 8])),
+        h.make_node("OptionalHasElement", ["nothing"], ["has_not"]),
+        h.make_node("Neg", ["got"], ["neg"]),
+        h.make_node("Where", ["has", "got", "neg"], ["picked"]),
+        h.make_node("Where", ["has_not", "neg", "picked"], ["chosen"]),
+        h.make_node("Cast", ["n"], ["n_f"], to=TensorProto.FLOAT),
+        h.make_node("Mul", ["chosen", "n_f"], ["scaled"]),
+    ]
+    inits = [w, i64("minus_one", -1), i64("two", 2), i64("zero", 0), i64("one", 1), i64("sizes", [2, 4]), i64("four", 4)]
+    inputs = [h.make_tensor_value_info("x", TensorProto.FLOAT, [B, 6, 8])]
+    outputs = [
+        h.make_tensor_value_info("stacked", TensorProto.FLOAT, [B, 7, 4]),
+        h.make_tensor_value_info("rejoined", TensorProto.FLOAT, [B, 6, 8]),
+        h.make_tensor_value_info("second_half", TensorProto.FLOAT, [B, 6, 4]),
+        h.make_tensor_value_info("batch_stack", TensorProto.FLOAT, [None, 8]),
+        h.make_tensor_value_info("scaled", TensorProto.FLOAT, [B, 8]),
+    ]
+    model = h.make_model(h.make_graph(nodes, "stress_sequences", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path = os.path.join(scratch, "stress_sequences.onnx")
+    onnx.save(model, path)
+    sets = [{"x": rng.standard_normal((b, 6, 8)).astype(np.float32)} for b in (1, 3)]
+    write_case(out, "stress_sequences", path, sets)
+
+
 def recurrent_models(out, rng, scratch):
     """Recurrent models as exporters write them: a CRNN-style text recognizer (conv front end, features reshaped
     to a sequence over the symbolic width, a bidirectional LSTM, a per-step classifier), a streaming one-step
@@ -848,6 +909,7 @@ def main():
     light_models(a.out, rng)
     stress_models(a.out, rng, scratch)
     recurrent_models(a.out, rng, scratch)
+    sequence_model(a.out, rng, scratch)
     quantized_models(a.out, a.shared, rng, scratch)
     if os.path.isdir(a.shared):
         symbolic_copies(a.out, a.shared, rng, scratch)

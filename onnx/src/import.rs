@@ -82,10 +82,21 @@ impl From<Dim> for DimArg {
     }
 }
 
+/// A sequence or an optional, resolved at import time ([`crate::ops::sequence`]): the ONNX names of the tensor
+/// values it holds (or of the sequence an optional holds).
+#[derive(Clone, Debug)]
+pub(crate) enum Composite {
+    Seq(Vec<String>),
+    Optional(Option<String>),
+}
+
 /// Import state.
 pub(crate) struct Ctx<'m> {
     pub b: Builder,
     scopes: Vec<HashMap<String, Option<Val>>>,
+    /// The sequences and optionals defined so far, by ONNX name (their elements live in `scopes`). ONNX names
+    /// are unique across a model and its subgraphs, so one table serves every scope.
+    composites: HashMap<String, Composite>,
     pub problems: Vec<Unsupported>,
     pub opset: i64,
     pub base_dir: Option<&'m Path>,
@@ -251,7 +262,7 @@ impl<'m> Ctx<'m> {
                 match self.lookup(&o.name)? {
                     Some(Some(v)) => outs.push(v),
                     Some(None) => return Err(REPORTED.into()),
-                    None => return Err(format!("subgraph output `{}` is not defined", o.name)),
+                    None => return Err(self.undefined(&o.name, "subgraph output")),
                 }
             }
             Ok(outs)
@@ -270,6 +281,79 @@ impl<'m> Ctx<'m> {
             captures: frame.captures,
             outputs: outs.into_iter().map(|v| v.ty).collect(),
         })
+    }
+
+    /// The tensor value named `name` (a sequence's element), captured into the region being imported if it
+    /// is an enclosing graph's.
+    pub(crate) fn element(&mut self, name: &str) -> Result<Val, String> {
+        match self.lookup(name)? {
+            Some(Some(v)) => Ok(v),
+            Some(None) => Err(REPORTED.into()),
+            None => Err(format!("`{name}` is not defined")),
+        }
+    }
+
+    /// Imports graph `g` inline, its inputs bound to `args` in order, in a scope of its own that sees the
+    /// enclosing values (an `If` branch, a `SequenceMap` body once per element); returns its outputs, which must
+    /// be tensors.
+    pub(crate) fn inline(&mut self, g: &GraphProto, args: Vec<Val>) -> Result<Vec<Val>, String> {
+        self.enter()?;
+        self.scopes.push(HashMap::new());
+        let result = (|| {
+            for (vi, v) in g.input.iter().zip(args) {
+                self.define(&vi.name, Some(v));
+            }
+            self.walk(g)?;
+            g.output
+                .iter()
+                .map(|o| match self.lookup(&o.name)? {
+                    Some(Some(v)) => Ok(v),
+                    Some(None) => Err(REPORTED.into()),
+                    None => Err(self.undefined(&o.name, "subgraph output")),
+                })
+                .collect()
+        })();
+        self.scopes.pop();
+        self.depth -= 1;
+        result
+    }
+
+    /// Why `name` is no tensor here, for `what` (an operand, an output): a sequence or optional, which only the
+    /// sequence ops take, or a name nothing defines.
+    fn undefined(&self, name: &str, what: &str) -> String {
+        match self.composites.get(name) {
+            Some(Composite::Seq(_)) => {
+                format!(
+                    "{what} `{name}` is a sequence: only the sequence ops take one (kiln resolves sequences at import)"
+                )
+            }
+            Some(Composite::Optional(_)) => {
+                format!("{what} `{name}` is an optional: only the optional ops take one (kiln resolves them at import)")
+            }
+            None => format!("{what} `{name}` is not defined"),
+        }
+    }
+
+    /// The operand `name` of a sequence op: a tensor, a sequence or an optional; `Ok(None)` when poisoned (its
+    /// cause is reported upstream).
+    fn item(&mut self, name: &str, depth: usize) -> Result<Option<ops::sequence::Item>, String> {
+        use ops::sequence::Item;
+        if let Some(c) = self.composites.get(name).cloned() {
+            return Ok(Some(match c {
+                Composite::Seq(elems) => Item::Seq(elems),
+                Composite::Optional(None) => Item::Optional(None),
+                Composite::Optional(Some(inner)) if depth < 8 => match self.item(&inner, depth + 1)? {
+                    Some(i) => Item::Optional(Some(Box::new(i))),
+                    None => return Ok(None),
+                },
+                Composite::Optional(Some(_)) => return Err("optionals nest too deep".into()),
+            }));
+        }
+        match self.lookup(name)? {
+            Some(Some(v)) => Ok(Some(Item::Tensor(v))),
+            Some(None) => Ok(None),
+            None => Err(format!("`{name}`, which is not defined before it")),
+        }
     }
 
     pub(crate) fn define(&mut self, name: &str, v: Option<Val>) {
@@ -355,21 +439,7 @@ impl<'m> Ctx<'m> {
 
     /// Imports a subgraph (an `If` branch) in a new scope that sees the enclosing values; returns its outputs.
     pub fn subgraph(&mut self, g: &GraphProto) -> Result<Vec<Val>, String> {
-        self.enter()?;
-        self.scopes.push(HashMap::new());
-        let result = self.walk(g).and_then(|_| {
-            g.output
-                .iter()
-                .map(|o| match self.lookup(&o.name)? {
-                    Some(Some(v)) => Ok(v),
-                    Some(None) => Err(REPORTED.into()),
-                    None => Err(format!("subgraph output `{}` is not defined", o.name)),
-                })
-                .collect()
-        });
-        self.scopes.pop();
-        self.depth -= 1;
-        result
+        self.inline(g, Vec::new())
     }
 
     fn walk(&mut self, g: &GraphProto) -> Result<(), String> {
@@ -407,29 +477,48 @@ impl<'m> Ctx<'m> {
         } else {
             format!("{}.{}", node.domain, node.op_type)
         };
+        // Sequence and optional operands are resolved at import time (`ops::sequence`); only the sequence ops
+        // take them.
+        let sequence_op =
+            (node.domain.is_empty() || node.domain == "ai.onnx") && ops::sequence::is_sequence_op(&node.op_type);
         let mut inputs = Vec::with_capacity(node.input.len());
+        let mut items = Vec::with_capacity(node.input.len());
         let mut poisoned = false;
+        let mut composite_operand = None;
         for name in &node.input {
             if name.is_empty() {
                 inputs.push(None);
+                items.push(None);
                 continue;
             }
-            match self.lookup(name)? {
-                Some(Some(v)) => inputs.push(Some(v)),
-                Some(None) => {
+            match self.item(name, 0) {
+                Ok(Some(item)) => {
+                    match &item {
+                        ops::sequence::Item::Tensor(v) => inputs.push(Some(v.clone())),
+                        _ if !sequence_op => {
+                            composite_operand = Some(self.undefined(name, "operand"));
+                            inputs.push(None);
+                        }
+                        _ => inputs.push(None),
+                    }
+                    items.push(Some(item));
+                }
+                Ok(None) => {
                     poisoned = true;
                     inputs.push(None);
+                    items.push(None);
                 }
-                None => {
-                    return Err(format!("node `{label}` ({op_type}) uses `{name}`, which is not defined before it"));
-                }
+                Err(e) => return Err(format!("node `{label}` ({op_type}) uses {e}")),
             }
         }
         // Values are single-assignment: a node writing a name already defined in this graph (a graph input, an
         // initializer, another node's output, or twice itself) is a malformed model, never "the last wins".
         let mut writes = std::collections::BTreeSet::new();
         for name in node.output.iter().filter(|n| !n.is_empty()) {
-            if self.scopes.last().expect("a scope").contains_key(name) || !writes.insert(name) {
+            if self.scopes.last().expect("a scope").contains_key(name)
+                || self.composites.contains_key(name)
+                || !writes.insert(name)
+            {
                 return Err(format!("node `{label}` ({op_type}) writes `{name}`, which is already defined"));
             }
         }
@@ -449,7 +538,9 @@ impl<'m> Ctx<'m> {
             };
             Unsupported { node: label.clone(), op_type: op_type.clone(), message }
         };
-        let Some(handler) = handler else {
+        // A sequence op has no tensor handler: `ops::sequence::import` serves it below.
+        let never: ops::Handler = |_, _| Err("a sequence op reached the tensor handlers (a kiln bug)".into());
+        let Some(handler) = handler.or(sequence_op.then_some(never)) else {
             let message = match node.domain.as_str() {
                 "" | "ai.onnx" => "op is not supported".to_string(),
                 "com.microsoft" => format!(
@@ -467,13 +558,23 @@ impl<'m> Ctx<'m> {
             self.poison(node);
             return Ok(());
         }
+        if let Some(message) = composite_operand {
+            self.problems.push(problem(message));
+            self.poison(node);
+            return Ok(());
+        }
         let n = OnnxNode::new(node, inputs, self.opset, self.base_dir);
         self.node_name = Some(label.clone());
-        let result = handler(self, &n);
+        let result = if sequence_op {
+            ops::sequence::import(self, &n, &items)
+        } else {
+            handler(self, &n).map(|vals| vals.into_iter().map(ops::sequence::Produced::Tensor).collect())
+        };
         self.node_name = None;
         let unread = n.unread_attributes();
         let mistyped = n.mistyped_attributes();
-        let unread_inputs = n.unread_inputs();
+        // A sequence op reads its operands as resolved items.
+        let unread_inputs = if sequence_op { Vec::new() } else { n.unread_inputs() };
         match result {
             // An attribute of the wrong type is the model's error, reported whatever the handler made of it.
             _ if !mistyped.is_empty() => {
@@ -502,7 +603,10 @@ impl<'m> Ctx<'m> {
                         continue;
                     }
                     match outs.get(i) {
-                        Some(v) => self.define(name, Some(v.clone())),
+                        Some(ops::sequence::Produced::Tensor(v)) => self.define(name, Some(v.clone())),
+                        Some(ops::sequence::Produced::Composite(c)) => {
+                            self.composites.insert(name.clone(), c.clone());
+                        }
                         None => {
                             self.problems.push(problem(format!("output {i} (`{name}`) is not supported")));
                             self.define(name, None);
@@ -670,6 +774,7 @@ pub fn import_model(
     let mut cx = Ctx {
         b: Builder::new(name),
         scopes: vec![HashMap::new()],
+        composites: HashMap::new(),
         problems: Vec::new(),
         opset,
         base_dir,
@@ -756,6 +861,13 @@ pub fn import_model(
         match cx.find(&o.name).cloned() {
             Some(Some(v)) => cx.b.output(&o.name, v.v),
             Some(None) => {}
+            None if cx.composites.contains_key(&o.name) => cx.problems.push(Unsupported {
+                node: o.name.clone(),
+                op_type: "graph output".into(),
+                message: "a sequence or optional as a graph output is not supported (a compiled model returns \
+                          tensors: concatenate the sequence, or return its elements)"
+                    .into(),
+            }),
             None => return Err(ImportError::Invalid(format!("graph output `{}` is not produced by any node", o.name))),
         }
     }

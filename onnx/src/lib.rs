@@ -151,7 +151,7 @@ pub fn check(path: &Path, options: &ImportOptions) -> Result<Vec<Unsupported>, I
 /// The ONNX op types kiln imports, sorted: the default domain's by name, the others as `domain.OpType` (ONNX
 /// Runtime's contrib ops: `com.microsoft.QGemm`), the form [`op_types`] and `kiln inspect` use.
 pub fn supported_ops() -> Vec<String> {
-    let default = ops::TABLE.iter().map(|(n, _)| (*n).to_string());
+    let default = ops::TABLE.iter().map(|(n, _)| *n).chain(ops::sequence::OPS.iter().copied()).map(str::to_string);
     let contrib = ops::contrib::op_types().map(|n| format!("com.microsoft.{n}"));
     let mut v: Vec<String> = default.chain(contrib).collect();
     v.sort_unstable();

@@ -348,3 +348,47 @@ fn declared_output_shapes_must_fit() {
     check("output_declared_with_another_rank", &relu(&["6"]).bytes());
     kiln_onnx::import_bytes(&relu(&["n", "3"]).bytes(), None, &ImportOptions::default()).expect("a symbolic dim fits");
 }
+
+/// Sequences are resolved at import: what would need one at run time is an error naming the node and why — a
+/// position fed by an input, a position out of range, a split of a symbolic extent, a sequence as a graph output
+/// or as an ordinary op's operand, the element of an empty optional.
+#[test]
+fn sequences_that_need_run_time_data_are_named() {
+    let split = || node("split", "SplitToSequence", &["x"], &["s"]);
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "3"])
+        .input("i", dtype::INT64, &[])
+        .node(split())
+        .node(node("at", "SequenceAt", &["s", "i"], &["y"]))
+        .output("y");
+    check("sequence_position_from_an_input", &m.bytes());
+    let at = node("at", "SequenceAt", &["s", "p"], &["y"]);
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "3"])
+        .initializer(tensor_i64("p", &[], &[2]))
+        .node(split())
+        .node(at)
+        .output("y");
+    check("sequence_position_out_of_range", &m.bytes());
+    let m = ModelBuilder::new("g").input("x", dtype::FLOAT, &["n", "3"]).node(split()).node(node(
+        "len",
+        "SequenceLength",
+        &["s"],
+        &["y"],
+    ));
+    check("split_to_sequence_of_a_symbolic_extent", &m.output("y").bytes());
+    let m = ModelBuilder::new("g").input("x", dtype::FLOAT, &["2", "3"]).node(split()).output("s");
+    check("sequence_as_graph_output", &m.bytes());
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "3"])
+        .node(split())
+        .node(node("relu", "Relu", &["s"], &["y"]))
+        .output("y");
+    check("sequence_as_an_ordinary_operand", &m.bytes());
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "3"])
+        .node(node("none", "Optional", &[], &["o"]))
+        .node(node("get", "OptionalGetElement", &["o"], &["y"]))
+        .output("y");
+    check("element_of_an_empty_optional", &m.bytes());
+}

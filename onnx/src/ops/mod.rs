@@ -14,6 +14,7 @@ mod quant;
 mod reduce;
 mod rnn;
 mod rotary;
+pub(crate) mod sequence;
 mod shape;
 mod signal;
 
