@@ -59,6 +59,7 @@ fn lowerable_fixtures_match_the_interpreter() {
             "data_dependent",
             "fusion",
             "grid_sample",
+            "integer_max_pool",
             "lstm_gru",
             "mlp_params",
             "mlp_symbolic_batch",

@@ -12,17 +12,20 @@
 //! the interpreter's result exactly (the interpreter computes each half op in f32 and rounds once), up to the
 //! order of a library op's additions. Storage stays in the model's type: weights are cast once, at load, by the
 //! prepare step every weight-only node becomes; the casts are elementwise and fuse into neighbouring kernels.
+//!
+//! Max pools of 8- and 16-bit integers widen the same way (the library pools f32): their result is exact, since
+//! every such value is an f32 and a maximum picks one of its operands.
 
 use std::collections::HashMap;
 
-use kiln_ir::op::Cast;
+use kiln_ir::op::{Cast, PoolKind};
 use kiln_ir::{DType, Graph, Node, NodeId, Op, TensorType, Value};
 
 use crate::declare_pass;
 use crate::pass::{Pass, PassContext, PassError};
 
 declare_pass! {
-    /// Makes the arithmetic of f16/bf16 values compute in f32 between casts (storage stays half precision).
+    /// Makes the arithmetic of f16/bf16 values (and max pools of 8/16-bit integers) compute in f32 between casts; storage keeps its type.
     #[derive(Clone, Debug, Default)]
     pub struct WidenHalf = "widen-half";
 }
@@ -62,12 +65,20 @@ fn is_half(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16)
 }
 
-/// Whether node `id` is arithmetic that widens ([`Op::widens_half`]) with a half-precision operand or result.
+/// Whether `op` computes on values of `d` in f32 here: half-precision arithmetic ([`Op::widens_half`]), and max
+/// pools of 8- and 16-bit integers (a QOperator model pools its u8 activations), which are the f32 max pools of the
+/// same values exactly — every such value converts both ways unchanged and the padding never wins either way.
+fn narrow(op: &Op, d: DType) -> bool {
+    (op.widens_half() && is_half(d))
+        || (matches!(op, Op::Pool(p) if p.kind == PoolKind::Max)
+            && matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16))
+}
+
+/// Whether node `id` computes in a narrow type that widens to f32 ([`narrow`]), in an operand or its result.
 fn widens(g: &Graph, id: NodeId) -> bool {
     let n = g.node(id);
-    n.op.widens_half()
-        && (n.outputs.iter().any(|t| is_half(t.dtype))
-            || n.inputs.iter().any(|&v| g.value_type(v).is_some_and(|t| is_half(t.dtype))))
+    n.outputs.iter().any(|t| narrow(&n.op, t.dtype))
+        || n.inputs.iter().any(|&v| g.value_type(v).is_some_and(|t| narrow(&n.op, t.dtype)))
 }
 
 fn add(g: &mut Graph, op: Op, inputs: Vec<Value>, outputs: Vec<TensorType>, name: Option<String>) -> Value {
@@ -87,7 +98,7 @@ fn widen(g: &mut Graph, id: NodeId, wide: &mut HashMap<Value, Value>, backs: &mu
     for (&v, ty) in node.inputs.iter().zip(types) {
         inputs.push(if let Some(&twin) = wide.get(&v) {
             twin
-        } else if is_half(ty.dtype) {
+        } else if narrow(&node.op, ty.dtype) {
             let f32_ty = TensorType::new(DType::F32, ty.shape.clone());
             let twin = add(g, Op::Cast(Cast { to: DType::F32 }), vec![v], vec![f32_ty], None);
             wide.insert(v, twin);
@@ -99,13 +110,13 @@ fn widen(g: &mut Graph, id: NodeId, wide: &mut HashMap<Value, Value>, backs: &mu
     let outputs: Vec<TensorType> = node
         .outputs
         .iter()
-        .map(|t| if is_half(t.dtype) { TensorType::new(DType::F32, t.shape.clone()) } else { t.clone() })
+        .map(|t| if narrow(&node.op, t.dtype) { TensorType::new(DType::F32, t.shape.clone()) } else { t.clone() })
         .collect();
     let widened = g.add_node(Node { op: node.op.clone(), inputs, outputs, name: node.name.clone() });
     for (i, out_ty) in node.outputs.iter().enumerate() {
         let old = Value::new(id, i as u32);
         let new = Value::new(widened, i as u32);
-        let result = if is_half(out_ty.dtype) {
+        let result = if narrow(&node.op, out_ty.dtype) {
             let back = add(g, Op::Cast(Cast { to: out_ty.dtype }), vec![new], vec![out_ty.clone()], None);
             wide.insert(back, new);
             backs.push(back);

@@ -4,9 +4,9 @@ use kiln_ir::op::{
     BatchNorm, BinaryOp as B, Conv, ConvTranspose, CoordMode, GridPadding, GridSample, Gru, LayerNorm, Lstm,
     NearestMode, Pool, PoolKind, Reduce, ReduceKind, Resize, ResizeMode, RnnDirection, RoiAlign, Softmax, UnaryOp as U,
 };
-use kiln_ir::{DType, Dim, Op, Shape, Tensor};
+use kiln_ir::{Dim, Op, Shape, Tensor};
 
-use super::{bin, cast, const_ints, dim_product, reshape, scalar_like, static_shape, transpose, un};
+use super::{bin, const_ints, dim_product, reshape, scalar_like, static_shape, transpose, un};
 use crate::import::{Ctx, Val};
 use crate::node::OnnxNode;
 
@@ -175,13 +175,6 @@ pub(crate) fn pool(cx: &mut Ctx<'_>, n: &OnnxNode<'_>) -> Result<Vec<Val>, Strin
     let x = n.input(0)?;
     let kind = if n.proto.op_type == "MaxPool" { PoolKind::Max } else { PoolKind::Avg };
     let attrs = pool_attrs(n, x, kind)?;
-    if kind == PoolKind::Max && matches!(x.dtype(), DType::U8 | DType::I8 | DType::U16 | DType::I16) {
-        // A max pool of small integers (a QOperator model pools its u8 activations) is the f32 max pool of the
-        // same values, exactly: every value converts both ways unchanged, and the padding never wins either way.
-        let wide = cast(cx, x, DType::F32)?;
-        let y = cx.op(Op::Pool(attrs), &[&wide])?;
-        return Ok(vec![cast(cx, &y, x.dtype())?]);
-    }
     Ok(vec![cx.op(Op::Pool(attrs), &[x])?])
 }
 

@@ -35,8 +35,36 @@ pub fn grid_sample_f32(
     sample(g, x, x_shape, grid, grid_shape, out)
 }
 
-/// One spatial dim's taps for a grid point: (input index, or `None` for a zero; weight).
-type Taps<F> = Vec<(Option<usize>, F)>;
+/// One spatial dim's taps for a grid point: (input index, or `None` for a zero; weight) — at most four (cubic),
+/// held inline so that working them out per point touches no heap.
+#[derive(Clone, Copy)]
+struct Taps<F> {
+    len: usize,
+    taps: [(Option<usize>, F); 4],
+}
+
+impl<F: Real> Taps<F> {
+    fn new() -> Taps<F> {
+        Taps { len: 0, taps: [(None, F::ZERO); 4] }
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn push(&mut self, tap: (Option<usize>, F)) {
+        self.taps[self.len] = tap;
+        self.len += 1;
+    }
+
+    fn first(&self) -> Option<&(Option<usize>, F)> {
+        self.as_slice().first()
+    }
+
+    fn as_slice(&self) -> &[(Option<usize>, F)] {
+        &self.taps[..self.len]
+    }
+}
 
 fn sample<F: Real>(
     g: &GridSample,
@@ -69,7 +97,7 @@ fn sample<F: Real>(
     for d in (0..r.saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * dims[d + 1];
     }
-    let mut taps: Vec<Taps<F>> = vec![Vec::new(); r];
+    let mut taps: Vec<Taps<F>> = vec![Taps::new(); r];
     for b in 0..batch {
         for p in 0..points {
             let point = &grid[(b * points + p) * r..][..r];
@@ -93,6 +121,7 @@ fn sample<F: Real>(
 }
 
 /// Fills `taps` for normalized coordinate `v` over an extent `len`; false when the coordinate is NaN or infinite.
+#[inline]
 fn dim_taps<F: Real>(g: &GridSample, v: f32, len: usize, taps: &mut Taps<F>) -> bool {
     taps.clear();
     let l = len as f32;
@@ -199,12 +228,12 @@ fn nearest<F: Real>(plane: &[F], taps: &[Taps<F>], strides: &[usize]) -> F {
 /// [`combine`] over two spatial dims (rows of `stride` elements), unrolled: the same sums in the same order.
 fn combine2<F: Real>(plane: &[F], taps: &[Taps<F>], stride: usize) -> F {
     let mut acc = F::ZERO;
-    for &(row, wy) in &taps[0] {
+    for &(row, wy) in taps[0].as_slice() {
         let v = match row {
             None => F::ZERO,
             Some(i) => {
                 let mut inner = F::ZERO;
-                for &(col, wx) in &taps[1] {
+                for &(col, wx) in taps[1].as_slice() {
                     inner = inner + wx * col.map_or(F::ZERO, |j| plane[i * stride + j]);
                 }
                 inner
@@ -219,7 +248,7 @@ fn combine2<F: Real>(plane: &[F], taps: &[Taps<F>], stride: usize) -> F {
 /// inside it, innermost first, as the reference's recursion sums them.
 fn combine<F: Real>(plane: &[F], taps: &[Taps<F>], strides: &[usize], dim: usize, base: usize) -> F {
     let mut acc = F::ZERO;
-    for &(index, w) in &taps[dim] {
+    for &(index, w) in taps[dim].as_slice() {
         let v = match index {
             None => F::ZERO,
             Some(i) if dim + 1 == taps.len() => plane[base + i * strides[dim]],
