@@ -12,9 +12,10 @@
 //! | `batch_norm(matmul(x, w[K, M]))` → `add(matmul(x, w'), t)` with `w'[k, m] = w[k, m] * s[m]`, when the result has rank 2 | column `m` of a rank-2 product is linear in column `m` of `w`, and dim 1 of `[N, M]` is that column |
 //! | `batch_norm(add(matmul(x, w[K, M]), b[M]))` → `add(matmul(x, w'), b')` with `b' = b * s + t`, rank-2 result | as above, plus the bias as in the conv rule |
 //! | any other `batch_norm(x)` with `x` of rank ≥ 2 → `x * s' + t'` with `s'`, `t'` shaped `[C, 1, …]` | the map itself, per channel of dim 1; two elementwise ops fuse with their neighbours (a conv's epilogue, a ReLU) where the normalization computed a square root and a division per element |
+//! | a batch norm whose statistics are not all stored (computed from weights, or run-time inputs) → the same `x * s' + t'`, with `s = scale / sqrt(var + eps)`, `t = bias - mean * s` computed by graph nodes on the `[C]` values | the same map; nodes computed from weights run once at load, and run-time statistics cost a few ops per channel |
 //!
-//! Conditions: every batch-norm operand and the producer's weights (and bias) are `constant`s or `param`s with
-//! data in the graph's weight store; every `var + eps` is positive (otherwise the batch norm is NaN-producing or
+//! Conditions of the folds into weights: every batch-norm operand and the producer's weights (and bias) are
+//! `constant`s or `param`s with data in the graph's weight store; every `var + eps` is positive (otherwise the batch norm is NaN-producing or
 //! infinite and is left alone); to fold into a producer, the producer's result (and, for the gemm pattern, the
 //! matmul's) has the batch norm as its only user and is not a graph output; float dtypes only. The folded values are computed in f64
 //! from the stored values and rounded once to the weights' dtype, so the result differs from the unfolded graph
@@ -22,18 +23,21 @@
 //! cancelling sum loses relative accuracy the same way in both forms). New weights get derived names
 //! (`<w>.bn_folded`, `<b>.bn_folded`, made unique; a small result computed only from inline constants stays an
 //! inline constant); weights are never changed in place, because another node
-//! may still use them. The unused originals are left to `dce`. A batch norm that cannot fold stays (`decompose`
-//! can lower it).
+//! may still use them. The unused originals are left to `dce`. A batch norm whose statistics are not all stored
+//! becomes the affine map computed by graph nodes (last row of the table): the same map up to rounding, except
+//! where `var + eps` is exactly 0 (the normalization gives ±inf there, the map inf − inf = NaN for some `x`); one
+//! that is not `[C]`-shaped or not float stays (`decompose` can lower it).
 
 use std::sync::Arc;
 
 use kiln_ir::builder::INLINE_CONSTANT_LIMIT;
-use kiln_ir::op::{BinaryOp, Constant, Parameter};
+use kiln_ir::op::{BinaryOp, Constant, Parameter, Reshape, UnaryOp};
 use kiln_ir::tensor::Data;
-use kiln_ir::{Graph, Node, NodeId, Op, Tensor, Value};
+use kiln_ir::{Dim, Graph, Node, NodeId, Op, Shape, Tensor, Value};
 
 use crate::declare_pass;
 use crate::pass::{Pass, PassContext, PassError};
+use crate::rewrite::Rewriter;
 
 declare_pass! {
     /// Folds inference `batch_norm` into the weights and bias of a preceding `conv` or rank-2 `matmul`, else into a per-channel `x * s + t`.
@@ -54,9 +58,14 @@ impl Pass for FoldBatchnorm {
         let bns: Vec<NodeId> = g.node_ids().filter(|&id| matches!(g.node(id).op, Op::BatchNorm(_))).collect();
         let mut changed = false;
         for bn in bns {
-            let Some(plan) = plan(g, bn) else { continue };
-            apply(g, bn, plan);
-            changed = true;
+            if let Some(plan) = plan(g, bn) {
+                apply(g, bn, plan);
+                changed = true;
+                continue;
+            }
+            let mut e = Rewriter::of(&mut *g, bn);
+            let result = affine_nodes(&mut e, bn);
+            changed |= e.finish(bn, result);
         }
         Ok(changed)
     }
@@ -193,6 +202,42 @@ fn into_producer(
         }
         _ => None,
     }
+}
+
+/// The batch norm `bn` as `x * s + t`, `s` and `t` computed by graph nodes from its operands, for statistics not
+/// all known at compile time: computed from weights (those nodes then run once, at load) or given at run time (a
+/// few ops on `[C]` values per run, where the normalization divided every element). `None` (left alone) unless
+/// the result is a float of rank ≥ 2 and every statistic is `[C]` of its dtype.
+fn affine_nodes(e: &mut Rewriter<'_>, bn: NodeId) -> Option<Value> {
+    let node = e.g.node(bn).clone();
+    let Op::BatchNorm(attrs) = &node.op else { return None };
+    let ty = node.outputs.first()?.clone();
+    let rank = ty.shape.rank();
+    let [x, scale, bias, mean, var] = node.inputs[..] else { return None };
+    if !ty.dtype.is_float() || rank < 2 {
+        return None;
+    }
+    let channels = ty.shape.dims()[1].clone();
+    for v in [scale, bias, mean, var] {
+        let t = e.g.value_type(v)?;
+        if t.shape.dims() != std::slice::from_ref(&channels) || t.dtype != ty.dtype {
+            return None;
+        }
+    }
+    let eps = e.scalar(ty.dtype, attrs.epsilon)?;
+    let var_eps = e.binary(BinaryOp::Add, var, eps)?;
+    let std = e.unary(UnaryOp::Sqrt, var_eps)?;
+    let s = e.binary(BinaryOp::Div, scale, std)?;
+    let ms = e.binary(BinaryOp::Mul, mean, s)?;
+    let t = e.binary(BinaryOp::Sub, bias, ms)?;
+    // `[C]` → `[C, 1, …]`, lined up with dim 1 of the operand.
+    let mut dims = vec![channels];
+    dims.resize(rank - 1, Dim::Static(1));
+    let column = Op::Reshape(Reshape { shape: Shape(dims) });
+    let (s, t) = (e.op(column.clone(), &[s])?, e.op(column, &[t])?);
+    let scaled = e.binary(BinaryOp::Mul, x, s)?;
+    let out = e.binary(BinaryOp::Add, scaled, t)?;
+    (e.g.value_type(out)? == &ty).then_some(out)
 }
 
 /// `w` with element `i` multiplied by `factor(i)`, computed in f64 and rounded once to `w`'s dtype.
