@@ -49,7 +49,7 @@ import onnx
 import onnxruntime as ort
 from onnx import shape_inference
 
-VERSION = "corpus 14"
+VERSION = "corpus 15"
 
 # Symbolic copies: model -> {input name: dim names (None keeps the dim)}, and two shapes per symbol set.
 # (bert_small and gpt2_small are not among them: their exporter baked the batch and sequence length into their
@@ -618,11 +618,21 @@ def sequence_model(out, rng, scratch):
 
     B = "B"
     w = nh.from_array(rng.standard_normal((8, 4)).astype(np.float32) * 0.5, "w")
+    # The body splits and re-joins its element too: a sequence of its own, once per element.
     body = h.make_graph(
-        [h.make_node("MatMul", ["e", "w_in"], ["z"]), h.make_node("Tanh", ["z"], ["t"])],
+        [
+            h.make_node("MatMul", ["e", "w_in"], ["z"]),
+            h.make_node("SplitToSequence", ["z"], ["z_cols"], axis=1, keepdims=1),
+            h.make_node("SequenceAt", ["z_cols", "body_first"], ["z_first"]),
+            h.make_node("SequenceErase", ["z_cols", "body_first"], ["z_rest"]),
+            h.make_node("SequenceInsert", ["z_rest", "z_first"], ["z_back"]),
+            h.make_node("ConcatFromSequence", ["z_back"], ["z_rolled"], axis=1),
+            h.make_node("Tanh", ["z_rolled"], ["t"]),
+        ],
         "project",
         [h.make_tensor_value_info("e", TensorProto.FLOAT, [B, 8]), h.make_tensor_value_info("w_in", TensorProto.FLOAT, [8, 4])],
         [h.make_tensor_value_info("t", TensorProto.FLOAT, [B, 4])],
+        [nh.from_array(np.array(0, np.int64), "body_first")],
     )
     i64 = lambda name, v: nh.from_array(np.array(v, np.int64), name)
     nodes = [

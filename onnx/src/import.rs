@@ -94,9 +94,9 @@ pub(crate) enum Composite {
 pub(crate) struct Ctx<'m> {
     pub b: Builder,
     scopes: Vec<HashMap<String, Option<Val>>>,
-    /// The sequences and optionals defined so far, by ONNX name (their elements live in `scopes`). ONNX names
-    /// are unique across a model and its subgraphs, so one table serves every scope.
-    composites: HashMap<String, Composite>,
+    /// The sequences and optionals defined so far, by ONNX name, one table per scope of `scopes` (their
+    /// elements live there).
+    composites: Vec<HashMap<String, Composite>>,
     pub problems: Vec<Unsupported>,
     pub opset: i64,
     pub base_dir: Option<&'m Path>,
@@ -238,6 +238,7 @@ impl<'m> Ctx<'m> {
         let name = if g.name.is_empty() { "region".to_string() } else { g.name.clone() };
         let outer = std::mem::replace(&mut self.b, Builder::new(name));
         self.scopes.push(HashMap::new());
+        self.composites.push(HashMap::new());
         let base = self.scopes.len() - 1;
         self.frames.push(Frame { outer, base, formal: formal.len(), captures: Vec::new(), captured: HashMap::new() });
         let result = (|| -> Result<Vec<Val>, String> {
@@ -268,6 +269,7 @@ impl<'m> Ctx<'m> {
             Ok(outs)
         })();
         self.scopes.pop();
+        self.composites.pop();
         let frame = self.frames.pop().expect("the region's frame");
         self.depth -= 1;
         let body = std::mem::replace(&mut self.b, frame.outer);
@@ -299,6 +301,7 @@ impl<'m> Ctx<'m> {
     pub(crate) fn inline(&mut self, g: &GraphProto, args: Vec<Val>) -> Result<Vec<Val>, String> {
         self.enter()?;
         self.scopes.push(HashMap::new());
+        self.composites.push(HashMap::new());
         let result = (|| {
             for (vi, v) in g.input.iter().zip(args) {
                 self.define(&vi.name, Some(v));
@@ -314,14 +317,20 @@ impl<'m> Ctx<'m> {
                 .collect()
         })();
         self.scopes.pop();
+        self.composites.pop();
         self.depth -= 1;
         result
+    }
+
+    /// The sequence or optional named `name` in the innermost scope that defines one.
+    fn composite(&self, name: &str) -> Option<&Composite> {
+        self.composites.iter().rev().find_map(|c| c.get(name))
     }
 
     /// Why `name` is no tensor here, for `what` (an operand, an output): a sequence or optional, which only the
     /// sequence ops take, or a name nothing defines.
     fn undefined(&self, name: &str, what: &str) -> String {
-        match self.composites.get(name) {
+        match self.composite(name) {
             Some(Composite::Seq(_)) => {
                 format!(
                     "{what} `{name}` is a sequence: only the sequence ops take one (kiln resolves sequences at import)"
@@ -338,7 +347,7 @@ impl<'m> Ctx<'m> {
     /// cause is reported upstream).
     fn item(&mut self, name: &str, depth: usize) -> Result<Option<ops::sequence::Item>, String> {
         use ops::sequence::Item;
-        if let Some(c) = self.composites.get(name).cloned() {
+        if let Some(c) = self.composite(name).cloned() {
             return Ok(Some(match c {
                 Composite::Seq(elems) => Item::Seq(elems),
                 Composite::Optional(None) => Item::Optional(None),
@@ -516,7 +525,7 @@ impl<'m> Ctx<'m> {
         let mut writes = std::collections::BTreeSet::new();
         for name in node.output.iter().filter(|n| !n.is_empty()) {
             if self.scopes.last().expect("a scope").contains_key(name)
-                || self.composites.contains_key(name)
+                || self.composites.last().is_some_and(|c| c.contains_key(name))
                 || !writes.insert(name)
             {
                 return Err(format!("node `{label}` ({op_type}) writes `{name}`, which is already defined"));
@@ -605,7 +614,7 @@ impl<'m> Ctx<'m> {
                     match outs.get(i) {
                         Some(ops::sequence::Produced::Tensor(v)) => self.define(name, Some(v.clone())),
                         Some(ops::sequence::Produced::Composite(c)) => {
-                            self.composites.insert(name.clone(), c.clone());
+                            self.composites.last_mut().expect("a scope").insert(name.clone(), c.clone());
                         }
                         None => {
                             self.problems.push(problem(format!("output {i} (`{name}`) is not supported")));
@@ -774,7 +783,7 @@ pub fn import_model(
     let mut cx = Ctx {
         b: Builder::new(name),
         scopes: vec![HashMap::new()],
-        composites: HashMap::new(),
+        composites: vec![HashMap::new()],
         problems: Vec::new(),
         opset,
         base_dir,
@@ -861,7 +870,7 @@ pub fn import_model(
         match cx.find(&o.name).cloned() {
             Some(Some(v)) => cx.b.output(&o.name, v.v),
             Some(None) => {}
-            None if cx.composites.contains_key(&o.name) => cx.problems.push(Unsupported {
+            None if cx.composite(&o.name).is_some() => cx.problems.push(Unsupported {
                 node: o.name.clone(),
                 op_type: "graph output".into(),
                 message: "a sequence or optional as a graph output is not supported (a compiled model returns \
