@@ -392,3 +392,15 @@ fn sequences_that_need_run_time_data_are_named() {
         .output("y");
     check("element_of_an_empty_optional", &m.bytes());
 }
+
+/// Sequences are unrolled at import, so their size is bounded: a split of a long axis into one-element pieces is
+/// a clear error, not a million nodes.
+#[test]
+fn huge_sequences_are_refused_not_unrolled() {
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["1", "1000000"])
+        .node(with_attr(node("split", "SplitToSequence", &["x"], &["s"]), attr_int("axis", 1)))
+        .node(node("len", "SequenceLength", &["s"], &["y"]))
+        .output("y");
+    check("split_to_sequence_of_a_million_pieces", &m.bytes());
+}

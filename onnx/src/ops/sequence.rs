@@ -44,6 +44,22 @@ pub(crate) fn is_sequence_op(op_type: &str) -> bool {
     OPS.contains(&op_type)
 }
 
+/// The most elements a sequence may hold, and the most body nodes a `SequenceMap` may inline in all: sequences
+/// are unrolled at import, so a hostile model (a split of a million-long axis into one-element pieces) must not
+/// turn into a million nodes.
+const MAX_ELEMENTS: usize = 4096;
+const MAX_INLINED_NODES: usize = 1 << 16;
+
+/// An error unless a sequence of `len` elements stays within [`MAX_ELEMENTS`].
+fn check_len(len: usize) -> Result<(), String> {
+    if len > MAX_ELEMENTS {
+        return Err(format!(
+            "a sequence of {len} elements is not supported (kiln unrolls sequences at import, up to {MAX_ELEMENTS})"
+        ));
+    }
+    Ok(())
+}
+
 /// One operand of a sequence op, resolved.
 #[derive(Clone, Debug)]
 pub(crate) enum Item {
@@ -115,6 +131,7 @@ pub(crate) fn import(cx: &mut Ctx<'_>, n: &OnnxNode<'_>, items: &[Option<Item>])
             let mut elems = seq(0)?.clone();
             tensor(1)?;
             let at = position(2, elems.len(), true)?.unwrap_or(elems.len());
+            check_len(elems.len() + 1)?;
             elems.insert(at, n.proto.input[1].clone());
             Ok(vec![seq_of(elems)])
         }
@@ -209,7 +226,10 @@ fn split_to_sequence(
     let extent = extent.as_static().ok_or("splitting a symbolic extent into a sequence is not supported")? as i64;
     let keepdims = n.int("keepdims", 1) != 0;
     let (sizes, squeeze) = match split {
-        None => (vec![1; extent as usize], !keepdims),
+        None => {
+            check_len(extent as usize)?;
+            (vec![1; extent as usize], !keepdims)
+        }
         Some(Item::Tensor(s)) => {
             let v = s.ints().ok_or("`split` must be known at import time")?;
             if s.dtype() != DType::I64 && s.dtype() != DType::I32 {
@@ -220,8 +240,10 @@ fn split_to_sequence(
                 if piece < 1 {
                     return Err(format!("`split` {piece} must be positive"));
                 }
+                check_len(((extent + piece - 1) / piece) as usize)?;
                 (0..(extent + piece - 1) / piece).map(|i| piece.min(extent - i * piece)).collect()
             } else {
+                check_len(v.len())?;
                 v
             };
             if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != extent {
@@ -265,6 +287,13 @@ fn sequence_map(cx: &mut Ctx<'_>, n: &OnnxNode<'_>, items: &[Option<Item>]) -> R
     };
     if body.input.len() != items.len() {
         return Err(format!("the body takes {} inputs, the node gives {}", body.input.len(), items.len()));
+    }
+    if len.saturating_mul(body.node.len().max(1)) > MAX_INLINED_NODES {
+        return Err(format!(
+            "mapping a body of {} nodes over {len} elements is not supported (kiln inlines it once per element, \
+             up to {MAX_INLINED_NODES} nodes in all)",
+            body.node.len()
+        ));
     }
     let mut outputs: Vec<Vec<String>> = vec![Vec::with_capacity(len); body.output.len()];
     for i in 0..len {
