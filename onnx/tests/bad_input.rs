@@ -404,3 +404,25 @@ fn huge_sequences_are_refused_not_unrolled() {
         .output("y");
     check("split_to_sequence_of_a_million_pieces", &m.bytes());
 }
+
+/// Split sizes that overflow when added, or a chunk size of i64::MAX, are errors or work — never an overflow.
+#[test]
+fn split_to_sequence_sizes_never_overflow() {
+    let sizes = tensor_i64("sizes", &[2], &[i64::MAX, i64::MAX]);
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "3"])
+        .initializer(sizes)
+        .node(node("split", "SplitToSequence", &["x", "sizes"], &["s"]))
+        .node(node("len", "SequenceLength", &["s"], &["y"]))
+        .output("y");
+    check("split_to_sequence_sizes_overflowing", &m.bytes());
+    let chunk = tensor_i64("chunk", &[], &[i64::MAX]);
+    let m = ModelBuilder::new("g")
+        .input("x", dtype::FLOAT, &["2", "3"])
+        .initializer(chunk)
+        .node(node("split", "SplitToSequence", &["x", "chunk"], &["s"]))
+        .node(node("len", "SequenceLength", &["s"], &["y"]))
+        .output("y");
+    let g = kiln_onnx::import_bytes(&m.bytes(), None, &ImportOptions::default()).expect("one piece of everything");
+    assert_eq!(g.outputs().len(), 1);
+}

@@ -240,13 +240,16 @@ fn split_to_sequence(
                 if piece < 1 {
                     return Err(format!("`split` {piece} must be positive"));
                 }
-                check_len(((extent + piece - 1) / piece) as usize)?;
-                (0..(extent + piece - 1) / piece).map(|i| piece.min(extent - i * piece)).collect()
+                // `extent` is an extent (≥ 0) and `piece` ≥ 1: no overflow, however large `piece` is.
+                let count = (extent as u64).div_ceil(piece as u64) as i64;
+                check_len(count as usize)?;
+                (0..count).map(|i| piece.min(extent - i * piece)).collect()
             } else {
                 check_len(v.len())?;
                 v
             };
-            if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != extent {
+            let total = sizes.iter().try_fold(0i64, |a, &s| if s < 0 { None } else { a.checked_add(s) });
+            if total != Some(extent) {
                 return Err(format!("`split` {sizes:?} does not add up to the extent {extent}"));
             }
             (sizes, false)
