@@ -99,72 +99,108 @@ fn sets(case: &Path) -> Vec<InputSet> {
 
 #[test]
 fn every_corpus_model_matches_onnx_runtime_compiled_with_no_interpreter_step() {
+    let Some(cases) = corpus_cases(|_| true) else { return };
+    assert!(cases.len() >= 9, "the corpus should hold the light model zoo at least: {cases:?}");
+    let known = known_fallbacks();
+    let out = tempfile::tempdir().unwrap();
+    check_each(&cases, "", |case, name| {
+        let model = Model::load(&case.join("model.onnx"), &Default::default()).map_err(|e| format!("load: {e}"))?;
+        let gaps: Vec<&(String, String, usize, String)> = known.iter().filter(|g| g.0 == name).collect();
+        let fallback = if gaps.is_empty() { FallbackPolicy::Deny } else { FallbackPolicy::Allow };
+        let options = CompileOptions { threads: 2, fallback, ..Default::default() };
+        let compiled = model.compile(&options).map_err(|e| format!("compile: {e}"))?;
+        let got: Vec<(String, usize, String)> = kiln::fallback_kinds(compiled.fallbacks())
+            .into_iter()
+            .map(|(op, n, why)| (op.to_string(), n, why.to_string()))
+            .collect();
+        let want: Vec<(String, usize, String)> = gaps.iter().map(|g| (g.1.clone(), g.2, g.3.clone())).collect();
+        if got != want || compiled.report().steps[2] != want.iter().map(|w| w.1).sum::<usize>() {
+            return Err(format!(
+                "interpreter steps {got:?}, but tests/corpus-fallbacks.txt lists {want:?} (a new fallback, or a \
+                     fixed one whose line should go)"
+            ));
+        }
+        for (op, n, why) in &want {
+            println!("KNOWN GAP: {name}: {n} `{op}` node(s) run on the interpreter: {why}");
+        }
+        let lowered = model.lower(&options).map_err(|e| format!("lower: {e}"))?;
+        let dir = out.path().join(name);
+        Artifact::write(&lowered, &dir).map_err(|e| format!("artifact: {e}"))?;
+        let loaded = Artifact::load(&dir, 2).map_err(|e| format!("artifact load: {e}"))?;
+        let sets = sets(case);
+        let tolerance = tolerance(case)?;
+        for set in &sets {
+            for (how, program) in [("JIT", &compiled), ("AOT", &loaded)] {
+                let got = program.run(&set.inputs).map_err(|e| format!("set {} ({how}): run: {e}", set.name))?;
+                compare(got, &set.expected, &tolerance).map_err(|e| format!("set {} ({how}): {e}", set.name))?;
+            }
+        }
+        Ok(sets.len())
+    });
+}
+
+/// The reduced-precision corpus models (`int8_*`, `fp16_*`: ONNX Runtime's quantizer and onnxconverter-common
+/// wrote them) through the CUDA runtime on the emulated device: the device plan (cuBLAS products, PTX kernels for the
+/// rest) with `FallbackPolicy::Deny`, so no step may run on the interpreter, matching ONNX Runtime on every input
+/// set. The tests of the node ops run on the emulator too (`kiln conformance --backend cuda-emulated`); this
+/// checks the quantized and half-precision graphs that real tools write, end to end.
+#[test]
+fn reduced_precision_corpus_models_match_onnx_runtime_on_the_emulated_device() {
+    let reduced = |name: &str| name.starts_with("int8_") || name.starts_with("fp16_");
+    let Some(cases) = corpus_cases(reduced) else { return };
+    assert!(cases.len() >= 4, "the corpus should hold int8 and fp16 variants: {cases:?}");
+    let options =
+        kiln::RunOptions { backend: kiln::Backend::CudaEmulated, fallback: FallbackPolicy::Deny, ..Default::default() };
+    check_each(&cases, " (cuda-emulated)", |case, _| {
+        let model = Model::load(&case.join("model.onnx"), &Default::default()).map_err(|e| format!("load: {e}"))?;
+        let tolerance = tolerance(case)?;
+        let sets = sets(case);
+        for set in &sets {
+            let got = model.run(&set.inputs, &options).map_err(|e| format!("set {}: run: {e}", set.name))?;
+            compare(got, &set.expected, &tolerance).map_err(|e| format!("set {}: {e}", set.name))?;
+        }
+        Ok(sets.len())
+    });
+}
+
+/// The corpus models whose folder name `keep` accepts, sorted; `None` (after printing `SKIPPED:` and why) when there
+/// is no corpus.
+fn corpus_cases(keep: impl Fn(&str) -> bool) -> Option<Vec<PathBuf>> {
     let root = corpus_dir();
     if !root.join("VERSION").is_file() {
         println!(
             "SKIPPED: no model corpus at {} (scripts/gen_corpus.py writes it; scripts/test.sh runs it)",
             root.display()
         );
-        return;
+        return None;
     }
     let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("model.onnx").is_file())
+        .filter(|p| p.join("model.onnx").is_file() && keep(&p.file_name().unwrap().to_string_lossy()))
         .collect();
     cases.sort();
-    assert!(cases.len() >= 9, "the corpus should hold the light model zoo at least: {cases:?}");
-    let known = known_fallbacks();
-    let out = tempfile::tempdir().unwrap();
+    Some(cases)
+}
+
+/// Runs `check(case folder, case name)` on every case (it returns how many input sets matched), prints one line
+/// per case (its name followed by `how`), and fails naming every case that did not pass.
+fn check_each(cases: &[PathBuf], how: &str, check: impl Fn(&Path, &str) -> Result<usize, String>) {
     let mut failures = Vec::new();
-    for case in &cases {
+    for case in cases {
         let name = case.file_name().unwrap().to_string_lossy().into_owned();
         let t0 = std::time::Instant::now();
-        let result = (|| -> Result<usize, String> {
-            let model = Model::load(&case.join("model.onnx"), &Default::default()).map_err(|e| format!("load: {e}"))?;
-            let gaps: Vec<&(String, String, usize, String)> = known.iter().filter(|g| g.0 == name).collect();
-            let fallback = if gaps.is_empty() { FallbackPolicy::Deny } else { FallbackPolicy::Allow };
-            let options = CompileOptions { threads: 2, fallback, ..Default::default() };
-            let compiled = model.compile(&options).map_err(|e| format!("compile: {e}"))?;
-            let got: Vec<(String, usize, String)> = kiln::fallback_kinds(compiled.fallbacks())
-                .into_iter()
-                .map(|(op, n, why)| (op.to_string(), n, why.to_string()))
-                .collect();
-            let want: Vec<(String, usize, String)> = gaps.iter().map(|g| (g.1.clone(), g.2, g.3.clone())).collect();
-            if got != want || compiled.report().steps[2] != want.iter().map(|w| w.1).sum::<usize>() {
-                return Err(format!(
-                    "interpreter steps {got:?}, but tests/corpus-fallbacks.txt lists {want:?} (a new fallback, or a \
-                     fixed one whose line should go)"
-                ));
-            }
-            for (op, n, why) in &want {
-                println!("KNOWN GAP: {name}: {n} `{op}` node(s) run on the interpreter: {why}");
-            }
-            let lowered = model.lower(&options).map_err(|e| format!("lower: {e}"))?;
-            let dir = out.path().join(&name);
-            Artifact::write(&lowered, &dir).map_err(|e| format!("artifact: {e}"))?;
-            let loaded = Artifact::load(&dir, 2).map_err(|e| format!("artifact load: {e}"))?;
-            let sets = sets(case);
-            let tolerance = tolerance(case)?;
-            for set in &sets {
-                for (how, program) in [("JIT", &compiled), ("AOT", &loaded)] {
-                    let got = program.run(&set.inputs).map_err(|e| format!("set {} ({how}): run: {e}", set.name))?;
-                    compare(got, &set.expected, &tolerance).map_err(|e| format!("set {} ({how}): {e}", set.name))?;
-                }
-            }
-            Ok(sets.len())
-        })();
-        match result {
-            Ok(n) => eprintln!("{name}: ok, {n} input set(s), in {:.1} s", t0.elapsed().as_secs_f64()),
+        match check(case, &name) {
+            Ok(n) => eprintln!("{name}{how}: ok, {n} input set(s), in {:.1} s", t0.elapsed().as_secs_f64()),
             Err(e) => {
-                eprintln!("{name}: FAILED: {e}");
+                eprintln!("{name}{how}: FAILED: {e}");
                 failures.push(format!("{name}: {e}"));
             }
         }
     }
     assert!(
         failures.is_empty(),
-        "{} of {} corpus models failed:\n{}",
+        "{} of {} corpus models failed{how}:\n{}",
         failures.len(),
         cases.len(),
         failures.join("\n")

@@ -35,7 +35,7 @@
 //! # Validation without a GPU
 //! [`emulate`] builds the very same LLVM IR for the host (x86-64) instead, with the special-register reads
 //! (`tid`, `ctaid`, `ntid`, `nctaid`) calling host functions, JIT-compiles it with LLVM's MCJIT and runs an
-//! emulated grid: blocks in turn, the threads of a block in turn, or concurrently for a cooperative kernel.
+//! emulated grid: blocks in turn, the threads of a block in turn, or as coroutines for a cooperative kernel.
 
 mod emit;
 pub mod emulate;
