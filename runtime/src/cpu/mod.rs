@@ -214,13 +214,6 @@ pub struct CpuProgram {
     placed: PlacedBackends,
 }
 
-/// Fewest output positions per image for a 3×3 stride-1 conv to run by Winograd F(2×2, 3×3). In isolation
-/// (`cargo bench -p kiln-codegen --bench conv3x3`) it beats im2col by 1.46–1.7× on one thread on ResNet-18's
-/// layers down to 14×14 outputs and by 1.17× at 7×7; inside the model the 7×7 layers lose (their transformed
-/// 512-channel weights, 16 MiB each, stream from memory for 16 tiles of products), while taking the 14×14 layers
-/// too makes resnet18 1.5–2 ms faster than stopping at 28×28 (A/B runs alternated on a quiet machine).
-const WINOGRAD_MIN_OUTPUT: u64 = 14 * 14;
-
 /// What an empty buffer points at (see `CpuProgram::pointers`): room for one element of any dtype, never written
 /// (a kernel stores to an empty output in no iteration).
 #[repr(align(64))]
@@ -542,7 +535,7 @@ impl CpuProgram {
     }
 
     /// Transforms the weights of every 3×3 stride-1 f32 conv worth running by Winograd (see
-    /// [`WINOGRAD_MIN_OUTPUT`]) whose weights are fixed for the program (a weight, constant or prepared value).
+    /// [`library::winograd_pays`]) whose weights are fixed for the program (a weight, constant or prepared value).
     fn transform_conv_weights(&self, set: &mut WeightSet) -> Result<(), RunError> {
         let mut transformed = HashMap::new();
         for step in &self.exe.steps {
@@ -551,14 +544,16 @@ impl CpuProgram {
             if transformed.contains_key(&w) {
                 continue;
             }
-            // A symbolic output extent is decided per run (see `library`); a static one here.
-            let spatial: Option<u64> = out.shape.0.iter().skip(2).map(|d| d.as_static()).product();
-            if out.dtype != kiln_ir::DType::F32 || spatial.is_some_and(|s| s < WINOGRAD_MIN_OUTPUT) {
+            if out.dtype != kiln_ir::DType::F32 {
                 continue;
             }
             let Some(t) = self.weight_tensor(set, w) else { continue };
             let (Some(data), shape) = (t.as_slice::<f32>(), t.shape()) else { continue };
-            if !library::winograd_applies(shape, attrs) {
+            // A symbolic output extent is decided per run (see `library`); a static one here.
+            let spatial: Option<u64> = out.shape.0.iter().skip(2).map(|d| d.as_static()).product();
+            if !library::winograd_applies(shape, attrs)
+                || !library::winograd_pays(shape[1], shape[0], spatial.unwrap_or(u64::MAX))
+            {
                 continue;
             }
             let wt = library::WinogradWeights::transform(data, shape).map_err(|e| RunError::Weights(e.to_string()))?;
@@ -1352,9 +1347,9 @@ impl CpuProgram {
                 let (xd, wd, bias) = (dims(inputs[0])?, dims(inputs[1])?, bias()?);
                 // The transformed weights serve every conv of this weight that Winograd computes; another conv
                 // of the same weight (a stride-2 one, say: deduplicated constants are shared) runs directly.
-                let big = out_dims.iter().skip(2).product::<usize>() as u64 >= WINOGRAD_MIN_OUTPUT;
-                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| big && library::winograd_applies(&wd, attrs))
-                {
+                let spatial = out_dims.iter().skip(2).product::<usize>() as u64;
+                let pays = library::winograd_applies(&wd, attrs) && library::winograd_pays(wd[1], wd[0], spatial);
+                if let Some(wt) = set.winograd.get(&inputs[1]).filter(|_| pays) {
                     return library::conv_winograd_f32(f32s(inputs[0], &xd), &xd, wt, bias, attrs, out, &out_dims, par)
                         .map_err(|e| RunError::Op(e.to_string()));
                 }

@@ -63,7 +63,7 @@ pub use quant::{Int8, PackedConvInt8, PackedInt8, matmul_integer, matmul_integer
 pub use rnn::{RnnShape, gru_f32, lstm_f32};
 pub use softmax::softmax_f32;
 pub use topk::top_k_f32;
-pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies};
+pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies, winograd_pays};
 
 use kiln_ir::DType;
 use kiln_ir::op::{Op, PoolKind};
@@ -239,8 +239,9 @@ fn strides_of(shape: &[usize]) -> Vec<usize> {
 
 /// Splits `row` into its `stride` phases: `phases[p·phase_len + j] = row[j·stride + p]` (`phase_len` at least
 /// `row.len().div_ceil(stride)`), so that a strided run of the row becomes a contiguous run of one phase: the run
-/// from row index `first` starts at phase index [`phase_start`].
-#[inline]
+/// from row index `first` starts at phase index [`phase_start`]. Always inlined, so that it is compiled with the
+/// vector features of its caller.
+#[inline(always)]
 fn split_phases(row: &[f32], stride: usize, phase_len: usize, phases: &mut [f32]) {
     if stride == 2 {
         // The common case, written so that it compiles to shuffles rather than a strided gather.

@@ -33,25 +33,16 @@ pub fn pool_f32(
     if y.is_empty() {
         return Ok(());
     }
-    let (in_size, out_size) = (g.in_size, g.out_size);
-    let plane = |p: usize, yp: &mut [f32]| {
-        let xp = &x[p * in_size..][..in_size];
-        if g.global {
-            yp[0] = match attrs.kind {
-                PoolKind::Max => max_of(xp),
-                PoolKind::Avg => sum_of(xp) / in_size as f32,
-            };
-        } else {
-            g.pool_plane(attrs, xp, yp);
-        }
-    };
+    let out_size = g.out_size;
     let planes = y.len() / out_size;
     if par.parallel() && planes > 1 && y.len().saturating_mul(g.window) >= 1 << 15 {
-        y.par_chunks_mut(out_size).enumerate().for_each(|(p, yp)| plane(p, yp));
+        // Whole planes per task, about four tasks per worker.
+        let per_task = planes.div_ceil(par.threads.max(1) * 4).max(1);
+        y.par_chunks_mut(per_task * out_size)
+            .enumerate()
+            .for_each(|(t, ys)| pool_planes(&g, attrs, x, t * per_task, ys));
     } else {
-        for (p, yp) in y.chunks_mut(out_size).enumerate() {
-            plane(p, yp);
-        }
+        pool_planes(&g, attrs, x, 0, y);
     }
     Ok(())
 }
@@ -177,81 +168,140 @@ impl Geometry {
         })
     }
 
-    /// Pools one `[in…]` plane into one `[out…]` plane, a row (the last spatial dim) at a time: for every real tap
-    /// of the outer dims and every tap of the last dim, the valid run of the output row is combined with a
-    /// (strided) run of the input row.
-    fn pool_plane(&self, p: &Pool, x: &[f32], y: &mut [f32]) {
-        let last = self.axes.len() - 1;
-        let row = self.output[last];
-        let max = p.kind == PoolKind::Max;
-        y.fill(if max { f32::NEG_INFINITY } else { 0.0 });
-        let count = |w: &(usize, usize, usize)| if p.count_include_pad { w.2 } else { w.1 - w.0 };
-        let mut o = vec![0usize; last];
-        // A window is its outer taps × its row taps, so each output row first reduces the input rows under its
-        // outer taps into one row (contiguous, vectorized), then applies the row taps to that. With a stride
-        // above 1 and several row taps, the reduced row is split into its phases (`acc[j·stride + p]`) so that
-        // every row tap combines contiguous runs.
-        let (s, il) = (self.row_stride, self.row_len);
-        let identity = if max { f32::NEG_INFINITY } else { 0.0 };
-        let mut acc = vec![identity; il];
-        let phased = s > 1 && s <= il && self.row_taps.len() > 1;
-        let phase_len = il.div_ceil(s);
-        let mut phases = vec![0.0f32; if phased { phase_len * s } else { 0 }];
-        for yrow in y.chunks_mut(row) {
-            acc.fill(identity);
-            self.for_each_outer_tap(&o, 0, 0, &mut |base| {
-                let xrow = &x[base..base + il];
-                if max {
-                    max_into(&mut acc, xrow, 1);
-                } else {
-                    add_into(&mut acc, xrow, 1);
-                }
-            });
-            if phased {
-                split_phases(&acc, s, phase_len, &mut phases);
-            }
-            for &(lo, hi, first) in &self.row_taps {
-                let (ys, xs, stride) = if phased {
-                    (&mut yrow[lo..hi], &phases[phase_start(first, s, phase_len)..], 1)
-                } else {
-                    (&mut yrow[lo..hi], &acc[first..], s)
-                };
-                if max {
-                    max_into(ys, xs, stride);
-                } else {
-                    add_into(ys, xs, stride);
-                }
-            }
-            if !max {
-                let outer = self.axes[..last]
-                    .iter()
-                    .zip(&o)
-                    .fold(1usize, |acc, (a, &i)| acc.saturating_mul(count(&a.windows[i])));
-                for (yv, w) in yrow.iter_mut().zip(&self.axes[last].windows) {
-                    *yv /= outer.saturating_mul(count(w)) as f32;
-                }
-            }
-            // Next row, the innermost outer dim fastest.
-            for d in (0..last).rev() {
-                o[d] += 1;
-                if o[d] < self.output[d] {
-                    break;
-                }
-                o[d] = 0;
-            }
-        }
+    /// Whether the reduced row is split into its stride phases before the row taps apply.
+    fn phased(&self) -> bool {
+        self.row_stride > 1 && self.row_stride <= self.row_len && self.row_taps.len() > 1
     }
 
-    /// Calls `f(input offset)` for every real tap of the outer dims (all but the last) of the row at outer output
-    /// position `o`, from dim `d` on; once with offset 0 for 1-D pooling.
-    fn for_each_outer_tap(&self, o: &[usize], d: usize, off: usize, f: &mut impl FnMut(usize)) {
-        if d == o.len() {
-            f(off);
-            return;
+    /// The input offsets of every real tap of the outer dims (all but the last) of the row at outer output
+    /// position `o`, into `rows`; one offset 0 for 1-D pooling.
+    fn outer_taps(&self, o: &[usize], rows: &mut Vec<usize>) {
+        rows.clear();
+        rows.push(0);
+        for (d, &od) in o.iter().enumerate() {
+            let (lo, hi, _) = self.axes[d].windows[od];
+            let taps = &self.axes[d].taps[lo..hi];
+            let before = rows.len();
+            for i in 0..before {
+                for &t in taps {
+                    rows.push(rows[i] + t);
+                }
+            }
+            rows.drain(..before);
         }
-        let (lo, hi, _) = self.axes[d].windows[o[d]];
-        for &t in &self.axes[d].taps[lo..hi] {
-            self.for_each_outer_tap(o, d + 1, off + t, f);
+    }
+}
+
+widest_vectors! {
+    /// Pools the planes `first..` of `x` into `y` (whole `[out…]` planes), compiled for the widest vectors the CPU
+    /// has: the row combines below are its inner loops.
+    fn pool_planes(g: &Geometry, p: &Pool, x: &[f32], first: usize, y: &mut [f32]) = pool_planes_inline, pool_planes_inline;
+}
+
+#[inline(always)]
+fn pool_planes_inline(g: &Geometry, p: &Pool, x: &[f32], first: usize, y: &mut [f32]) {
+    let mut scratch = Scratch::new(g);
+    for (i, yp) in y.chunks_mut(g.out_size).enumerate() {
+        let xp = &x[(first + i) * g.in_size..][..g.in_size];
+        if g.global {
+            yp[0] = match p.kind {
+                PoolKind::Max => max_of(xp),
+                PoolKind::Avg => sum_of(xp) / g.in_size as f32,
+            };
+        } else {
+            pool_plane(g, p, xp, yp, &mut scratch);
+        }
+    }
+}
+
+/// Buffers one task reuses for all its planes.
+struct Scratch {
+    /// The input rows under the current output row's outer taps, reduced into one row.
+    acc: Vec<f32>,
+    /// `acc` split into its stride phases (empty when unused).
+    phases: Vec<f32>,
+    /// The outer output position of the current row.
+    o: Vec<usize>,
+    /// The input offsets of the current row's outer taps.
+    rows: Vec<usize>,
+}
+
+impl Scratch {
+    fn new(g: &Geometry) -> Scratch {
+        let last = g.axes.len() - 1;
+        let phases = if g.phased() { g.row_len.div_ceil(g.row_stride) * g.row_stride } else { 0 };
+        Scratch { acc: vec![0.0; g.row_len], phases: vec![0.0; phases], o: vec![0; last], rows: Vec::new() }
+    }
+}
+
+/// Pools one `[in…]` plane into one `[out…]` plane, a row (the last spatial dim) at a time: for every real tap of
+/// the outer dims and every tap of the last dim, the valid run of the output row is combined with a (strided) run
+/// of the input row.
+#[inline(always)]
+fn pool_plane(g: &Geometry, p: &Pool, x: &[f32], y: &mut [f32], scratch: &mut Scratch) {
+    let last = g.axes.len() - 1;
+    let row = g.output[last];
+    let max = p.kind == PoolKind::Max;
+    let identity = if max { f32::NEG_INFINITY } else { 0.0 };
+    y.fill(identity);
+    let count = |w: &(usize, usize, usize)| if p.count_include_pad { w.2 } else { w.1 - w.0 };
+    // A window is its outer taps × its row taps, so each output row first reduces the input rows under its outer
+    // taps into one row (contiguous, vectorized), then applies the row taps to that. With a stride above 1 and
+    // several row taps, the reduced row is split into its phases (`acc[j·stride + p]`) so that every row tap
+    // combines contiguous runs.
+    let (s, il) = (g.row_stride, g.row_len);
+    let phased = g.phased();
+    let phase_len = il.div_ceil(s);
+    let Scratch { acc, phases, o, rows } = scratch;
+    o.fill(0);
+    for yrow in y.chunks_mut(row) {
+        g.outer_taps(o, rows);
+        match rows.as_slice() {
+            [] => acc.fill(identity),
+            [only] => acc.copy_from_slice(&x[*only..*only + il]),
+            [first, rest @ ..] => {
+                acc.copy_from_slice(&x[*first..*first + il]);
+                for &base in rest {
+                    let xrow = &x[base..base + il];
+                    if max {
+                        max_into(acc, xrow, 1);
+                    } else {
+                        add_into(acc, xrow, 1);
+                    }
+                }
+            }
+        }
+        if phased {
+            split_phases(acc, s, phase_len, phases);
+        }
+        for &(lo, hi, first) in &g.row_taps {
+            let (ys, xs, stride) = if phased {
+                (&mut yrow[lo..hi], &phases[phase_start(first, s, phase_len)..], 1)
+            } else {
+                (&mut yrow[lo..hi], &acc[first..], s)
+            };
+            if max {
+                max_into(ys, xs, stride);
+            } else {
+                add_into(ys, xs, stride);
+            }
+        }
+        if !max {
+            let outer = g.axes[..last]
+                .iter()
+                .zip(o.iter())
+                .fold(1usize, |acc, (a, &i)| acc.saturating_mul(count(&a.windows[i])));
+            for (yv, w) in yrow.iter_mut().zip(&g.axes[last].windows) {
+                *yv /= outer.saturating_mul(count(w)) as f32;
+            }
+        }
+        // Next row, the innermost outer dim fastest.
+        for d in (0..last).rev() {
+            o[d] += 1;
+            if o[d] < g.output[d] {
+                break;
+            }
+            o[d] = 0;
         }
     }
 }
@@ -259,8 +309,7 @@ impl Geometry {
 /// `ys[i] = max(ys[i], xs[i·stride])` where NaN wins and stays (no comparison with it is true).
 #[inline]
 fn max_into(ys: &mut [f32], xs: &[f32], stride: usize) {
-    // A select, not a conditional store, so that it compiles branch-free (random data mispredicts).
-    let combine = |y: &mut f32, v: f32| *y = if (v > *y) | v.is_nan() { v } else { *y };
+    let combine = |y: &mut f32, v: f32| *y = nan_max(*y, v);
     if stride == 1 {
         let n = ys.len();
         ys.iter_mut().zip(&xs[..n]).for_each(|(y, &v)| combine(y, v));
@@ -287,11 +336,25 @@ fn add_into(ys: &mut [f32], xs: &[f32], stride: usize) {
     }
 }
 
+/// `max(y, v)`, NaN when either is NaN. Written so that neither arm of the outer select is `y` itself: with
+/// AVX-512, a select between a loaded value and a new one that is stored back becomes a masked store, and the
+/// next pass's load of that element then stalls on it (measured: max pooling 2× slower than the SSE2 blend).
+#[inline(always)]
+fn nan_max(y: f32, v: f32) -> f32 {
+    if y.is_nan() | v.is_nan() {
+        y + v
+    } else if v > y {
+        v
+    } else {
+        y
+    }
+}
+
 /// The largest element, NaN if any is NaN (-inf for none).
 fn max_of(v: &[f32]) -> f32 {
     let mut best = f32::NEG_INFINITY;
     for &x in v {
-        best = if (x > best) | x.is_nan() { x } else { best };
+        best = nan_max(best, x);
     }
     best
 }

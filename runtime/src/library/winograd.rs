@@ -84,6 +84,23 @@ pub fn winograd_applies(w_shape: &[usize], attrs: &Conv) -> bool {
         && attrs.pads.iter().all(|&p| (0..=2).contains(&p))
 }
 
+/// Fewest output positions per image for a 3×3 stride-1 conv to run by Winograd F(2×2, 3×3): 13×13 and up, 49
+/// tiles or more. ResNet-18's 7×7 layers (16 tiles) win in isolation (`cargo bench -p kiln-runtime --bench
+/// conv3x3`: 1.9×) but lose inside the model, where their transformed 512-channel weights (16 MiB each) stream
+/// from memory for 16 tiles of products; at 13×13 and 14×14 (49 tiles) Winograd wins in the bench (1.08–1.6× on
+/// one thread) and in the models (resnet18 1.5–2 ms faster with its 14×14 layers included, A/B alternated).
+const MIN_OUTPUT: u64 = 13 * 13;
+
+/// Whether Winograd beats im2col + GEMM for a 3×3 stride-1 conv from `c` to `m` channels with `output_positions`
+/// output positions per image. The transforms cost per tile in proportion to `c + m` and the products save in
+/// proportion to `c·m`, so a narrow conv loses: `cargo bench -p kiln-runtime --bench conv3x3` has Winograd at
+/// 0.53–0.55× of im2col for 3 input channels (a stem), 0.77–0.97× for 16 → 16, about even for 8 → 8, and winning
+/// from 24 → 24 (1.08–1.24×) and 16 → 64 (1.23×) up; the rule is `c·m / (c + m) ≥ 10`.
+pub fn winograd_pays(c: usize, m: usize, output_positions: u64) -> bool {
+    let (c, m) = (c as u128, m as u128);
+    output_positions >= MIN_OUTPUT && c * m >= 10 * (c + m)
+}
+
 /// A 2-D 3×3 stride-1 conv (`x` `[N, C, H, W]`, weights transformed by [`WinogradWeights::transform`], optional
 /// bias `[M]`, `y` `[N, M, OH, OW]`), with the same meaning as [`super::conv_f32`].
 pub fn conv_winograd_f32(
