@@ -25,7 +25,8 @@ fn best(mut f: impl FnMut()) -> Duration {
 
 /// (input channels, output channels, height, width): ResNet-18's layers, then SqueezeNet's and small models'.
 #[rustfmt::skip]
-const SHAPES: [(usize, usize, usize, usize); 14] = [
+const SHAPES: [(usize, usize, usize, usize); 16] = [
+    (16, 32, 8, 48), (16, 32, 16, 16),
     (64, 64, 56, 56), (128, 128, 28, 28), (256, 256, 14, 14), (512, 512, 7, 7),
     (16, 64, 55, 55), (32, 128, 27, 27), (48, 192, 13, 13), (64, 64, 13, 13),
     (8, 8, 17, 23), (8, 8, 32, 12), (3, 16, 64, 64), (3, 64, 112, 112), (16, 16, 28, 28), (24, 24, 28, 28),

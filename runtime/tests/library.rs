@@ -149,6 +149,9 @@ const CONVS: &[ConvCase] = &[
     (&[1, 8, 11, 12], &[8, 1, 3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 8, false),
     (&[1, 4, 9, 9], &[4, 1, 5, 5], &[1, 2], &[2, 0, 1, 3], &[2, 1], 4, true),
     (&[1, 3, 6, 6], &[6, 1, 3, 3], &[1, 1], &[0, 0, 0, 0], &[1, 1], 3, false),
+    // One input channel read by many output channels (a grayscale image into features), and per group.
+    (&[2, 1, 16, 20], &[16, 1, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 1, true),
+    (&[1, 2, 9, 11], &[6, 1, 3, 3], &[1, 1], &[2, 1, 2, 1], &[2, 2], 2, false),
     // Depthwise rows of every block mix (32, 24, 16 and 8 columns, a ragged end, under 8), stride 1 (one flat
     // run per tap) and 2 (phase-split rows), dilated, asymmetric pads, kernel rows wholly in the padding, 1-D.
     (&[1, 2, 5, 61], &[2, 1, 3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], 2, true),
@@ -732,7 +735,8 @@ fn conv_integer_is_exact() {
 }
 
 /// LSTM and GRU: every direction, clip, input-forget coupling and GRU reset variant, batches of several rows and
-/// empty sequences, against the interpreter (all three results).
+/// empty sequences, with weights packed beforehand (as the runtime does at load) and without, against the
+/// interpreter (all three results).
 #[test]
 fn recurrent_routines_match_the_interpreter() {
     use kiln_ir::op::{Gru, Lstm, RnnDirection};
@@ -752,12 +756,14 @@ fn recurrent_routines_match_the_interpreter() {
                 let (w, r, b) = (t(vec![dirs, 4 * h, input]), t(vec![dirs, 4 * h, h]), t(vec![dirs, 8 * h]));
                 let l = Lstm { hidden_size: hidden, direction, clip, input_forget: coupled };
                 let want = kiln_ir::interp::eval_op(&Op::Lstm(l.clone()), &[&x, &w, &r, &b, &h0, &c0]).unwrap();
-                with_threads(|par| {
+                let packed = library::RnnPacked::pack(f32s(&w), f32s(&r), 4, h, input, false).unwrap();
+                with_threads_and_packing(&packed, |par, packed| {
                     let mut got: Vec<Vec<f32>> = want.iter().map(|t| vec![f32::NAN; t.len()]).collect();
                     let [y, yh, yc] = &mut got[..] else { unreachable!("three results") };
                     library::lstm_f32(
                         &l,
                         &shape,
+                        packed,
                         f32s(&x),
                         f32s(&w),
                         f32s(&r),
@@ -784,11 +790,12 @@ fn recurrent_routines_match_the_interpreter() {
                 let (w, r, b) = (t(vec![dirs, 3 * h, input]), t(vec![dirs, 3 * h, h]), t(vec![dirs, 6 * h]));
                 let g = Gru { hidden_size: hidden, direction, clip, linear_before_reset };
                 let want = kiln_ir::interp::eval_op(&Op::Gru(g.clone()), &[&x, &w, &r, &b, &h0]).unwrap();
-                with_threads(|par| {
+                let packed = library::RnnPacked::pack(f32s(&w), f32s(&r), 3, h, input, true).unwrap();
+                with_threads_and_packing(&packed, |par, packed| {
                     let mut got: Vec<Vec<f32>> = want.iter().map(|t| vec![f32::NAN; t.len()]).collect();
                     let [y, yh] = &mut got[..] else { unreachable!("two results") };
-                    library::gru_f32(&g, &shape, f32s(&x), f32s(&w), f32s(&r), f32s(&b), f32s(&h0), y, yh, par)
-                        .expect("gru runs");
+                    let (x, w, r, b, h0) = (f32s(&x), f32s(&w), f32s(&r), f32s(&b), f32s(&h0));
+                    library::gru_f32(&g, &shape, packed, x, w, r, b, h0, y, yh, par).expect("gru runs");
                     for (k, (got, w)) in got.iter().zip(&want).enumerate() {
                         let got: Vec<f64> = got.iter().map(|&v| v as f64).collect();
                         let case = format!(
@@ -803,22 +810,28 @@ fn recurrent_routines_match_the_interpreter() {
     // Operands of the wrong length are an error, not a read out of bounds.
     let shape = library::RnnShape::new(&[2, 1, 3], 2, RnnDirection::Forward).unwrap();
     let l = Lstm { hidden_size: 2, direction: RnnDirection::Forward, clip: f64::INFINITY, input_forget: false };
-    let (mut y, mut yh, mut yc) = (vec![0.0; 4], vec![0.0; 2], vec![0.0; 2]);
-    let err = library::lstm_f32(
-        &l,
-        &shape,
-        &[0.0; 5],
-        &[0.0; 24],
-        &[0.0; 16],
-        &[0.0; 16],
-        &[0.0; 2],
-        &[0.0; 2],
-        &mut y,
-        &mut yh,
-        &mut yc,
-        Par::SERIAL,
-    );
+    let run = |packed, x: &[f32], w: &[f32]| {
+        let (mut y, mut yh, mut yc) = (vec![0.0; 4], vec![0.0; 2], vec![0.0; 2]);
+        let (r, b, h0, c0) = (&[0.1; 16], &[0.0; 16], &[0.0; 2], &[0.0; 2]);
+        library::lstm_f32(&l, &shape, packed, x, w, r, b, h0, c0, &mut y, &mut yh, &mut yc, Par::SERIAL)
+            .map(|()| (y, yh, yc))
+    };
+    let err = run(None, &[0.0; 5], &[0.0; 24]);
     assert!(matches!(err, Err(LibraryError::Shape { .. })), "{err:?}");
+    // Weights that do not fit the extents are refused when packed; packed weights for other extents are not used.
+    let bad = library::RnnPacked::pack(&[0.0; 23], &[0.0; 16], 4, 2, 3, false);
+    assert!(matches!(bad, Err(LibraryError::Shape { .. })), "{:?}", bad.err());
+    let other = library::RnnPacked::pack(&[0.0; 32], &[0.0; 16], 4, 2, 4, false).unwrap();
+    let (x, w): ([f32; 6], Vec<f32>) = ([0.5, -0.25, 1.0, 0.0, 0.75, -1.0], (0..24).map(|i| i as f32 * 0.01).collect());
+    let ignored = run(Some(&other), &x, &w).expect("lstm runs");
+    assert_eq!(ignored, run(None, &x, &w).expect("lstm runs"), "packed weights of another input width are ignored");
+}
+
+/// Runs `f` as [`with_threads`] does, once reading the weights in place and once through `packed`.
+fn with_threads_and_packing(packed: &library::RnnPacked, f: impl Fn(Par, Option<&library::RnnPacked>) + Sync) {
+    for p in [None, Some(packed)] {
+        with_threads(|par| f(par, p));
+    }
 }
 
 /// `top_k` on f32: every axis, k from 0 to the extent, both directions, NaN, ties and signed zeros — exactly the

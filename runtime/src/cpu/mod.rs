@@ -534,6 +534,38 @@ impl CpuProgram {
         Ok(())
     }
 
+    /// Packs the input and recurrent weights of every LSTM and GRU whose weights are fixed for the program, so
+    /// that a run streams packed panels instead of packing `R` (and the `gemm` crate `W`) again per call.
+    fn pack_recurrent_weights(&self, set: &mut WeightSet) -> Result<(), RunError> {
+        let mut packed = HashMap::new();
+        for step in &self.exe.steps {
+            let Step::Routine { routine: routine @ (Routine::Lstm(_) | Routine::Gru(_)), inputs, .. } = step else {
+                continue;
+            };
+            let &[x, w, r, ..] = &inputs[..] else { continue };
+            if packed.contains_key(&(w, r)) {
+                continue;
+            }
+            let (Some(wt), Some(rt)) = (self.weight_tensor(set, w), self.weight_tensor(set, r)) else { continue };
+            let (Some(wd), Some(rd), &[_, rows, input], &[_, _, hidden]) =
+                (wt.as_slice::<f32>(), rt.as_slice::<f32>(), wt.shape(), rt.shape())
+            else {
+                continue;
+            };
+            // The input width is the operand's last extent; a symbolic one is checked per call.
+            let last = self.exe.buffers[x.0 as usize].ty.shape.0.last().and_then(|d| d.as_static());
+            if hidden == 0 || !rows.is_multiple_of(hidden) || last.is_some_and(|l| l != input as u64) {
+                continue;
+            }
+            let gru = matches!(routine, Routine::Gru(_));
+            let p = library::RnnPacked::pack(wd, rd, rows / hidden, hidden, input, gru)
+                .map_err(|e| RunError::Weights(e.to_string()))?;
+            packed.insert((w, r), Arc::new(p));
+        }
+        set.recurrent = packed;
+        Ok(())
+    }
+
     /// Transforms the weights of every 3×3 stride-1 f32 conv worth running by Winograd (see
     /// [`library::winograd_pays`]) whose weights are fixed for the program (a weight, constant or prepared value).
     fn transform_conv_weights(&self, set: &mut WeightSet) -> Result<(), RunError> {
@@ -649,6 +681,7 @@ impl CpuProgram {
         self.pack_weights(&mut set, prepacked)?;
         self.transform_conv_weights(&mut set)?;
         self.pack_integer_weights(&mut set)?;
+        self.pack_recurrent_weights(&mut set)?;
         self.release_packed_prepared(&mut set);
         Ok(set)
     }
@@ -1018,7 +1051,7 @@ impl CpuProgram {
                 Ok(outputs.iter().copied().zip(results).collect())
             }
             Step::Routine { routine, inputs, outputs, node } => {
-                done(self.routine(routine, inputs, outputs, node, ptrs, symbols))
+                done(self.routine(set, routine, inputs, outputs, node, ptrs, symbols))
             }
             Step::Interp { op, inputs, outputs, node } => {
                 self.host_step(None, op, inputs, outputs, node, ptrs, symbols)
@@ -1043,8 +1076,10 @@ impl CpuProgram {
     }
 
     /// Runs a library routine (LSTM, GRU, top_k, dynamic_quantize, ...) on its buffers in place.
+    #[allow(clippy::too_many_arguments)]
     fn routine(
         &self,
+        set: &WeightSet,
         routine: &Routine,
         inputs: &[BufferId],
         outputs: &[BufferId],
@@ -1072,15 +1107,17 @@ impl CpuProgram {
         match (routine, inputs, outputs) {
             (Routine::Lstm(l), &[x, w, r, b, h0, c0], &[y, yh, yc]) => {
                 let shape = library::RnnShape::new(&dims(x)?, l.hidden_size, l.direction).map_err(fail)?;
+                let packed = set.recurrent.get(&(w, r)).map(|p| p.as_ref());
                 let (x, w, r, b, h0, c0) = (read(x)?, read(w)?, read(r)?, read(b)?, read(h0)?, read(c0)?);
                 let (y, yh, yc) = (write(y)?, write(yh)?, write(yc)?);
-                library::lstm_f32(l, &shape, x, w, r, b, h0, c0, y, yh, yc, par).map_err(fail)
+                library::lstm_f32(l, &shape, packed, x, w, r, b, h0, c0, y, yh, yc, par).map_err(fail)
             }
             (Routine::Gru(g), &[x, w, r, b, h0], &[y, yh]) => {
                 let shape = library::RnnShape::new(&dims(x)?, g.hidden_size, g.direction).map_err(fail)?;
+                let packed = set.recurrent.get(&(w, r)).map(|p| p.as_ref());
                 let (x, w, r, b, h0) = (read(x)?, read(w)?, read(r)?, read(b)?, read(h0)?);
                 let (y, yh) = (write(y)?, write(yh)?);
-                library::gru_f32(g, &shape, x, w, r, b, h0, y, yh, par).map_err(fail)
+                library::gru_f32(g, &shape, packed, x, w, r, b, h0, y, yh, par).map_err(fail)
             }
             (Routine::TopK(t), &[x], &[values, indices]) => {
                 let (shape, x) = (dims(x)?, read(x)?);

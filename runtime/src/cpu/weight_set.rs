@@ -37,6 +37,8 @@ pub(crate) struct WeightSet {
     /// 2-D right operands of integer matmuls less their zero points, packed for
     /// `library::matmul_integer_packed`, by (operand, zero point) buffers.
     pub(crate) packed_int8: HashMap<(BufferId, BufferId), Arc<crate::library::PackedInt8>>,
+    /// LSTM and GRU weights packed for their calls, by (input weight, recurrent weight) buffers.
+    pub(crate) recurrent: HashMap<(BufferId, BufferId), Arc<crate::library::RnnPacked>>,
     /// Integer conv weights packed for `library::conv_integer_packed` (AVX-512 VNNI), by (weights, zero point)
     /// buffers.
     pub(crate) packed_conv_int8: HashMap<(BufferId, BufferId), Arc<crate::library::PackedConvInt8>>,

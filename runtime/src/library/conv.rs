@@ -452,7 +452,31 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], first: usize, rows: usize, p
 /// starting from its bias (or 0). One and two spatial dims take the register-blocked plane kernel
 /// ([`depthwise_plane`]); more take a row-at-a-time loop.
 fn direct_image(g: &Geometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, yi: &mut [f32], par: Par) {
-    if let Some(plane) = PlaneGeometry::of(g) {
+    let plane = PlaneGeometry::of(g);
+    if let Some((plane, flat)) = plane.as_ref().and_then(|p| Some((p, p.flat()?))).filter(|_| g.mg > 1) {
+        // Several output channels read each input channel (a one-channel image into many features): its padded
+        // plane is built once for all of them.
+        let (rows, pitch) = flat;
+        let out_len = (plane.output.0 - 1) * pitch + plane.output.1;
+        let mut padded = vec![0.0f32; rows * pitch];
+        for (ci, ys) in yi.chunks_mut(g.mg * g.out_size).enumerate() {
+            pad_plane(plane, flat, &x[ci * g.in_size..][..g.in_size], &mut padded);
+            let run = |j: usize, yp: &mut [f32]| {
+                let mo = ci * g.mg + j;
+                let (wm, init) = (&w[mo * g.k_size..][..g.k_size], bias.map_or(0.0, |b| b[mo]));
+                with_scratch(out_len, |out| plane_taps(plane, flat, &padded, wm, init, yp, out));
+            };
+            if par.parallel() {
+                ys.par_chunks_mut(g.out_size).enumerate().for_each(|(j, yp)| run(j, yp));
+            } else {
+                for (j, yp) in ys.chunks_mut(g.out_size).enumerate() {
+                    run(j, yp);
+                }
+            }
+        }
+        return;
+    }
+    if let Some(plane) = plane {
         let scratch = plane.scratch_len();
         let run = |mo: usize, yp: &mut [f32]| {
             let xc = &x[(mo / g.mg) * g.in_size..][..g.in_size];
@@ -645,27 +669,47 @@ fn depthwise_plane(p: &PlaneGeometry, xc: &[f32], wm: &[f32], init: f32, yp: &mu
     }
 }
 
-/// [`depthwise_plane`] for a stride of 1: the input is copied into a zero-padded plane of pitch `pitch`, where
-/// every tap `(ky, kx)` of output `(o, c)` — flat index `o·pitch + c` — reads the flat element `ky·dil·pitch +
-/// kx·dil` further on, so the whole plane is one long run per tap ([`madd_rows`] at full width whatever the
-/// row length); the `ow` real columns of each row are then copied out.
+/// [`depthwise_plane`] for a stride of 1: the input is copied into a zero-padded plane of pitch `pitch`
+/// ([`pad_plane`]), where every tap `(ky, kx)` of output `(o, c)` — flat index `o·pitch + c` — reads the flat
+/// element `ky·dil·pitch + kx·dil` further on, so the whole plane is one long run per tap ([`plane_taps`]).
 fn depthwise_plane_flat(
     p: &PlaneGeometry,
-    (rows, pitch): (usize, usize),
+    flat: (usize, usize),
     xc: &[f32],
     wm: &[f32],
     init: f32,
     yp: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let ((iw, oh), ow, (kh, kw)) = ((p.input.1, p.output.0), p.output.1, p.kernel);
-    let (dh, dw) = p.dilations;
+    let (plane, out) = scratch.split_at_mut(flat.0 * flat.1);
+    pad_plane(p, flat, xc, plane);
+    plane_taps(p, flat, plane, wm, init, yp, out);
+}
+
+/// Copies the input plane `xc` into `plane` (`rows × pitch`, from [`PlaneGeometry::flat`]) with zeros around it.
+fn pad_plane(p: &PlaneGeometry, (_, pitch): (usize, usize), xc: &[f32], plane: &mut [f32]) {
+    let iw = p.input.1;
     let (ph, pw) = p.pad_begin;
-    let (plane, out) = scratch.split_at_mut(rows * pitch);
     plane.fill(0.0);
     for (r, row) in xc.chunks_exact(iw).enumerate() {
         plane[(ph + r) * pitch + pw..][..iw].copy_from_slice(row);
     }
+}
+
+/// One output plane of a stride-1 conv from its padded input plane (see [`depthwise_plane_flat`]): [`madd_rows`]
+/// at full width whatever the row length, into `out` (`(oh - 1)·pitch + ow` floats of any contents) when the
+/// pitch differs from the output row, whose `ow` real columns of each row are then copied out.
+fn plane_taps(
+    p: &PlaneGeometry,
+    (_, pitch): (usize, usize),
+    plane: &[f32],
+    wm: &[f32],
+    init: f32,
+    yp: &mut [f32],
+    out: &mut [f32],
+) {
+    let (oh, ow, (kh, kw)) = (p.output.0, p.output.1, p.kernel);
+    let (dh, dw) = p.dilations;
     let n = (oh - 1) * pitch + ow;
     let mut taps: Vec<(&[f32], f32)> = Vec::with_capacity(kh * kw);
     for ky in 0..kh {

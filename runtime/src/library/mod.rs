@@ -60,7 +60,7 @@ pub use matmul::{BatchPlan, batch_plan, gemm_f32, matmul_f32, matmul_f64};
 pub use packed::{PACKED_MAX_ROWS, PANEL, PackedB, matmul_packed_f32, prefer_packed};
 pub use pool::pool_f32;
 pub use quant::{Int8, PackedConvInt8, PackedInt8, matmul_integer, matmul_integer_packed};
-pub use rnn::{RnnShape, gru_f32, lstm_f32};
+pub use rnn::{RnnPacked, RnnShape, gru_f32, lstm_f32};
 pub use softmax::softmax_f32;
 pub use topk::top_k_f32;
 pub use winograd::{WinogradWeights, conv_winograd_f32, winograd_applies, winograd_pays};

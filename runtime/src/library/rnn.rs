@@ -4,6 +4,8 @@
 //! Per direction, the input projections of every time step are one GEMM (`X[seq·batch, in] · Wᵀ` plus both
 //! biases); each step then adds `H_{t-1} · Rᵀ` (a small GEMM over the batch) and applies the gate arithmetic
 //! row by row. The GRU without `linear_before_reset` needs a second small GEMM per step, `(r ⊙ H_{t-1}) · R_hᵀ`.
+//! When the weights are fixed for the program, the runtime packs `W`, `R` (and `R_h`) once at load
+//! ([`RnnPacked`]); a call without them packs `R` per call when the sequence is long enough to repay it.
 
 use kiln_ir::op::{Gru, Lstm, RnnDirection};
 
@@ -17,11 +19,21 @@ use super::{LibraryError, Par};
 /// instead of the `gemm` crate packing `R` again per step), else read in place.
 enum Recurrent<'a> {
     Packed(PackedB),
-    InPlace { r: &'a [f32], n: usize, k: usize },
+    /// Packed once at load ([`RnnPacked`]).
+    Shared(&'a PackedB),
+    InPlace {
+        r: &'a [f32],
+        n: usize,
+        k: usize,
+    },
 }
 
 impl<'a> Recurrent<'a> {
-    fn new(r: &'a [f32], n: usize, k: usize, batch: usize, seq: usize) -> Recurrent<'a> {
+    /// `R` read through `shared` (packed at load) when given and the packed kernel wins for this batch.
+    fn new(r: &'a [f32], n: usize, k: usize, batch: usize, seq: usize, shared: Option<&'a PackedB>) -> Recurrent<'a> {
+        if let Some(p) = shared.filter(|_| prefer_packed(batch, k, n)) {
+            return Recurrent::Shared(p);
+        }
         if seq > 1 && prefer_packed(batch, k, n) {
             // The lengths were checked by the caller, so packing cannot fail; if it did, read in place.
             if let Ok(p) = PackedB::pack_transposed(r, k, n) {
@@ -33,15 +45,85 @@ impl<'a> Recurrent<'a> {
 
     /// `out[batch, n] = h[batch, k] · Rᵀ`.
     fn apply(&self, h: &[f32], batch: usize, out: &mut [f32]) -> Result<(), LibraryError> {
-        match self {
-            Recurrent::Packed(p) => {
-                matmul_packed_f32(&h[..batch * p.k()], batch, p, &mut out[..batch * p.n()], None, Par::SERIAL)
-            }
+        let p = match self {
+            Recurrent::Packed(p) => p,
+            Recurrent::Shared(p) => *p,
             Recurrent::InPlace { r, n, k } => {
                 gemm_bt(batch, *n, *k, h, *k, r, *k, out, *n, false, Par::SERIAL);
-                Ok(())
+                return Ok(());
             }
+        };
+        matmul_packed_f32(&h[..batch * p.k()], batch, p, &mut out[..batch * p.n()], None, Par::SERIAL)
+    }
+}
+
+/// A recurrent op's weights packed once for every call (the runtime builds it when it loads the weights): per
+/// direction, the input weight `W_d` (`[gates·h, in]`) and the recurrent weight `R_d` (`[gates·h, h]`) as panels
+/// of `B = Wᵀ` and `Rᵀ`, and for a GRU the candidate's `R_h` (the last `h` rows of `R_d`) on its own.
+pub struct RnnPacked {
+    gates: usize,
+    hidden: usize,
+    input: usize,
+    dirs: Vec<DirPacked>,
+}
+
+struct DirPacked {
+    w: PackedB,
+    r: PackedB,
+    r_h: Option<PackedB>,
+}
+
+impl RnnPacked {
+    /// Packs `w` (`[dirs, gates·hidden, input]`) and `r` (`[dirs, gates·hidden, hidden]`); `gru` also packs each
+    /// direction's `R_h`.
+    ///
+    /// Errors if the lengths disagree with the extents.
+    pub fn pack(
+        w: &[f32],
+        r: &[f32],
+        gates: usize,
+        hidden: usize,
+        input: usize,
+        gru: bool,
+    ) -> Result<RnnPacked, LibraryError> {
+        let rows = gates.checked_mul(hidden).ok_or_else(|| LibraryError::shape("rnn", "gates × hidden overflows"))?;
+        let (wd, rd) = (rows.saturating_mul(input), rows.saturating_mul(hidden));
+        if wd == 0
+            || rd == 0
+            || !w.len().is_multiple_of(wd)
+            || !r.len().is_multiple_of(rd)
+            || w.len() / wd != r.len() / rd
+        {
+            return Err(LibraryError::shape(
+                "rnn",
+                format!(
+                    "weights of {} and {} elements do not fit {gates} gates of {hidden} from {input}",
+                    w.len(),
+                    r.len()
+                ),
+            ));
         }
+        let dirs = (0..w.len() / wd)
+            .map(|d| {
+                let r_d = &r[d * rd..(d + 1) * rd];
+                Ok(DirPacked {
+                    w: PackedB::pack_transposed(&w[d * wd..(d + 1) * wd], input, rows)?,
+                    r: PackedB::pack_transposed(r_d, hidden, rows)?,
+                    r_h: if gru {
+                        Some(PackedB::pack_transposed(&r_d[2 * hidden * hidden..], hidden, hidden)?)
+                    } else {
+                        None
+                    },
+                })
+            })
+            .collect::<Result<_, LibraryError>>()?;
+        Ok(RnnPacked { gates, hidden, input, dirs })
+    }
+
+    /// Direction `d`'s packed weights, if they were packed for these extents (else the call reads in place).
+    fn direction(&self, s: &RnnShape, gates: usize, d: usize) -> Option<&DirPacked> {
+        (self.gates == gates && self.hidden == s.hidden && self.input == s.input && self.dirs.len() == s.dirs)
+            .then(|| &self.dirs[d])
     }
 }
 
@@ -128,13 +210,17 @@ fn project(
     gates: usize,
     d: usize,
     fold_rb: usize,
+    packed: Option<&PackedB>,
     par: Par,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, LibraryError> {
     let rows = gates * s.hidden;
     let wd = &w[d * rows * s.input..(d + 1) * rows * s.input];
     let m = s.seq * s.batch;
     let mut xw = vec![0.0f32; m * rows];
-    gemm_bt(m, rows, s.input, x, s.input, wd, s.input, &mut xw, rows, false, par);
+    match packed.filter(|_| prefer_packed(m, s.input, rows)) {
+        Some(p) => matmul_packed_f32(&x[..m * s.input], m, p, &mut xw, None, par)?,
+        None => gemm_bt(m, rows, s.input, x, s.input, wd, s.input, &mut xw, rows, false, par),
+    }
     let (wb, rb) = (&b[d * 2 * rows..d * 2 * rows + rows], &b[d * 2 * rows + rows..(d + 1) * 2 * rows]);
     let bias: Vec<f32> = (0..rows).map(|g| wb[g] + if g < fold_rb * s.hidden { rb[g] } else { 0.0 }).collect();
     for row in xw.chunks_exact_mut(rows) {
@@ -142,7 +228,7 @@ fn project(
             *v += b;
         }
     }
-    xw
+    Ok(xw)
 }
 
 /// The clamp of the pre-activations (`f32::INFINITY` for none); NaN stays NaN.
@@ -237,11 +323,13 @@ fn clip_bound(op: &'static str, clip: f64) -> Result<f32, LibraryError> {
     Ok(if clip.is_finite() { clip as f32 } else { f32::INFINITY })
 }
 
-/// LSTM: `y[seq, dirs, batch, h]`, `y_h` and `y_c[dirs, batch, h]` from `x`, `w`, `r`, `b`, `h0`, `c0`.
+/// LSTM: `y[seq, dirs, batch, h]`, `y_h` and `y_c[dirs, batch, h]` from `x`, `w`, `r`, `b`, `h0`, `c0`; `packed`
+/// holds `w` and `r` packed at load (used when its extents match).
 #[allow(clippy::too_many_arguments)]
 pub fn lstm_f32(
     l: &Lstm,
     s: &RnnShape,
+    packed: Option<&RnnPacked>,
     x: &[f32],
     w: &[f32],
     r: &[f32],
@@ -260,8 +348,9 @@ pub fn lstm_f32(
     y_c.copy_from_slice(c0);
     let mut hr = vec![0.0f32; s.batch * rows];
     for d in 0..s.dirs {
-        let xw = project(x, w, b, s, 4, d, 4, par);
-        let rd = Recurrent::new(&r[d * rows * hs..(d + 1) * rows * hs], rows, hs, s.batch, s.seq);
+        let pd = packed.and_then(|p| p.direction(s, 4, d));
+        let xw = project(x, w, b, s, 4, d, 4, pd.map(|p| &p.w), par)?;
+        let rd = Recurrent::new(&r[d * rows * hs..(d + 1) * rows * hs], rows, hs, s.batch, s.seq, pd.map(|p| &p.r));
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {
             let t = if s.reverse(l.direction, d) { s.seq - 1 - step } else { step };
@@ -281,11 +370,13 @@ pub fn lstm_f32(
     Ok(())
 }
 
-/// GRU: `y[seq, dirs, batch, h]` and `y_h[dirs, batch, h]` from `x`, `w`, `r`, `b`, `h0`.
+/// GRU: `y[seq, dirs, batch, h]` and `y_h[dirs, batch, h]` from `x`, `w`, `r`, `b`, `h0`; `packed` holds `w` and
+/// `r` packed at load (used when its extents match).
 #[allow(clippy::too_many_arguments)]
 pub fn gru_f32(
     g: &Gru,
     s: &RnnShape,
+    packed: Option<&RnnPacked>,
     x: &[f32],
     w: &[f32],
     r: &[f32],
@@ -306,11 +397,13 @@ pub fn gru_f32(
     let mut cand = vec![0.0f32; hs];
     for d in 0..s.dirs {
         // z and r take both biases with the projection; the candidate's recurrent bias goes with its own term.
-        let xw = project(x, w, b, s, 3, d, 2, par);
+        let pd = packed.and_then(|p| p.direction(s, 3, d));
+        let xw = project(x, w, b, s, 3, d, 2, pd.map(|p| &p.w), par)?;
         let r_d = &r[d * rows * hs..(d + 1) * rows * hs];
-        let rd = Recurrent::new(r_d, rows, hs, s.batch, s.seq);
+        let rd = Recurrent::new(r_d, rows, hs, s.batch, s.seq, pd.map(|p| &p.r));
         // R_h alone (`[h, h]`, rows 2h.. of R), for the candidate's recurrent GEMM without `linear_before_reset`.
-        let rh = Recurrent::new(&r_d[2 * hs * hs..], hs, hs, s.batch, if g.linear_before_reset { 1 } else { s.seq });
+        let rh_seq = if g.linear_before_reset { 1 } else { s.seq };
+        let rh = Recurrent::new(&r_d[2 * hs * hs..], hs, hs, s.batch, rh_seq, pd.and_then(|p| p.r_h.as_ref()));
         let rb_h = &b[d * 2 * rows + rows + 2 * hs..d * 2 * rows + 2 * rows];
         let state = d * s.batch * hs..(d + 1) * s.batch * hs;
         for step in 0..s.seq {

@@ -94,11 +94,12 @@ const MIN_OUTPUT: u64 = 13 * 13;
 /// Whether Winograd beats im2col + GEMM for a 3×3 stride-1 conv from `c` to `m` channels with `output_positions`
 /// output positions per image. The transforms cost per tile in proportion to `c + m` and the products save in
 /// proportion to `c·m`, so a narrow conv loses: `cargo bench -p kiln-runtime --bench conv3x3` has Winograd at
-/// 0.53–0.55× of im2col for 3 input channels (a stem), 0.77–0.97× for 16 → 16, about even for 8 → 8, and winning
-/// from 24 → 24 (1.08–1.24×) and 16 → 64 (1.23×) up; the rule is `c·m / (c + m) ≥ 10`.
+/// 0.53–0.55× of im2col for 3 input channels (a stem), 0.77–0.97× for 16 → 16, about even for 8 → 8 and for
+/// 16 → 32 on one thread (0.59–0.73× on two), and winning from 24 → 24 (1.08–1.24×) and 16 → 64 (1.23–2.29×)
+/// up; the rule is `c·m / (c + m) ≥ 12`.
 pub fn winograd_pays(c: usize, m: usize, output_positions: u64) -> bool {
     let (c, m) = (c as u128, m as u128);
-    output_positions >= MIN_OUTPUT && c * m >= 10 * (c + m)
+    output_positions >= MIN_OUTPUT && c * m >= 12 * (c + m)
 }
 
 /// A 2-D 3×3 stride-1 conv (`x` `[N, C, H, W]`, weights transformed by [`WinogradWeights::transform`], optional
