@@ -576,6 +576,65 @@ fn strided_stores_scatter_lane_by_lane() {
     }
 }
 
+/// Floor division and remainder of indices by constants — powers of two, the magic-multiply path, 1 — agree with
+/// the reference evaluator on negative and positive numerators across the whole i64 range and around multiples.
+#[test]
+fn index_division_by_constants_floors_like_the_evaluator() {
+    let divisors = [1i64, 2, 3, 4, 7, 56, 3136, 87808, 1_000_003, (1 << 40) + 3, i64::MAX];
+    let i = || IExpr::Var(LoopVar(0));
+    // Numerators i·step + offset (wrapping), so that n points sweep negative and positive values at every scale.
+    let numerators = [(1i64, -40i64), (97, -3000), (1 << 40, -(1 << 45)), (0x7f4a_7c15_9e37_79b9, i64::MIN)];
+    let mut stores = Vec::new();
+    for (j, &(step, offset)) in numerators.iter().enumerate() {
+        for (k, &c) in divisors.iter().enumerate() {
+            let x = IExpr::Add(
+                Box::new(IExpr::Mul(Box::new(i()), Box::new(IExpr::Const(step)))),
+                Box::new(IExpr::Const(offset)),
+            );
+            let slot = (j * divisors.len() + k) as i64 * 2;
+            let at = |o: i64| {
+                IExpr::plus(
+                    IExpr::times(i(), IExpr::Const(2 * (numerators.len() * divisors.len()) as i64)),
+                    IExpr::Const(slot + o),
+                )
+            };
+            let q = IExpr::FloorDiv(Box::new(x.clone()), Box::new(IExpr::Const(c)));
+            let r = IExpr::Rem(Box::new(x), Box::new(IExpr::Const(c)));
+            stores.push(Stmt::Store {
+                arg: kernel::ArgId(0),
+                index: at(0),
+                value: Expr::Index { value: q, dtype: DType::I64 },
+            });
+            stores.push(Stmt::Store {
+                arg: kernel::ArgId(0),
+                index: at(1),
+                value: Expr::Index { value: r, dtype: DType::I64 },
+            });
+        }
+    }
+    let per = 2 * (numerators.len() * divisors.len()) as u64;
+    let k = Kernel {
+        name: "divisions".into(),
+        args: vec![KernelArg {
+            name: "y".into(),
+            dtype: DType::I64,
+            shape: vec![Extent::Sym(0), Extent::Const(per)],
+            role: ArgRole::Output,
+        }],
+        symbols: vec!["n".into()],
+        body: Block(vec![Stmt::For {
+            var: LoopVar(0),
+            extent: IExpr::Sym(0),
+            kind: LoopKind::Parallel,
+            body: Block(stores),
+        }]),
+    };
+    for n in [1usize, 100, 4099] {
+        let args = vec![Tensor::zeros(DType::I64, vec![n, per as usize])];
+        check_jit(&format!("divisions [n={n}]"), &k, &args, &[n as i64]);
+    }
+}
+
 #[test]
 fn chunks_of_a_parallel_part_run_concurrently() {
     let g = kiln_ir::parse(
