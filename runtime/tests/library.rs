@@ -318,6 +318,12 @@ const POOLS: &[PoolCase] = &[
     (&[1, 2, 0], PoolKind::Avg, &[3], &[1], &[2, 2], &[1], false, true),
     (&[1, 2, 0], PoolKind::Avg, &[3], &[1], &[2, 2], &[1], false, false),
     (&[2, 16, 32, 32], PoolKind::Max, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], false, false),
+    // Stride 1 in 2-D (whole-plane passes): inception's 3×3 pools, dilated and asymmetric ones.
+    (&[1, 3, 28, 28], PoolKind::Avg, &[3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], false, false),
+    (&[1, 3, 28, 28], PoolKind::Avg, &[3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], false, true),
+    (&[2, 3, 14, 13], PoolKind::Max, &[3, 3], &[1, 1], &[1, 1, 1, 1], &[1, 1], false, false),
+    (&[1, 2, 11, 9], PoolKind::Avg, &[3, 2], &[1, 1], &[2, 0, 1, 1], &[2, 3], true, false),
+    (&[1, 2, 11, 9], PoolKind::Max, &[2, 3], &[1, 1], &[1, 2, 0, 1], &[3, 2], false, false),
     (&[2, 16, 32, 32], PoolKind::Avg, &[32, 32], &[1, 1], &[0, 0, 0, 0], &[1, 1], false, false),
 ];
 
